@@ -1,0 +1,324 @@
+"""Cross-field rules of a ParallelJob spec, each written twice: as a CEL rule for the CRD and in Python.
+
+The CRD's `x-kubernetes-validations` reject a bad job at `kubectl apply`; the Python twin gives the same
+verdict (with the numbers in the message) to `paralleljob validate`, the operator and the local runner.
+`tests/api/test_cel_rules.py` evaluates both on the same specs and checks that they agree.
+
+CEL cannot see fields that the schema preserves as unknown, so every DeepSpeed key a rule reads is declared
+in `types.DEEPSPEED_KNOWN_PROPERTIES`. CEL also errors on `has(a.b)` when `a` is absent, so every rule guards
+each level of a path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from paralleljob.api import types as t
+from paralleljob.api.problems import Problem, error
+
+Check = Callable[[t.ParallelJobSpec], Problem | None]
+
+_DS = "has(self.deepspeed)"
+_ZERO = f"{_DS} && has(self.deepspeed.zero_optimization)"
+_STAGE = f"{_ZERO} && has(self.deepspeed.zero_optimization.stage)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One cross-field rule: where it applies, its CEL form and its Python form."""
+
+    name: str
+    field_path: str  # relative to spec, as the CRD's fieldPath (".parallelism.tensor")
+    cel: str
+    message: str  # the fixed message CEL reports
+    check: Check
+
+    def x_kubernetes_validation(self) -> dict[str, Any]:
+        return {"rule": self.cel, "message": self.message, "fieldPath": self.field_path, "reason": "FieldValueInvalid"}
+
+
+def _zero_stage(spec: t.ParallelJobSpec) -> int:
+    zero = (spec.deepspeed or {}).get("zero_optimization") or {}
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    return stage if isinstance(stage, int) else 0
+
+
+def _ds_int(spec: t.ParallelJobSpec, key: str) -> int | None:
+    value = (spec.deepspeed or {}).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _ds_enabled(spec: t.ParallelJobSpec, key: str) -> bool | None:
+    section = (spec.deepspeed or {}).get(key)
+    if isinstance(section, dict) and isinstance(section.get("enabled"), bool):
+        return bool(section["enabled"])
+    return None
+
+
+def _tensor_fits_node(spec: t.ParallelJobSpec) -> Problem | None:
+    gpn, tp = spec.gpus_per_node, spec.parallelism.tensor
+    if gpn is None or spec.topology.nvlink_domain_label is not None or gpn % tp == 0:
+        return None
+    divisors = [d for d in range(1, gpn + 1) if gpn % d == 0 and d <= tp]
+    return error(
+        "spec.parallelism.tensor",
+        f"{tp} does not divide gpusPerNode {gpn}, so a tensor-parallel group would cross nodes and run its "
+        f"all-reduces over the network; set tensor to a divisor of {gpn} (e.g. {divisors[-1]}) or use "
+        "spec.topology.nvlinkDomainLabel for a multi-node NVLink domain.",
+    )
+
+
+def _tensor_fits_clique(spec: t.ParallelJobSpec) -> Problem | None:
+    gpn, tp = spec.gpus_per_node, spec.parallelism.tensor
+    if gpn is None or spec.topology.nvlink_domain_label is None or gpn % tp == 0 or tp % gpn == 0:
+        return None
+    return error(
+        "spec.parallelism.tensor",
+        f"{tp} neither divides nor is a multiple of gpusPerNode {gpn}, so tensor-parallel groups would not "
+        "line up with pods; make one a multiple of the other.",
+    )
+
+
+def _heads_split(spec: t.ParallelJobSpec) -> Problem | None:
+    heads, tp = spec.model.attention_heads, spec.parallelism.tensor
+    if heads % tp == 0:
+        return None
+    return error(
+        "spec.model.attentionHeads",
+        f"{heads} heads cannot be split evenly across tensor {tp}; use a multiple of {tp} heads or a tensor "
+        "size that divides the head count.",
+    )
+
+
+def _hidden_per_head(spec: t.ParallelJobSpec) -> Problem | None:
+    hidden, heads = spec.model.hidden_size, spec.model.attention_heads
+    if hidden % heads == 0:
+        return None
+    return error(
+        "spec.model.hiddenSize",
+        f"{hidden} is not divisible by attentionHeads {heads}; make hiddenSize a multiple of {heads}.",
+    )
+
+
+def _ffn_split(spec: t.ParallelJobSpec) -> Problem | None:
+    ffn, tp = spec.model.ffn_hidden_size, spec.parallelism.tensor
+    if ffn is None or ffn % tp == 0:
+        return None
+    return error(
+        "spec.model.ffnHiddenSize",
+        f"{ffn} cannot be split evenly across tensor {tp}; use a multiple of {tp}.",
+    )
+
+
+def _layers_per_stage(spec: t.ParallelJobSpec) -> Problem | None:
+    layers, pp = spec.model.layers, spec.parallelism.pipeline
+    if layers >= pp:
+        return None
+    return error(
+        "spec.model.layers",
+        f"{layers} layers cannot fill {pp} pipeline stages; use at least {pp} layers or at most {layers} stages.",
+    )
+
+
+def _zero_with_pipeline(spec: t.ParallelJobSpec) -> Problem | None:
+    stage, pp = _zero_stage(spec), spec.parallelism.pipeline
+    if stage < 2 or pp <= 1:
+        return None
+    return error(
+        "spec.deepspeed.zero_optimization.stage",
+        f"ZeRO stage {stage} with pipeline {pp}: DeepSpeed's pipeline engine asserts \"ZeRO-2 and ZeRO-3 are "
+        'incompatible with pipeline parallelism"; use stage 1, or pipeline 1.',
+    )
+
+
+def _offload_needs_zero(spec: t.ParallelJobSpec) -> Problem | None:
+    zero = (spec.deepspeed or {}).get("zero_optimization")
+    offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+    if not isinstance(offload, dict) or offload.get("device", "cpu") == "none" or _zero_stage(spec) >= 1:
+        return None
+    return error(
+        "spec.deepspeed.zero_optimization.offload_optimizer",
+        "optimizer offload needs ZeRO stage 1 or more; set zero_optimization.stage to 1, or remove the offload.",
+    )
+
+
+def _batch_product(spec: t.ParallelJobSpec) -> Problem | None:
+    tbs, micro = _ds_int(spec, "train_batch_size"), _ds_int(spec, "train_micro_batch_size_per_gpu")
+    gas, dp = _ds_int(spec, "gradient_accumulation_steps"), spec.parallelism.data
+    if None in (tbs, micro, gas, dp):
+        return None
+    assert tbs is not None and micro is not None and gas is not None and dp is not None
+    if tbs == micro * gas * dp:
+        return None
+    return error(
+        "spec.deepspeed.train_batch_size",
+        f"{tbs} != micro-batch {micro} x gradient_accumulation_steps {gas} x DP {dp} = {micro * gas * dp}; "
+        f"set train_batch_size to {micro * gas * dp} or change one factor.",
+    )
+
+
+def _data_path(spec: t.ParallelJobSpec) -> Problem | None:
+    data = spec.training.data
+    if data.source == "synthetic" or data.path:
+        return None
+    return error(
+        "spec.training.data.path",
+        f"is required for source {data.source}; set it to the file or folder to read inside the pod.",
+    )
+
+
+def _byte_vocab(spec: t.ParallelJobSpec) -> Problem | None:
+    if spec.training.data.source != "text" or spec.model.vocab_size >= 256:
+        return None
+    return error(
+        "spec.model.vocabSize",
+        f"{spec.model.vocab_size} is too small for byte-level text; set vocabSize to at least 256.",
+    )
+
+
+def _uint16_vocab(spec: t.ParallelJobSpec) -> Problem | None:
+    data = spec.training.data
+    if data.source != "tokens" or data.token_dtype != "uint16" or spec.model.vocab_size <= 65536:
+        return None
+    return error(
+        "spec.training.data.tokenDtype",
+        f"uint16 holds ids below 65536 but vocabSize is {spec.model.vocab_size}; use tokenDtype uint32.",
+    )
+
+
+def _precision_matches(spec: t.ParallelJobSpec) -> Problem | None:
+    precision = spec.model.precision
+    for key in ("bf16", "fp16"):
+        if _ds_enabled(spec, key) and precision != key:
+            return error(
+                f"spec.deepspeed.{key}.enabled",
+                f"is true but spec.model.precision is {precision}; remove it (precision sets it) or set "
+                f"precision to {key}.",
+            )
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "tensor-fits-node",
+        ".parallelism.tensor",
+        "!has(self.gpusPerNode) || (has(self.topology) && has(self.topology.nvlinkDomainLabel)) "
+        "|| self.gpusPerNode % self.parallelism.tensor == 0",
+        "parallelism.tensor must divide gpusPerNode, so that each tensor-parallel group stays in one node",
+        _tensor_fits_node,
+    ),
+    Rule(
+        "tensor-fits-clique",
+        ".parallelism.tensor",
+        "!has(self.gpusPerNode) || !has(self.topology) || !has(self.topology.nvlinkDomainLabel) "
+        "|| self.gpusPerNode % self.parallelism.tensor == 0 || self.parallelism.tensor % self.gpusPerNode == 0",
+        "parallelism.tensor and gpusPerNode must divide one another in a multi-node NVLink domain",
+        _tensor_fits_clique,
+    ),
+    Rule(
+        "heads-split-across-tensor",
+        ".model.attentionHeads",
+        "self.model.attentionHeads % self.parallelism.tensor == 0",
+        "model.attentionHeads must be divisible by parallelism.tensor",
+        _heads_split,
+    ),
+    Rule(
+        "hidden-per-head",
+        ".model.hiddenSize",
+        "self.model.hiddenSize % self.model.attentionHeads == 0",
+        "model.hiddenSize must be divisible by model.attentionHeads",
+        _hidden_per_head,
+    ),
+    Rule(
+        "ffn-split-across-tensor",
+        ".model.ffnHiddenSize",
+        "!has(self.model.ffnHiddenSize) || self.model.ffnHiddenSize % self.parallelism.tensor == 0",
+        "model.ffnHiddenSize must be divisible by parallelism.tensor",
+        _ffn_split,
+    ),
+    Rule(
+        "layers-fill-stages",
+        ".model.layers",
+        "self.model.layers >= self.parallelism.pipeline",
+        "model.layers must be at least parallelism.pipeline, so that every stage has a layer",
+        _layers_per_stage,
+    ),
+    Rule(
+        "zero-with-pipeline",
+        ".deepspeed.zero_optimization.stage",
+        f"!({_STAGE}) || self.deepspeed.zero_optimization.stage < 2 || self.parallelism.pipeline == 1",
+        "ZeRO stage 2 and 3 are incompatible with pipeline parallelism; use stage 1, or pipeline 1",
+        _zero_with_pipeline,
+    ),
+    Rule(
+        "offload-needs-zero",
+        ".deepspeed.zero_optimization.offload_optimizer",
+        f"!({_ZERO} && has(self.deepspeed.zero_optimization.offload_optimizer)) "
+        "|| (has(self.deepspeed.zero_optimization.offload_optimizer.device) "
+        "&& self.deepspeed.zero_optimization.offload_optimizer.device == 'none') "
+        f"|| ({_STAGE} && self.deepspeed.zero_optimization.stage >= 1)",
+        "optimizer offload needs ZeRO stage 1 or more",
+        _offload_needs_zero,
+    ),
+    Rule(
+        "batch-product",
+        ".deepspeed.train_batch_size",
+        f"!({_DS} && has(self.deepspeed.train_batch_size) && has(self.deepspeed.train_micro_batch_size_per_gpu) "
+        "&& has(self.deepspeed.gradient_accumulation_steps) && has(self.parallelism.data)) "
+        "|| self.deepspeed.train_batch_size == self.deepspeed.train_micro_batch_size_per_gpu "
+        "* self.deepspeed.gradient_accumulation_steps * self.parallelism.data",
+        "train_batch_size must equal train_micro_batch_size_per_gpu * gradient_accumulation_steps * parallelism.data",
+        _batch_product,
+    ),
+    Rule(
+        "data-path-required",
+        ".training.data.path",
+        "!has(self.training.data) || !has(self.training.data.source) "
+        "|| self.training.data.source == 'synthetic' || has(self.training.data.path)",
+        "training.data.path is required for sources text and tokens",
+        _data_path,
+    ),
+    Rule(
+        "byte-vocab",
+        ".model.vocabSize",
+        "!has(self.training.data) || !has(self.training.data.source) "
+        "|| self.training.data.source != 'text' || self.model.vocabSize >= 256",
+        "byte-level text needs model.vocabSize of at least 256",
+        _byte_vocab,
+    ),
+    Rule(
+        "uint16-vocab",
+        ".training.data.tokenDtype",
+        "!has(self.training.data) || !has(self.training.data.source) || self.training.data.source != 'tokens' "
+        "|| (has(self.training.data.tokenDtype) && self.training.data.tokenDtype == 'uint32') "
+        "|| self.model.vocabSize <= 65536",
+        "uint16 token files hold ids below 65536; use tokenDtype uint32 for larger vocabularies",
+        _uint16_vocab,
+    ),
+    Rule(
+        "precision-matches-deepspeed",
+        ".model.precision",
+        "!has(self.deepspeed) || ("
+        "(!has(self.deepspeed.bf16) || !has(self.deepspeed.bf16.enabled) || !self.deepspeed.bf16.enabled "
+        "|| (has(self.model.precision) && self.model.precision == 'bf16')) && "
+        "(!has(self.deepspeed.fp16) || !has(self.deepspeed.fp16.enabled) || !self.deepspeed.fp16.enabled "
+        "|| (has(self.model.precision) && self.model.precision == 'fp16')))",
+        "deepspeed bf16/fp16 must agree with model.precision",
+        _precision_matches,
+    ),
+)
+
+# Rules on the whole object (CRD root): only metadata.name is visible there besides spec.
+NAME_RULE_CEL = (
+    f"self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= {t.MAX_NAME_LENGTH}"
+)
+NAME_RULE_MESSAGE = (
+    f"metadata.name must be a DNS-1123 label of at most {t.MAX_NAME_LENGTH} characters (pods are <name>-<nodeRank>)"
+)
+
+
+def check_rules(spec: t.ParallelJobSpec) -> list[Problem]:
+    """Run every cross-field rule; all problems, not only the first."""
+    return [p for rule in RULES if (p := rule.check(spec)) is not None]

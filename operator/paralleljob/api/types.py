@@ -1,0 +1,448 @@
+"""The ParallelJob API types (paralleljob.io/v1alpha1), the single source of the CRD schema.
+
+Each dataclass is one object of the resource; each field carries its description, bounds and default
+(see `paralleljob.api.fields`). The parser builds these from YAML, the validator checks them, and the CRD
+generator writes them out as an openAPIV3Schema. Field names here are snake_case; in YAML they are camelCase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from paralleljob.api.fields import RawObject, api_field
+
+GROUP = "paralleljob.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ParallelJob"
+PLURAL = "paralleljobs"
+SINGULAR = "paralleljob"
+SHORT_NAMES = ("pj",)
+
+# Pods are named <job>-<nodeRank>; a pod's hostname must be a DNS label of at most 63 characters,
+# so the job name leaves room for "-" and a node rank of up to six digits.
+MAX_NAME_LENGTH = 56
+
+Precision = Literal["bf16", "fp16", "fp32"]
+DataSource = Literal["synthetic", "text", "tokens"]
+TokenDtype = Literal["uint16", "uint32"]
+Fabric = Literal["auto", "infiniband", "roce", "efa", "tcp"]
+AxisOrder = Literal["auto", "pipe,data,model", "data,pipe,model"]
+Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Parallelism:
+    """The 3D layout: pipeline (PP) x tensor (TP) x data (DP) parallel sizes."""
+
+    pipeline: int = api_field(
+        "Pipeline-parallel size (PP): the number of pipeline stages the model's layers are split into. "
+        "Stages exchange activations point to point, so the planner lays consecutive stages close in the fabric.",
+        minimum=1,
+    )
+    tensor: int = api_field(
+        "Tensor-parallel size (TP): the number of GPUs that split each layer's matrices (Megatron-style). "
+        "A tensor-parallel group all-reduces four times per layer and micro-batch, so it must fit in one "
+        "NVLink domain: a node, or a multi-node NVLink clique (see spec.topology.nvlinkDomainLabel).",
+        minimum=1,
+    )
+    data: int | None = api_field(
+        "Data-parallel size (DP): the number of model replicas. Optional: when absent it is derived from "
+        "spec.deepspeed as train_batch_size / (train_micro_batch_size_per_gpu * gradient_accumulation_steps). "
+        "Total GPUs = pipeline * tensor * data.",
+        default=None,
+        minimum=1,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """The shape of the GPT model the bundled trainer builds."""
+
+    layers: int = api_field("Number of transformer blocks. Split into spec.parallelism.pipeline stages.", minimum=1)
+    hidden_size: int = api_field("Hidden (embedding) size; must be divisible by attentionHeads.", minimum=1)
+    attention_heads: int = api_field(
+        "Number of attention heads; must be divisible by spec.parallelism.tensor, since heads are split "
+        "across tensor-parallel ranks.",
+        minimum=1,
+    )
+    sequence_length: int = api_field("Tokens per sample (context length).", minimum=1)
+    vocab_size: int = api_field(
+        "Vocabulary size. The embedding and LM head are split across tensor-parallel ranks, padded up to a "
+        "multiple of spec.parallelism.tensor; padded entries never receive probability mass. "
+        "Byte-level text data (spec.training.data.source: text) needs at least 256.",
+        minimum=1,
+    )
+    ffn_hidden_size: int | None = api_field(
+        "Inner size of each MLP. Default: 4 * hiddenSize. Must be divisible by spec.parallelism.tensor.",
+        default=None,
+        minimum=1,
+    )
+    precision: Precision = api_field(
+        "Numeric precision: bf16 (the GPU default), fp16 (with loss scaling) or fp32 (CPU and exact tests). "
+        "Sets bf16/fp16 in the DeepSpeed config; a contradicting spec.deepspeed is an error.",
+        default="bf16",
+    )
+    activation_checkpoint_interval: int = api_field(
+        "Recompute activations every this many layers in the backward pass, trading compute for memory "
+        "(DeepSpeed PipelineModule activation_checkpoint_interval). 0 turns recomputation off.",
+        default=0,
+        minimum=0,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingData:
+    """Where the training tokens come from."""
+
+    source: DataSource = api_field(
+        "synthetic: deterministic random tokens; text: a UTF-8 file or a folder read as bytes with a "
+        "256-token byte-level vocabulary; tokens: a flat binary file of token ids (nanoGPT style), memory-mapped.",
+        default="synthetic",
+    )
+    path: str | None = api_field(
+        "File or folder to read, as seen inside the pod (mount it with spec.template.volumes). "
+        "Required for text and tokens.",
+        default=None,
+    )
+    token_dtype: TokenDtype = api_field(
+        "Integer type of the ids in a tokens file: uint16 (vocabularies up to 65536) or uint32.",
+        default="uint16",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """How long to train, and on what."""
+
+    steps: int = api_field("Optimizer steps to run (each consumes one global batch).", minimum=1)
+    seed: int = api_field("Seed of the model's initial weights and of the data order.", default=1234, minimum=0)
+    log_interval: int = api_field("Report loss, throughput and progress every this many steps.", default=10, minimum=1)
+    data: TrainingData = api_field("The training data.", default_factory=TrainingData)
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """Where and how often the trainer saves DeepSpeed checkpoints; restarts resume from the latest."""
+
+    volume: RawObject | None = api_field(
+        "A Kubernetes volume source mounted at path in every pod, typically "
+        "{persistentVolumeClaim: {claimName: ...}} on a ReadWriteMany volume shared by all nodes.",
+        default=None,
+    )
+    path: str = api_field("Directory the checkpoints are written to and resumed from.", default="/checkpoints")
+    interval_steps: int = api_field(
+        "Save a checkpoint every this many steps (and at the end). A gang restart loses at most this many steps.",
+        default=100,
+        minimum=1,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class FailurePolicy:
+    """What to do when a pod, a rank or a node fails."""
+
+    backoff_limit: int = api_field(
+        "Gang restarts allowed before the job is marked Failed. On a failure every pod is deleted and the "
+        "whole gang is re-planned and restarted from the latest checkpoint.",
+        default=3,
+        minimum=0,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """How the cluster's network is described by node labels."""
+
+    levels: list[str] | None = api_field(
+        "Node label keys that name the network domains, coarse to fine (e.g. a block, then a leaf switch). "
+        "Default: recognised from the label families present on the nodes (GKE gce-topology-block/-subblock, "
+        "EKS network-node-layer-1..3, network.topology.nvidia.com/*, topology.kubernetes.io/zone).",
+        default=None,
+    )
+    nvlink_domain_label: str | None = api_field(
+        "Node label whose value names a multi-node NVLink domain, usually nvidia.com/gpu.clique. "
+        "Absent: each node is its own NVLink domain.",
+        default=None,
+        json_name="nvlinkDomainLabel",
+    )
+    axis_order: AxisOrder = api_field(
+        "Order of the rank axes, slowest first. pipe,data,model is DeepSpeed's default; data,pipe,model puts "
+        "consecutive pipeline stages of one replica on neighbouring ranks. auto lets the planner choose the "
+        "one its cost model prefers.",
+        default="auto",
+    )
+    allow_mixed_gpu_products: bool = api_field(
+        "Allow nodes with different nvidia.com/gpu.product labels in one job. Off by default: the slowest "
+        "GPU would pace every step.",
+        default=False,
+        json_name="allowMixedGPUProducts",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RdmaResource:
+    """An extended resource that gives a pod RDMA devices."""
+
+    name: str = api_field("Resource name, e.g. rdma/hca_shared_devices_a or nvidia.com/hostdev.")
+    count: int = api_field("How many to request per pod.", default=1, minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """The fabric between nodes and the NCCL settings derived from it."""
+
+    fabric: Fabric = api_field(
+        "Inter-node fabric: infiniband, roce, efa or tcp. auto detects it from node labels and allocatable "
+        "resources (see docs/operator.md).",
+        default="auto",
+    )
+    nccl_env: dict[str, str] | None = api_field(
+        "NCCL or PyTorch environment variables that override the derived ones, e.g. {NCCL_DEBUG: INFO}.",
+        default=None,
+        json_name="ncclEnv",
+    )
+    rdma_resource: RdmaResource | None = api_field(
+        "RDMA resource requested by every pod (infiniband and roce). Default for efa: vpc.amazonaws.com/efa.",
+        default=None,
+    )
+    ib_hcas: list[str] | None = api_field(
+        "InfiniBand/RoCE adapters NCCL may use, e.g. [mlx5_0, mlx5_1]; written as NCCL_IB_HCA with '=' so "
+        "mlx5_1 does not also match mlx5_10.",
+        default=None,
+        json_name="ibHCAs",
+    )
+    gid_index: int | None = api_field(
+        "RoCE GID index (NCCL_IB_GID_INDEX). Default: NCCL's automatic choice.", default=None, minimum=-1
+    )
+    socket_interface: str | None = api_field(
+        "Network interface prefix for NCCL's bootstrap and TCP transport (NCCL_SOCKET_IFNAME), e.g. eth0.",
+        default=None,
+    )
+    timeout_seconds: int = api_field(
+        "Collective timeout: a rank waiting longer for a dead peer fails instead of hanging, which triggers "
+        "a gang restart.",
+        default=1800,
+        minimum=10,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PodTemplate:
+    """What every pod of the job gets besides what the operator derives."""
+
+    image: str | None = api_field(
+        "Container image with the trainer (or your script). Default: the operator's configured trainer image.",
+        default=None,
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = api_field(
+        "Image pull policy of the training container.", default=None
+    )
+    resources: RawObject | None = api_field(
+        "Extra resource requests and limits ({requests: {cpu: ..., memory: ...}, limits: {...}}). "
+        "nvidia.com/gpu and the RDMA resource are set by the operator.",
+        default=None,
+    )
+    node_selector: dict[str, str] | None = api_field(
+        "Only nodes with all of these labels are considered by the planner and the scheduler.", default=None
+    )
+    tolerations: list[RawObject] | None = api_field(
+        "Tolerations of the pods; the planner skips nodes whose NoSchedule/NoExecute taints are not tolerated.",
+        default=None,
+    )
+    env: list[RawObject] | None = api_field("Extra environment variables of the training container.", default=None)
+    volumes: list[RawObject] | None = api_field("Extra pod volumes (e.g. the training data).", default=None)
+    volume_mounts: list[RawObject] | None = api_field(
+        "Where the extra volumes are mounted in the training container.", default=None
+    )
+    service_account_name: str | None = api_field(
+        "ServiceAccount of the pods. Default: a per-job account that may only update this job's status.",
+        default=None,
+    )
+    priority_class_name: str | None = api_field("PriorityClass of the pods.", default=None)
+    labels: dict[str, str] | None = api_field("Extra labels of the pods.", default=None)
+    annotations: dict[str, str] | None = api_field("Extra annotations of the pods.", default=None)
+
+
+# DeepSpeed config keys the validator reads; declared in the CRD so that CEL rules can see them
+# (fields preserved as unknown are invisible to CEL).
+DEEPSPEED_KNOWN_PROPERTIES: dict[str, Any] = {
+    "train_batch_size": {"type": "integer", "minimum": 1, "description": "Global batch in samples."},
+    "train_micro_batch_size_per_gpu": {
+        "type": "integer",
+        "minimum": 1,
+        "description": "Samples per micro-batch on one GPU.",
+    },
+    "gradient_accumulation_steps": {
+        "type": "integer",
+        "minimum": 1,
+        "description": "Micro-batches per optimizer step; with pipeline parallelism, the micro-batches in "
+        "flight through the pipeline.",
+    },
+    "gradient_clipping": {"type": "number", "minimum": 0, "description": "Clip the global gradient norm."},
+    "zero_optimization": {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "description": "ZeRO settings. With pipeline parallelism only stage 0 or 1 is allowed.",
+        "properties": {
+            "stage": {"type": "integer", "minimum": 0, "maximum": 3, "description": "ZeRO stage."},
+            "offload_optimizer": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+                "description": "Optimizer state offload; needs ZeRO stage >= 1.",
+                "properties": {"device": {"type": "string", "description": "cpu, nvme or none."}},
+            },
+        },
+    },
+    "bf16": {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "description": "bf16 settings; enabled must agree with spec.model.precision.",
+        "properties": {"enabled": {"type": "boolean", "description": "Whether bf16 is on."}},
+    },
+    "fp16": {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "description": "fp16 settings; enabled must agree with spec.model.precision.",
+        "properties": {"enabled": {"type": "boolean", "description": "Whether fp16 is on."}},
+    },
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelJobSpec:
+    """The desired state: a 3D-parallel DeepSpeed training job."""
+
+    parallelism: Parallelism = api_field(
+        "The 3D layout: pipeline x tensor x data. The job uses pipeline * tensor * data GPUs."
+    )
+    model: Model = api_field("The GPT model the bundled trainer builds (also passed to a custom command).")
+    training: Training = api_field("Steps, seed, logging and data.")
+    gpus_per_node: int | None = api_field(
+        "GPUs each pod takes on its node (torchrun --nproc-per-node). Default: the planner chooses from the "
+        "nodes' allocatable nvidia.com/gpu. Tensor-parallel groups must fit: tensor divides gpusPerNode.",
+        default=None,
+        minimum=1,
+        json_name="gpusPerNode",
+    )
+    deepspeed: RawObject | None = api_field(
+        "Your DeepSpeed config (as in ds_config.json), passed to deepspeed.initialize unchanged except that "
+        "train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps are completed "
+        "from each other and DP, and bf16/fp16 follow spec.model.precision. ZeRO stage must be 0 or 1 "
+        "when pipeline > 1.",
+        default=None,
+        schema_properties=DEEPSPEED_KNOWN_PROPERTIES,
+    )
+    checkpoint: Checkpoint | None = api_field(
+        "Checkpointing. Without it a gang restart starts training from step 0.", default=None
+    )
+    failure_policy: FailurePolicy = api_field("Gang restart policy.", default_factory=FailurePolicy)
+    topology: Topology = api_field("Network topology labels and rank axis order.", default_factory=Topology)
+    network: Network = api_field("Fabric and NCCL settings.", default_factory=Network)
+    template: PodTemplate = api_field(
+        "Pod settings: image, resources, scheduling, extra env and volumes.", default_factory=PodTemplate
+    )
+    command: list[str] | None = api_field(
+        "Run your own DeepSpeed script instead of the bundled trainer, e.g. [python, /app/train.py]. It is "
+        "started by torchrun once per GPU with the same rank, layout (PARALLELJOB_*) and NCCL environment.",
+        default=None,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """A Kubernetes API convention condition."""
+
+    type: str = api_field("Valid, Scheduled, Ready, Succeeded or Failed.")
+    status: Literal["True", "False", "Unknown"] = api_field("True, False or Unknown.")
+    reason: str = api_field("One CamelCase word for machines.", default="")
+    message: str = api_field("A sentence for people.", default="")
+    last_transition_time: str | None = api_field("When status last changed.", default=None, format="date-time")
+    observed_generation: int | None = api_field(
+        "The metadata.generation this condition was computed from.", default=None, minimum=0
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePlacement:
+    """Where one node rank runs."""
+
+    node_rank: int = api_field("torchrun --node-rank of the pod.", minimum=0)
+    node: str = api_field("Kubernetes node the pod is pinned to.")
+    ranks: str = api_field("Global ranks of the pod, e.g. 0-7.")
+    stages: list[int] = api_field("Pipeline stages the pod holds.", default_factory=list)
+    pod: str | None = api_field("Pod name.", default=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Training progress reported by rank 0."""
+
+    step: int = api_field("Last completed optimizer step.", default=0, minimum=0)
+    total_steps: int | None = api_field("spec.training.steps.", default=None, minimum=0)
+    loss: float | None = api_field("Training loss at step.", default=None)
+    tokens_per_second: float | None = api_field("Training throughput of the whole job.", default=None)
+    updated: str | None = api_field("When progress was last reported.", default=None, format="date-time")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelJobStatus:
+    """The observed state, written by the operator and by the job's rank 0 (progress)."""
+
+    phase: Phase | None = api_field("Pending, Running, Restarting, Succeeded or Failed.", default=None)
+    message: str | None = api_field("Why the job is in its phase, for people.", default=None)
+    conditions: list[Condition] | None = api_field("Valid, Scheduled, Ready, Succeeded, Failed.", default=None)
+    observed_generation: int | None = api_field("Last metadata.generation acted on.", default=None, minimum=0)
+    layout: str | None = api_field("pipeline x tensor x data, e.g. 8x4x2.", default=None)
+    world_size: int | None = api_field("Total ranks (GPUs).", default=None, minimum=0)
+    nodes: int | None = api_field("Pods (node ranks).", default=None, minimum=0)
+    gpus_per_node: int | None = api_field("Ranks per pod.", default=None, minimum=0, json_name="gpusPerNode")
+    axis_order: str | None = api_field("Rank axis order the trainer uses.", default=None)
+    placement: list[NodePlacement] | None = api_field("Per node rank: node, ranks and stages.", default=None)
+    pods_ready: int | None = api_field("Pods running.", default=None, minimum=0)
+    restarts: int | None = api_field("Gang restarts so far.", default=None, minimum=0)
+    last_checkpoint_step: int | None = api_field("Step of the latest checkpoint.", default=None, minimum=0)
+    progress: Progress | None = api_field("Training progress.", default=None)
+    nccl_env: dict[str, str] | None = api_field(
+        "The NCCL and PyTorch environment the pods run with.", default=None, json_name="ncclEnv"
+    )
+    start_time: str | None = api_field("When the current gang started.", default=None, format="date-time")
+    completion_time: str | None = api_field("When the job finished.", default=None, format="date-time")
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectMeta:
+    """The part of metadata the API reads."""
+
+    name: str = api_field("Job name: a DNS-1123 label of at most 56 characters (pods are <name>-<nodeRank>).")
+    namespace: str | None = api_field("Namespace.", default=None)
+    labels: dict[str, str] | None = api_field("Labels.", default=None)
+    annotations: dict[str, str] | None = api_field("Annotations.", default=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelJob:
+    """A ParallelJob as parsed from YAML."""
+
+    metadata: ObjectMeta
+    spec: ParallelJobSpec
+
+
+def spec_to_dict(obj: Any) -> Any:
+    """Serialise an API object to its YAML form (camelCase keys, None and empty defaults dropped)."""
+    from paralleljob.api.fields import json_name  # local: keeps the module graph flat
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out: dict[str, Any] = {}
+        for field in dataclasses.fields(obj):
+            value = getattr(obj, field.name)
+            if value is None:
+                continue
+            out[json_name(field)] = spec_to_dict(value)
+        return out
+    if isinstance(obj, list):
+        return [spec_to_dict(item) for item in obj]
+    if isinstance(obj, dict):
+        return {key: spec_to_dict(value) for key, value in obj.items()}
+    return obj

@@ -1,0 +1,166 @@
+"""Validation of ParallelJob documents: the single source of truth for what a valid job is.
+
+`validate_document()` parses, runs every rule, derives DP and the batch, and returns all problems at once.
+The CLI (`paralleljob validate`), the operator (condition Valid=False) and the local runner all call it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from paralleljob.api import batch as batch_math
+from paralleljob.api import parsing, rules
+from paralleljob.api import types as t
+from paralleljob.api.problems import Problem, errors_of, warning
+
+# Above this share of idle pipeline time per step, the layout wastes GPUs (1F1B bubble (p-1)/(m+p-1)).
+BUBBLE_WARNING_FRACTION = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedJob:
+    """A valid job with every derived number filled in."""
+
+    job: t.ParallelJob
+    batch: batch_math.Batch
+
+    @property
+    def name(self) -> str:
+        return self.job.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.job.metadata.namespace or "default"
+
+    @property
+    def spec(self) -> t.ParallelJobSpec:
+        return self.job.spec
+
+    @property
+    def pipeline(self) -> int:
+        return self.spec.parallelism.pipeline
+
+    @property
+    def tensor(self) -> int:
+        return self.spec.parallelism.tensor
+
+    @property
+    def data(self) -> int:
+        return self.batch.data_parallel
+
+    @property
+    def world_size(self) -> int:
+        return self.pipeline * self.tensor * self.data
+
+    @property
+    def layout(self) -> str:
+        """pipeline x tensor x data, as in `kubectl get pj`."""
+        return f"{self.pipeline}x{self.tensor}x{self.data}"
+
+    @property
+    def ffn_hidden_size(self) -> int:
+        return self.spec.model.ffn_hidden_size or 4 * self.spec.model.hidden_size
+
+    def deepspeed_config(self) -> dict[str, Any]:
+        """The DeepSpeed config the trainer passes to deepspeed.initialize."""
+        config = copy.deepcopy(self.spec.deepspeed or {})
+        config[batch_math.TBS] = self.batch.train_batch_size
+        config[batch_math.MICRO] = self.batch.micro_batch
+        config[batch_math.GAS] = self.batch.gradient_accumulation_steps
+        precision = self.spec.model.precision
+        for key in ("bf16", "fp16"):
+            section = dict(config.get(key) or {})
+            section["enabled"] = precision == key
+            config[key] = section
+        return config
+
+    def resolved_spec(self) -> dict[str, Any]:
+        """The spec in YAML form with defaults filled and parallelism.data derived."""
+        spec = t.spec_to_dict(self.spec)
+        spec["parallelism"]["data"] = self.data
+        return dict(spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationResult:
+    """What validation found in one document."""
+
+    problems: list[Problem]
+    resolved: ResolvedJob | None = None
+    name: str | None = None
+    # The batch arithmetic, reported even when other rules fail (so a rejected job still learns its DP).
+    batch: batch_math.Batch | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.resolved is not None and not errors_of(self.problems)
+
+
+def validate_document(doc: Any) -> ValidationResult:
+    """Parse and validate one ParallelJob document, reporting every problem."""
+    name = _name_of(doc)
+    job, problems = parsing.parse_job(doc)
+    if job is None:
+        return ValidationResult(problems, None, name)
+    problems = problems + rules.check_rules(job.spec)
+    resolved_batch, batch_problems = batch_math.resolve_batch(job.spec.deepspeed, job.spec.parallelism.data)
+    problems += [p for p in batch_problems if p.path not in {q.path for q in problems}]
+    if resolved_batch is not None:
+        problems += advisories(job.spec, resolved_batch)
+    if errors_of(problems) or resolved_batch is None:
+        return ValidationResult(problems, None, name, resolved_batch)
+    return ValidationResult(problems, ResolvedJob(job, resolved_batch), name, resolved_batch)
+
+
+def _name_of(doc: Any) -> str | None:
+    if isinstance(doc, dict) and isinstance(doc.get("metadata"), dict):
+        name = doc["metadata"].get("name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def bubble_fraction(pipeline: int, micro_batches: int) -> float:
+    """Idle share of a 1F1B pipeline step: (p-1)/(m+p-1)."""
+    return (pipeline - 1) / (micro_batches + pipeline - 1)
+
+
+def advisories(spec: t.ParallelJobSpec, batch: batch_math.Batch) -> list[Problem]:
+    """Warnings: valid, but probably not what the user wants."""
+    found: list[Problem] = []
+    layers, pp = spec.model.layers, spec.parallelism.pipeline
+    if layers >= pp and layers % pp:
+        found.append(
+            warning(
+                "spec.model.layers",
+                f"{layers} layers over {pp} stages are uneven ({layers // pp}-{layers // pp + 1} per stage), so the "
+                f"slowest stage paces the pipeline; use a multiple of {pp}.",
+            )
+        )
+    bubble = bubble_fraction(pp, batch.gradient_accumulation_steps)
+    if bubble > BUBBLE_WARNING_FRACTION:
+        wanted = 3 * (pp - 1) + 1  # smallest m with (p-1)/(m+p-1) <= 25%
+        found.append(
+            warning(
+                "spec.deepspeed.gradient_accumulation_steps",
+                f"{batch.gradient_accumulation_steps} micro-batches through {pp} stages leave the pipeline idle "
+                f"{bubble:.0%} of each step; use at least {wanted} micro-batches or fewer stages.",
+            )
+        )
+    if spec.checkpoint is None and spec.failure_policy.backoff_limit > 0:
+        found.append(
+            warning(
+                "spec.checkpoint",
+                "is not set, so a gang restart starts training from step 0; set spec.checkpoint with a shared volume.",
+            )
+        )
+    elif spec.checkpoint is not None and spec.checkpoint.interval_steps > spec.training.steps:
+        found.append(
+            warning(
+                "spec.checkpoint.intervalSteps",
+                f"{spec.checkpoint.interval_steps} is more than the {spec.training.steps} training steps, so only "
+                "the final checkpoint is written; lower it so restarts lose less work.",
+            )
+        )
+    return found

@@ -1,0 +1,8 @@
+"""The subcommands of `paralleljob`, one module each; every module has `register(subparsers)`.
+
+A subcommand parses its arguments, calls the pure layers, prints, and returns an exit code.
+"""
+
+from paralleljob.commands import crd, validate
+
+SUBCOMMANDS = (validate, crd)

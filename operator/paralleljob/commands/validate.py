@@ -1,0 +1,82 @@
+"""`paralleljob validate FILE...`: check ParallelJob YAML and say what to fix.
+
+Valid jobs print one summary line each; problems print as `FILE: spec.path: message`, warnings marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from paralleljob.api import documents
+from paralleljob.api.problems import errors_of
+from paralleljob.api.validation import ValidationResult, validate_document
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "validate",
+        help="check ParallelJob YAML files",
+        description="Check ParallelJob YAML (multi-document files, or - for stdin). Exit 0 when every job is "
+        "valid, 1 otherwise; every problem is printed as FILE: spec.path: message.",
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE", help="YAML file, or - for standard input")
+    parser.set_defaults(run=run)
+
+
+def summary(result: ValidationResult) -> str:
+    """One line for a valid job: layout, GPUs, nodes and the derived numbers."""
+    resolved = result.resolved
+    assert resolved is not None
+    spec = resolved.spec
+    gpn = spec.gpus_per_node
+    nodes = f"{resolved.world_size // gpn} nodes x {gpn} GPUs" if gpn else "nodes chosen by the planner"
+    derived = " (derived)" if spec.parallelism.data is None else ""
+    return (
+        f"{resolved.name}: valid, layout {resolved.layout} (PP x TP x DP), {resolved.world_size} GPUs, {nodes}, "
+        f"DP {resolved.data}{derived}, batch {resolved.batch.train_batch_size} = micro {resolved.batch.micro_batch}"
+        f" x accumulation {resolved.batch.gradient_accumulation_steps} x DP {resolved.data}"
+    )
+
+
+def arithmetic_note(result: ValidationResult, doc: Any) -> str | None:
+    """For a rejected job whose DP was derived, still show what the batch arithmetic gives."""
+    batch = result.batch
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    parallelism = spec.get("parallelism") if isinstance(spec, dict) else None
+    if batch is None or not isinstance(parallelism, dict) or "data" in parallelism:
+        return None
+    pp, tp = parallelism.get("pipeline"), parallelism.get("tensor")
+    if not isinstance(pp, int) or not isinstance(tp, int):
+        return None
+    return (
+        f"spec.parallelism.data: note: derived DP {batch.data_parallel} from train_batch_size "
+        f"{batch.train_batch_size} = {batch.micro_batch} x {batch.gradient_accumulation_steps} x DP, so "
+        f"pipeline {pp} x tensor {tp} x data {batch.data_parallel} needs {pp * tp * batch.data_parallel} GPUs"
+    )
+
+
+def report(doc: documents.Document, label: str) -> tuple[bool, list[str]]:
+    result = validate_document(doc.body)
+    lines = [f"{label}: {p.render()}" for p in result.problems]
+    if result.ok:
+        return True, [f"{label}: {summary(result)}", *lines]
+    note = arithmetic_note(result, doc.body)
+    return False, lines + ([f"{label}: {note}"] if note else [])
+
+
+def run(args: argparse.Namespace) -> int:
+    all_valid = True
+    for path in args.files:
+        docs, problems = documents.load_path(path)
+        for problem in errors_of(problems):
+            print(f"{path}: {problem.render()}")
+            all_valid = False
+        for doc in docs:
+            label = path if len(docs) == 1 else f"{path} (document {doc.index + 1})"
+            valid, lines = report(doc, label)
+            all_valid = all_valid and valid
+            for line in lines:
+                print(line, file=sys.stdout)
+    return 0 if all_valid else 1
