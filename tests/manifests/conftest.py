@@ -1,0 +1,67 @@
+"""Builders for manifest tests: a job from YAML a user could write, a plan in its JSON form, node dicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from paralleljob.api import ResolvedJob, validate_document
+
+JOB_YAML = """
+apiVersion: paralleljob.io/v1alpha1
+kind: ParallelJob
+metadata: {name: gpt, namespace: research}
+spec:
+  parallelism: {pipeline: 2, tensor: 4, data: 2}
+  gpusPerNode: 4
+  model: {layers: 8, hiddenSize: 256, attentionHeads: 8, sequenceLength: 128, vocabSize: 512}
+  deepspeed: {train_micro_batch_size_per_gpu: 2, gradient_accumulation_steps: 8}
+  training: {steps: 100}
+  checkpoint:
+    volume: {persistentVolumeClaim: {claimName: ckpt}}
+    intervalSteps: 10
+"""
+
+
+def resolve(text: str = JOB_YAML, **spec_patch: Any) -> ResolvedJob:
+    """Validate a job document (optionally with top-level spec keys replaced) and return it resolved."""
+    doc = yaml.safe_load(text)
+    doc["spec"].update(spec_patch)
+    result = validate_document(doc)
+    assert result.resolved is not None, [p.render() for p in result.problems]
+    return result.resolved
+
+
+def make_plan(nodes: int = 4, gpus: int = 4, layout: tuple[int, int, int] = (2, 4, 2)) -> dict[str, Any]:
+    """A plan in job.json form, node rank r on node `node-r`, pipe,data,model order."""
+    pipeline, tensor, data = layout
+    entries = []
+    for rank in range(nodes):
+        ranks = list(range(rank * gpus, (rank + 1) * gpus))
+        entries.append({"nodeRank": rank, "node": f"node-{rank}", "gpus": gpus, "ranks": ranks, "stages": [0]})
+    return {
+        "layout": {"pipeline": pipeline, "tensor": tensor, "data": data},
+        "worldSize": pipeline * tensor * data,
+        "ranksPerNode": gpus,
+        "axisOrder": ["pipe", "data", "model"],
+        "nodes": entries,
+        "estimates": {"bubble": 0.1},
+    }
+
+
+def make_node(
+    name: str, labels: dict[str, str] | None = None, allocatable: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A Node dict with labels and allocatable resources."""
+    return {"metadata": {"name": name, "labels": labels or {}}, "status": {"allocatable": allocatable or {}}}
+
+
+@pytest.fixture
+def resolved() -> ResolvedJob:
+    return resolve()
+
+
+@pytest.fixture
+def plan() -> dict[str, Any]:
+    return make_plan()
