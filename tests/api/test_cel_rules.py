@@ -1,0 +1,110 @@
+"""The CRD's CEL rules and their Python twins agree, on valid and invalid specs (evaluated with cel-python).
+
+The API server applies schema defaults before it runs CEL, so each spec is defaulted from the generated
+schema first, exactly as `kubectl apply` would see it.
+"""
+
+from __future__ import annotations
+
+import celpy
+import pytest
+
+from paralleljob.api import crd, parsing, rules
+from tests.api.jobs import DELETE, job
+
+CEL = celpy.Environment()
+SPEC_SCHEMA = crd.spec_schema()
+
+# Specs that exercise every rule both ways; ids say which rule they are aimed at.
+CASES = {
+    "base": {},
+    "tensor-not-dividing-node": {
+        "spec.parallelism.tensor": 3,
+        "spec.model.attentionHeads": 12,
+        "spec.model.hiddenSize": 768,
+    },
+    "tensor-in-clique-multiple": {
+        "spec.parallelism.tensor": 16,
+        "spec.model.attentionHeads": 16,
+        "spec.topology": {"nvlinkDomainLabel": "nvidia.com/gpu.clique"},
+    },
+    "tensor-in-clique-misaligned": {
+        "spec.parallelism.tensor": 12,
+        "spec.model.attentionHeads": 12,
+        "spec.model.hiddenSize": 768,
+        "spec.topology": {"nvlinkDomainLabel": "nvidia.com/gpu.clique"},
+    },
+    "no-gpus-per-node": {
+        "spec.gpusPerNode": DELETE,
+        "spec.parallelism.tensor": 3,
+        "spec.model.attentionHeads": 12,
+        "spec.model.hiddenSize": 768,
+    },
+    "heads-not-split": {"spec.model.attentionHeads": 6, "spec.model.hiddenSize": 516},
+    "hidden-not-per-head": {"spec.model.hiddenSize": 500},
+    "ffn-not-split": {"spec.model.ffnHiddenSize": 1026},
+    "ffn-split": {"spec.model.ffnHiddenSize": 1024},
+    "too-few-layers": {"spec.model.layers": 1},
+    "zero2-pipeline": {"spec.deepspeed.zero_optimization.stage": 2},
+    "zero3-no-pipeline": {"spec.deepspeed.zero_optimization.stage": 3, "spec.parallelism.pipeline": 1},
+    "zero-absent": {"spec.deepspeed": {"train_micro_batch_size_per_gpu": 2}},
+    "offload-zero0": {"spec.deepspeed.zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}},
+    "offload-no-stage": {"spec.deepspeed.zero_optimization": {"offload_optimizer": {"device": "cpu"}}},
+    "offload-none-device": {"spec.deepspeed.zero_optimization": {"offload_optimizer": {"device": "none"}}},
+    "offload-zero1": {"spec.deepspeed.zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}},
+    "batch-inconsistent": {"spec.deepspeed.train_batch_size": 30},
+    "batch-consistent": {"spec.deepspeed.train_batch_size": 32},
+    "text-no-path": {"spec.training.data": {"source": "text"}},
+    "tokens-with-path": {"spec.training.data": {"source": "tokens", "path": "/d.bin"}},
+    "text-small-vocab": {"spec.training.data": {"source": "text", "path": "/d"}, "spec.model.vocabSize": 100},
+    "tokens-uint16-big-vocab": {
+        "spec.training.data": {"source": "tokens", "path": "/d"},
+        "spec.model.vocabSize": 100000,
+    },
+    "tokens-uint32-big-vocab": {
+        "spec.training.data": {"source": "tokens", "path": "/d", "tokenDtype": "uint32"},
+        "spec.model.vocabSize": 100000,
+    },
+    "fp16-but-bf16": {"spec.deepspeed.fp16": {"enabled": True}},
+    "fp16-agrees": {"spec.deepspeed.fp16": {"enabled": True}, "spec.model.precision": "fp16"},
+    "bf16-disabled": {"spec.deepspeed.bf16": {"enabled": False}, "spec.model.precision": "fp32"},
+}
+
+
+def spec_of(edits: dict) -> dict:
+    doc = job(**{k.replace(".", "__"): v for k, v in edits.items()})
+    return crd.apply_defaults(SPEC_SCHEMA, doc["spec"])
+
+
+def cel_allows(rule: rules.Rule, spec: dict) -> bool:
+    program = CEL.program(CEL.compile(rule.cel))
+    return bool(program.evaluate({"self": celpy.json_to_cel(spec)}))
+
+
+@pytest.mark.parametrize("rule", rules.RULES, ids=[r.name for r in rules.RULES])
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_cel_rule_and_python_twin_agree(rule: rules.Rule, case: str) -> None:
+    spec_dict = spec_of(CASES[case])
+    spec, problems = parsing.parse_spec(spec_dict)
+    assert spec is not None, problems
+    assert cel_allows(rule, spec_dict) == (rule.check(spec) is None)
+
+
+@pytest.mark.parametrize("rule", rules.RULES, ids=[r.name for r in rules.RULES])
+def test_every_rule_is_exercised_both_ways(rule: rules.Rule) -> None:
+    verdicts = set()
+    for edits in CASES.values():
+        spec, _ = parsing.parse_spec(spec_of(edits))
+        assert spec is not None
+        verdicts.add(rule.check(spec) is None)
+    assert verdicts == {True, False}, f"{rule.name} needs a passing and a failing case"
+
+
+@pytest.mark.parametrize(
+    ("name", "allowed"),
+    [("gpt-small", True), ("a" * 56, True), ("a" * 57, False), ("GPT", False), ("-gpt", False), ("gpt_1", False)],
+)
+def test_the_name_rule_accepts_exactly_short_dns_labels(name: str, allowed: bool) -> None:
+    program = CEL.program(CEL.compile(rules.NAME_RULE_CEL))
+    assert bool(program.evaluate({"self": celpy.json_to_cel({"metadata": {"name": name}})})) == allowed
+    assert (parsing.check_name(name) == []) == allowed
