@@ -167,9 +167,7 @@ def _section(parent: Mapping[str, Any], key: str, where: str | None = None) -> M
     return value
 
 
-def _int(
-    section: Mapping[str, Any], key: str, where: str, *, default: int | None = None, minimum: int = 1
-) -> int:
+def _int(section: Mapping[str, Any], key: str, where: str, *, default: int | None = None, minimum: int = 1) -> int:
     value = section.get(key, default)
     if value is None:
         raise ConfigError(f"{where}.{key}: required")
@@ -198,9 +196,7 @@ def _parse_model(section: Mapping[str, Any]) -> ModelConfig:
         vocab_size=_int(section, "vocabSize", where),
         ffn_hidden_size=_int(section, "ffnHiddenSize", where, default=4 * hidden),
         precision=_choice(section, "precision", where, PRECISIONS, "bf16"),
-        activation_checkpoint_interval=_int(
-            section, "activationCheckpointInterval", where, default=0, minimum=0
-        ),
+        activation_checkpoint_interval=_int(section, "activationCheckpointInterval", where, default=0, minimum=0),
     )
 
 
@@ -244,9 +240,7 @@ def _parse_plan(section: Mapping[str, Any]) -> Plan:
         raise ConfigError(f"plan.axisOrder: must order exactly {', '.join(AXES)}, got {list(axis_order)}")
     world_size = _int(section, "worldSize", "plan", default=layout.world_size)
     if world_size != layout.world_size:
-        raise ConfigError(
-            f"plan.worldSize: {world_size} is not pipeline x tensor x data = {layout.world_size}"
-        )
+        raise ConfigError(f"plan.worldSize: {world_size} is not pipeline x tensor x data = {layout.world_size}")
     return Plan(layout=layout, world_size=world_size, axis_order=axis_order, ranks=_parse_plan_ranks(section))
 
 
@@ -275,8 +269,7 @@ def _check_layout_fits_model(job: JobConfig) -> None:
         )
     if model.hidden_size % model.attention_heads:
         raise ConfigError(
-            f"spec.model.hiddenSize ({model.hidden_size}) is not divisible by attentionHeads "
-            f"({model.attention_heads})"
+            f"spec.model.hiddenSize ({model.hidden_size}) is not divisible by attentionHeads ({model.attention_heads})"
         )
     if model.ffn_hidden_size % layout.tensor:
         raise ConfigError(

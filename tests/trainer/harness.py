@@ -1,0 +1,238 @@
+"""Builders and launchers for the trainer tests: job.json files, torchrun process gangs, metrics readers.
+
+Job files follow docs/architecture.md: spec, the resolved DeepSpeed config and the plan, with the plan's
+coordinates computed here from the row-major rule (rank = pipe * dp * tp + data * tp + model), independently
+of the trainer. Every torchrun runs in its own session; `Gang.stop` kills whole process groups, so no rank
+outlives a test, whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TORCH_EXTENSIONS_CACHE = Path.home() / ".cache" / "paralleljob" / "torch_extensions"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    pipeline: int
+    tensor: int
+    data: int
+
+    @property
+    def world(self) -> int:
+        return self.pipeline * self.tensor * self.data
+
+    @property
+    def name(self) -> str:
+        return f"PP{self.pipeline}xTP{self.tensor}xDP{self.data}"
+
+
+def plan(layout: Layout, ranks_per_node: int) -> dict[str, Any]:
+    pp, tp, dp = layout.pipeline, layout.tensor, layout.data
+    nodes = []
+    for node_rank in range(layout.world // ranks_per_node):
+        ranks = list(range(node_rank * ranks_per_node, (node_rank + 1) * ranks_per_node))
+        coords = [{"pipe": r // (dp * tp), "data": (r // tp) % dp, "model": r % tp} for r in ranks]
+        nodes.append(
+            {
+                "nodeRank": node_rank,
+                "node": f"local-{node_rank}",
+                "gpus": ranks_per_node,
+                "ranks": ranks,
+                "coords": coords,
+                "stages": sorted({c["pipe"] for c in coords}),
+                "domains": {},
+            }
+        )
+    return {
+        "layout": {"pipeline": pp, "tensor": tp, "data": dp},
+        "worldSize": layout.world,
+        "ranksPerNode": ranks_per_node,
+        "axisOrder": ["pipe", "data", "model"],
+        "nodes": nodes,
+    }
+
+
+def job_document(
+    layout: Layout,
+    *,
+    optimizer: dict[str, Any],
+    gradient_clipping: float = 0.0,
+    steps: int = 10,
+    model: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
+    checkpoint_interval: int = 0,
+    train_batch_size: int = 8,
+    micro_batch_size: int = 2,
+    ranks_per_node: int | None = None,
+) -> dict[str, Any]:
+    """A job.json for a tiny fp32 GPT: 4 layers, hidden 64, 4 heads, sequence 32, byte vocabulary."""
+    model_spec = {
+        "layers": 4,
+        "hiddenSize": 64,
+        "attentionHeads": 4,
+        "sequenceLength": 32,
+        "vocabSize": 256,
+        "precision": "fp32",
+        **(model or {}),
+    }
+    deepspeed: dict[str, Any] = {
+        "train_batch_size": train_batch_size,
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": train_batch_size // (micro_batch_size * layout.data),
+        "optimizer": optimizer,
+        # Always explicit: DeepSpeed clips at 1.0 when the key is absent.
+        "gradient_clipping": gradient_clipping,
+    }
+    return {
+        "apiVersion": "paralleljob.io/v1alpha1",
+        "kind": "ParallelJob",
+        "metadata": {"name": "trainer-test", "namespace": "default"},
+        "spec": {
+            "parallelism": {"pipeline": layout.pipeline, "tensor": layout.tensor, "data": layout.data},
+            "model": model_spec,
+            "training": {
+                "steps": steps,
+                "seed": 7,
+                "logInterval": 1,
+                "warmupSteps": 2,
+                "data": data or {"source": "synthetic"},
+            },
+            "checkpoint": {"intervalSteps": checkpoint_interval},
+        },
+        "deepspeed": deepspeed,
+        "plan": plan(layout, ranks_per_node or layout.world),
+    }
+
+
+def text_corpus() -> Path:
+    """A small deterministic English-like corpus (a file the tests own), so that the loss visibly falls."""
+    path = Path(tempfile.gettempdir()) / "paralleljob-trainer-tests" / "corpus.txt"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs", "home"]
+        lines = (" ".join(words[(i * k) % len(words)] for k in range(1, 9)) + "." for i in range(4000))
+        path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def write_job(folder: Path, document: dict[str, Any]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "job.json"
+    path.write_text(json.dumps(document, indent=1))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def trainer_env(job: Path, output: Path, checkpoint_dir: Path | None, extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "PARALLELJOB_CONFIG": str(job),
+            "PARALLELJOB_OUTPUT_DIR": str(output),
+            "PARALLELJOB_PG_TIMEOUT_S": "60",
+            "OMP_NUM_THREADS": "1",
+            "TORCH_EXTENSIONS_DIR": env.get("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS_CACHE)),
+            "PYTHONPATH": os.pathsep.join([str(REPO / "trainer-image"), str(REPO), env.get("PYTHONPATH", "")]),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.pop("PARALLELJOB_CHECKPOINT_DIR", None)
+    env.pop("PARALLELJOB_PROGRESS_HOOK", None)
+    if checkpoint_dir is not None:
+        env["PARALLELJOB_CHECKPOINT_DIR"] = str(checkpoint_dir)
+    env.update(extra)
+    return env
+
+
+@dataclasses.dataclass
+class Result:
+    returncodes: list[int]
+    logs: list[str]
+
+
+class Gang:
+    """One or more torchrun processes (one per simulated node), each in its own process group."""
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen[str]] = []
+        self.log_paths: list[Path] = []
+
+    def start(
+        self,
+        job: Path,
+        output: Path,
+        *,
+        nproc: int,
+        nnodes: int = 1,
+        checkpoint_dir: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        port = free_port()
+        output.mkdir(parents=True, exist_ok=True)
+        env = trainer_env(job, output, checkpoint_dir, extra_env or {})
+        for node_rank in range(nnodes):
+            command = [
+                sys.executable, "-m", "torch.distributed.run",
+                f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
+                "--master-addr=127.0.0.1", f"--master-port={port}",
+                "-m", "paralleljob_trainer",
+            ]  # fmt: skip
+            log_path = output / f"node-{node_rank}.log"
+            log = log_path.open("w")
+            self.processes.append(
+                subprocess.Popen(
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True
+                )
+            )
+            self.log_paths.append(log_path)
+
+    def wait(self, timeout: float) -> Result:
+        deadline = time.monotonic() + timeout
+        try:
+            codes = [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in self.processes]
+        finally:
+            self.stop()
+        return Result(returncodes=codes, logs=[path.read_text() for path in self.log_paths])
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+        # Ranks whose torchrun died first may still be around in the same process group.
+        for process in self.processes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+def records(output: Path, event: str) -> list[dict[str, Any]]:
+    path = output / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [line for line in lines if line.get("event") == event]
+
+
+def steps_by_number(output: Path) -> dict[int, dict[str, Any]]:
+    """Step records by step; a step logged twice (before a kill and after the restart) keeps the last."""
+    return {record["step"]: record for record in records(output, "step")}

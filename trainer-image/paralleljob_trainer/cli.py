@@ -1,0 +1,100 @@
+"""Command line of the trainer: options (defaulting to the PARALLELJOB_* environment), errors, exit codes.
+
+Exit codes: 0 done; 2 the job file or the rank layout is wrong; 3 the checkpoint cannot be resumed from;
+1 anything else (with a traceback). Expected failures print exactly one line on stderr, on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from paralleljob_trainer.config import ConfigError, load_job_config
+
+DEFAULT_CONFIG = "/etc/paralleljob/job.json"
+EXIT_CONFIG = 2
+EXIT_CHECKPOINT = 3
+
+_DESCRIPTION = """\
+Train the GPT described by a ParallelJob's job.json with DeepSpeed pipeline x tensor x data parallelism.
+Run once per process by torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set).
+Every option defaults to the environment variable named in its help (docs/architecture.md)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="python -m paralleljob_trainer", description=_DESCRIPTION)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=Path(env("PARALLELJOB_CONFIG", DEFAULT_CONFIG)),
+        help=f"job.json: the ParallelJob spec, DeepSpeed config and plan (PARALLELJOB_CONFIG; {DEFAULT_CONFIG})",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=_optional_path(env("PARALLELJOB_OUTPUT_DIR")),
+        help="folder where rank 0 appends metrics.jsonl (PARALLELJOB_OUTPUT_DIR; unset: stdout only)",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=_optional_path(env("PARALLELJOB_CHECKPOINT_DIR")),
+        help="checkpoint folder, saved every spec.checkpoint.intervalSteps and resumed from on start "
+        "(PARALLELJOB_CHECKPOINT_DIR; unset: no checkpoints)",
+    )
+    parser.add_argument(
+        "--progress-hook",
+        default=env("PARALLELJOB_PROGRESS_HOOK") or None,
+        metavar="MODULE:FACTORY",
+        help="progress hook called by rank 0 on each step, checkpoint and at the end "
+        "(PARALLELJOB_PROGRESS_HOOK; see paralleljob_trainer.hooks)",
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=float(env("PARALLELJOB_PEAK_TFLOPS", "0")) or None,
+        help="peak TFLOP/s of one device for the MFU estimate (PARALLELJOB_PEAK_TFLOPS; "
+        "unset: known GPUs from their name, else mfu is null)",
+    )
+    return parser
+
+
+def _optional_path(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
+def _fail(message: str, code: int) -> int:
+    rank = os.environ.get("RANK", "?")
+    print(f"paralleljob-trainer: error (rank {rank}): {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = build_parser().parse_args(argv)
+    # One thread per rank: ranks already share the cores, and more threads only contend (24x slower on CPU).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        job = load_job_config(arguments.config)
+        from paralleljob_trainer import training
+        from paralleljob_trainer.checkpoint import CheckpointError
+        from paralleljob_trainer.hooks import load_hook
+
+        hooks = (load_hook(arguments.progress_hook),) if arguments.progress_hook else ()
+        options = training.RunOptions(
+            output_dir=arguments.output,
+            checkpoint_dir=arguments.checkpoint_dir,
+            hooks=hooks,
+            peak_tflops=arguments.peak_tflops,
+        )
+        try:
+            training.run(job, options)
+        except CheckpointError as error:
+            return _fail(str(error), EXIT_CHECKPOINT)
+    except ConfigError as error:
+        return _fail(str(error), EXIT_CONFIG)
+    training.shutdown()
+    return 0

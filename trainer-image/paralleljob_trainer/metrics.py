@@ -1,0 +1,74 @@
+"""Rank 0's metrics: one JSON line per log interval, per checkpoint and at the end, to stdout and a file.
+
+Line kinds (the `event` field): `step` (step, loss, lr, grad_norm, tokens_per_s, step_time_s, samples, mfu),
+`checkpoint` (step, path) and `summary`. The local runner and the operator read these lines; their fields
+are documented in docs/trainer.md and must only ever grow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from paralleljob_trainer.hooks import HookCaller, Record
+
+# Dense bf16 peak per GPU, TFLOP/s (vendor datasheets). Unknown devices report mfu as null.
+PEAK_BF16_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0}
+
+
+def peak_tflops_for(device_name: str) -> float | None:
+    """The bf16 peak of a known GPU model named in `device_name`, else None."""
+    for model, peak in sorted(PEAK_BF16_TFLOPS.items(), key=lambda item: -len(item[0])):
+        if model in device_name:
+            return peak
+    return None
+
+
+def mfu(flops: float, seconds: float, devices: int, peak_tflops: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved FLOP/s over the peak of all devices; None without a peak."""
+    if not peak_tflops or seconds <= 0:
+        return None
+    return flops / seconds / (devices * peak_tflops * 1e12)
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or infinity; a diverged loss is written as null rather than breaking readers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsWriter:
+    """Writes records on rank 0 (a no-op elsewhere) and forwards them to the progress hooks."""
+
+    def __init__(self, output_dir: Path | None, enabled: bool, hooks: HookCaller) -> None:
+        self._enabled = enabled
+        self._hooks = hooks
+        self._file = None
+        if enabled and output_dir is not None:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            # Append: a restarted gang continues the same file, and readers take the last line per step.
+            self._file = (output_dir / "metrics.jsonl").open("a", encoding="utf-8")
+
+    def write(self, record: Record, hook_method: str | None = None) -> None:
+        if not self._enabled:
+            return
+        line = json.dumps({key: _clean(value) for key, value in record.items()})
+        print(line, flush=True)
+        if self._file is not None:
+            self._file.write(line + "\n")
+            self._file.flush()
+        if hook_method:
+            self._hooks.call(hook_method, record)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def log_to_stderr(message: str) -> None:
+    print(f"paralleljob-trainer: {message}", file=sys.stderr, flush=True)

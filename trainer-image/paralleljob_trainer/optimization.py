@@ -1,0 +1,85 @@
+"""Optimizer and learning-rate schedule from the DeepSpeed config, and honest gradient-norm reporting.
+
+The optimizer is whatever the DeepSpeed config's `optimizer` section names. Adam, AdamW and SGD are built here
+as plain torch optimizers (so no DeepSpeed op is JIT-compiled on CPU); any other type is left to DeepSpeed.
+Without an `optimizer` section the trainer uses AdamW. Without a `scheduler` section the learning rate warms
+up linearly for `warmupSteps` and then follows a cosine down to `minLrRatio` x lr at the last step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from deepspeed.runtime.utils import clip_grad_norm_
+
+DEFAULT_OPTIMIZER = {
+    "type": "AdamW",
+    "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
+}
+_TORCH_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "sgd": torch.optim.SGD,
+}
+# DeepSpeed-only keys of its Adam section that torch's optimizers do not take.
+_DEEPSPEED_ONLY_KEYS = {"torch_adam", "adam_w_mode", "fused"}
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    """LR multiplier for optimizer step `step` (0-based): linear warmup to 1, cosine decay to `min_ratio`."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step + 1 - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def split_optimizer(ds_config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(config for deepspeed.initialize, optimizer section to build here or None to leave to DeepSpeed)."""
+    config = copy.deepcopy(dict(ds_config))
+    section = config.pop("optimizer", None) or copy.deepcopy(DEFAULT_OPTIMIZER)
+    if str(section.get("type", "")).lower() not in _TORCH_OPTIMIZERS:
+        config["optimizer"] = section
+        return config, None
+    return config, section
+
+
+def build_optimizer(section: Mapping[str, Any], parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """A torch optimizer from a DeepSpeed `optimizer` section of type Adam, AdamW or SGD."""
+    kind = str(section["type"]).lower()
+    params = {k: v for k, v in dict(section.get("params") or {}).items() if k not in _DEEPSPEED_ONLY_KEYS}
+    if "betas" in params:
+        params["betas"] = tuple(params["betas"])
+    return _TORCH_OPTIMIZERS[kind](list(parameters), **params)
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_ratio: float
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The default warmup-then-cosine schedule as a LambdaLR (stepped once per optimizer step)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, warmup_steps, total_steps, min_ratio)
+    )
+
+
+def record_fp32_grad_norm(engine: Any) -> None:
+    """Make the fp32 path keep the gradient norm, for `engine.get_global_grad_norm()` and the metrics.
+
+    In fp32 DeepSpeed clips with `clip_grad_norm_` and throws the norm away (the bf16/fp16 optimizer wrappers
+    keep it). This replaces the engine's clip method by the same call that also stores the result; with
+    clipping off, the norm is measured the same way (max_norm infinite) just before the optimizer step.
+    """
+    if engine.bfloat16_enabled() or engine.fp16_enabled():
+        return
+
+    def measure(max_norm: float) -> None:
+        norm = clip_grad_norm_(parameters=engine.module.parameters(), max_norm=max_norm, mpu=engine.mpu)
+        engine._global_grad_norm = float(norm)
+
+    if engine.gradient_clipping() > 0:
+        engine.clip_fp32_gradients = lambda: measure(engine.gradient_clipping())
+    else:
+        engine.optimizer.register_step_pre_hook(lambda *_: measure(math.inf))

@@ -1,0 +1,193 @@
+"""One training run: process groups, the pipelined GPT under DeepSpeed, the step loop, checkpoints, metrics.
+
+`run` is called by the CLI on every rank after the job file has been validated. It owns the order of
+start-up (distributed init with a timeout, topology check, model, engine, resume) and the loop; the pieces it
+calls own the details.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.runtime.pipe.topology import ProcessTopology
+
+from paralleljob_trainer import checkpoint, data, metrics, optimization
+from paralleljob_trainer.config import JobConfig, flops_per_step
+from paralleljob_trainer.hooks import HookCaller, ProgressHook
+from paralleljob_trainer.model import build_pipeline
+from paralleljob_trainer.tensor_parallel import TensorParallel
+from paralleljob_trainer.topology import RankCoords, build_topology, check_plan_matches, coords_of
+
+DEFAULT_PG_TIMEOUT_S = 600
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What the command line adds to the job file."""
+
+    output_dir: Path | None
+    checkpoint_dir: Path | None
+    hooks: tuple[ProgressHook, ...] = ()
+    peak_tflops: float | None = None
+
+
+@dataclasses.dataclass
+class _Progress:
+    """Rolling figures for the summary line."""
+
+    start_step: int
+    first_loss: float | None = None
+    last_loss: float | None = None
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+def process_group_timeout() -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(os.environ.get("PARALLELJOB_PG_TIMEOUT_S", DEFAULT_PG_TIMEOUT_S)))
+
+
+def init_distributed() -> None:
+    """gloo on CPU, NCCL on GPU, with a timeout so no rank waits forever for a dead peer."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    deepspeed.init_distributed(dist_backend=backend, timeout=process_group_timeout())
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def tensor_parallel_group(topology: ProcessTopology, coords: RankCoords) -> TensorParallel:
+    """This rank's TP group, from the topology's 'model' comm lists (every rank creates every group)."""
+    mine = None
+    for ranks in topology.get_axis_comm_lists("model"):
+        group = dist.new_group(ranks=ranks)
+        if dist.get_rank() in ranks:
+            mine = group
+    size = topology.get_dim("model")
+    return TensorParallel(rank=coords.model, size=size, group=mine if size > 1 else None)
+
+
+def deepspeed_config(job: JobConfig) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The DeepSpeed config with precision set from spec.model.precision, and the optimizer to build here."""
+    config, optimizer_section = optimization.split_optimizer(job.deepspeed)
+    precision = job.model.precision
+    config["bf16"] = {**config.get("bf16", {}), "enabled": precision == "bf16"}
+    config["fp16"] = {**config.get("fp16", {}), "enabled": precision == "fp16"}
+    config.setdefault("steps_per_print", 10**9)
+    config.setdefault("wall_clock_breakdown", False)
+    return config, optimizer_section
+
+
+def build_engine(job: JobConfig, topology: ProcessTopology, tp: TensorParallel) -> Any:
+    module = build_pipeline(job.model, job.training.seed, topology, tp)
+    config, optimizer_section = deepspeed_config(job)
+    optimizer = scheduler = None
+    if optimizer_section is not None:
+        optimizer = optimization.build_optimizer(optimizer_section, module.parameters())
+    if "scheduler" not in config and optimizer is not None:
+        training = job.training
+        scheduler = optimization.build_scheduler(
+            optimizer, training.warmup_steps, training.steps, training.min_lr_ratio
+        )
+    engine, _, _, _ = deepspeed.initialize(
+        model=module, model_parameters=module.parameters(), optimizer=optimizer, lr_scheduler=scheduler, config=config
+    )
+    optimization.record_fp32_grad_norm(engine)
+    return engine
+
+
+def run(job: JobConfig, options: RunOptions) -> None:
+    """Train `job` on this rank to spec.training.steps, resuming from the latest checkpoint if there is one."""
+    topology = build_topology(job.plan)
+    check_plan_matches(topology, job.plan, int(os.environ["WORLD_SIZE"]))
+    init_distributed()
+    coords = coords_of(topology, dist.get_rank())
+    tp = tensor_parallel_group(topology, coords)
+    stream = data.open_stream(job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed)
+    engine = build_engine(job, topology, tp)
+    writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, HookCaller(list(options.hooks)))
+    try:
+        start = checkpoint.resume(engine, options.checkpoint_dir) if options.checkpoint_dir else 0
+        progress = _Progress(start_step=start)
+        for step in range(start + 1, job.training.steps + 1):
+            _train_one_step(job, options, engine, stream, coords, step, writer, progress)
+        writer.write(_summary(job, progress), hook_method="on_finish")
+    finally:
+        writer.close()
+
+
+def _train_one_step(
+    job: JobConfig,
+    options: RunOptions,
+    engine: Any,
+    stream: data.TokenStream,
+    coords: RankCoords,
+    step: int,
+    writer: metrics.MetricsWriter,
+    progress: _Progress,
+) -> None:
+    layout = job.plan.layout
+    batches = data.micro_batches(stream, step, job.train_batch_size, job.micro_batch_size, layout.data, coords.data)
+    lr = float(engine.get_lr()[0])
+    started = time.perf_counter()
+    loss = float(engine.train_batch(data_iter=batches))
+    seconds = time.perf_counter() - started
+    tokens = job.train_batch_size * job.model.sequence_length
+    progress.first_loss = loss if progress.first_loss is None else progress.first_loss
+    progress.last_loss, progress.tokens, progress.seconds = loss, progress.tokens + tokens, progress.seconds + seconds
+    if step % job.training.log_interval == 0 or step == job.training.steps:
+        writer.write(_step_record(job, options, engine, step, loss, lr, seconds), hook_method="on_step")
+    if options.checkpoint_dir and job.checkpoint_interval and step % job.checkpoint_interval == 0:
+        path = checkpoint.save(engine, options.checkpoint_dir, step)
+        writer.write({"event": "checkpoint", "step": step, "path": str(path)}, hook_method="on_checkpoint")
+
+
+def _step_record(
+    job: JobConfig, options: RunOptions, engine: Any, step: int, loss: float, lr: float, seconds: float
+) -> dict[str, Any]:
+    tokens = job.train_batch_size * job.model.sequence_length
+    grad_norm = engine.get_global_grad_norm()
+    return {
+        "event": "step",
+        "step": step,
+        "loss": loss,
+        "lr": lr,
+        "grad_norm": None if grad_norm is None else float(grad_norm),
+        "tokens_per_s": tokens / seconds,
+        "step_time_s": seconds,
+        "samples": step * job.train_batch_size,
+        "mfu": metrics.mfu(flops_per_step(job.model, tokens), seconds, job.plan.world_size, _peak(options)),
+    }
+
+
+def _peak(options: RunOptions) -> float | None:
+    if options.peak_tflops:
+        return options.peak_tflops
+    if torch.cuda.is_available():
+        return metrics.peak_tflops_for(torch.cuda.get_device_name())
+    return None
+
+
+def _summary(job: JobConfig, progress: _Progress) -> dict[str, Any]:
+    return {
+        "event": "summary",
+        "steps": job.training.steps,
+        "resumed_from": progress.start_step or None,
+        "first_loss": progress.first_loss,
+        "last_loss": progress.last_loss,
+        "tokens_per_s": progress.tokens / progress.seconds if progress.seconds else None,
+        "train_time_s": progress.seconds,
+    }
+
+
+def shutdown() -> None:
+    """Leave the process groups cleanly so torchrun sees every rank finish."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
