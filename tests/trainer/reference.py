@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from torch import nn
+from torch.nn import functional
+
 from paralleljob_trainer import data, weights
 from paralleljob_trainer.config import JobConfig, ModelConfig
 from paralleljob_trainer.optimization import warmup_cosine
-from torch import nn
-from torch.nn import functional
 
 
 class Block(nn.Module):

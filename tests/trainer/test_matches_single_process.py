@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from paralleljob_trainer.config import parse_job_config
 
+from paralleljob_trainer.config import parse_job_config
 from tests.trainer import harness
 from tests.trainer.reference import ReferenceStep, train_reference
 
