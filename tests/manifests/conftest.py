@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from paralleljob.api import ResolvedJob, validate_document
 
 JOB_YAML = """

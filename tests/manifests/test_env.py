@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from paralleljob.manifests import env as node_env
 from paralleljob.manifests import nccl
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from paralleljob.manifests import nccl
 
+from paralleljob.manifests import nccl
 from tests.manifests.conftest import make_node
 
 IB = make_node("a", allocatable={"rdma/hca_shared_devices_a": "1"})

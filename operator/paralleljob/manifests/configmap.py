@@ -1,0 +1,55 @@
+"""The job's ConfigMap: job.json (what the trainer reads), and for people the DeepSpeed config, the full
+plan with its estimates, and the NCCL environment (`kubectl describe configmap <job>-config` shows them).
+
+Pure. The ConfigMap carries the attempt (gang restart count) it was planned for, so a restarted operator
+finishes creating the pods of the plan it already made instead of planning again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from paralleljob.manifests import labels
+
+JOB_FILE = "job.json"
+MOUNT_PATH = "/etc/paralleljob"
+CONFIG_PATH = f"{MOUNT_PATH}/{JOB_FILE}"
+
+
+def render_env_file(env: Mapping[str, str]) -> str:
+    """KEY=VALUE lines, sorted, as `env` prints them."""
+    return "".join(f"{key}={value}\n" for key, value in sorted(env.items()))
+
+
+def build_config_map(
+    owner: Mapping[str, Any],
+    trainer_config: Mapping[str, Any],
+    plan: Mapping[str, Any],
+    nccl_env: Mapping[str, str],
+    attempt: int,
+) -> dict[str, Any]:
+    """The `<job>-config` ConfigMap for one attempt."""
+    job = owner["metadata"]["name"]
+    metadata = labels.child_metadata(owner, labels.config_map_name(job), {labels.ATTEMPT_LABEL: str(attempt)})
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "data": {
+            JOB_FILE: json.dumps(trainer_config, indent=2, sort_keys=True),
+            "deepspeed.json": json.dumps(trainer_config["deepspeed"], indent=2, sort_keys=True),
+            "plan.json": json.dumps(plan, indent=2, sort_keys=True),
+            "nccl.env": render_env_file(nccl_env),
+        },
+    }
+
+
+def plan_of(config_map: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan a ConfigMap of ours was built from."""
+    return dict(json.loads(config_map["data"]["plan.json"]))
+
+
+def attempt_of(config_map: Mapping[str, Any]) -> int:
+    return int(config_map["metadata"]["labels"][labels.ATTEMPT_LABEL])

@@ -1,0 +1,168 @@
+"""One Pod per node rank, `<job>-<nodeRank>`: pinned, resourced and wired for torchrun and NCCL.
+
+Pure. Each pod is pinned to its planned node by *required node affinity* on kubernetes.io/hostname (not
+spec.nodeName), so the scheduler still checks resources and taints; it requests the planned GPUs and the
+fabric's RDMA/EFA resource, mounts /dev/shm in memory (the 64 MB default crashes NCCL), job.json, the
+checkpoint volume, and gets IPC_LOCK when RDMA registers memory. The environment comes from
+`manifests.env.build_node_env`, the same function the local runner uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from paralleljob.api import ResolvedJob
+from paralleljob.manifests import configmap, env, labels
+
+GPU_RESOURCE = "nvidia.com/gpu"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+OUTPUT_DIR = "/var/run/paralleljob/output"
+PROGRESS_HOOK = "paralleljob_trainer.k8s_status:create_hook"
+TRAINER_MODULE = "paralleljob_trainer"
+
+
+@dataclasses.dataclass(frozen=True)
+class PodSettings:
+    """What every pod of one attempt shares."""
+
+    image: str
+    plan: Mapping[str, Any]
+    nccl_env: Mapping[str, str]
+    network_resources: Mapping[str, int]
+    ipc_lock: bool
+    attempt: int
+    service_account: str
+
+
+def torchrun_command(resolved: ResolvedJob, plan: Mapping[str, Any], node_rank: int) -> list[str]:
+    """torchrun for this node rank, launching the bundled trainer or spec.command once per GPU."""
+    launcher = [
+        "torchrun",
+        f"--nnodes={len(plan['nodes'])}",
+        f"--node-rank={node_rank}",
+        f"--nproc-per-node={plan['ranksPerNode']}",
+        f"--master-addr={labels.master_address(resolved.name)}",
+        f"--master-port={labels.MASTER_PORT}",
+        # Restarts are the operator's (the whole gang, from a checkpoint), never torchrun's alone.
+        "--max-restarts=0",
+    ]
+    if resolved.spec.command:
+        return [*launcher, "--no-python", *resolved.spec.command]
+    return [*launcher, "-m", TRAINER_MODULE]
+
+
+def node_affinity(node: str) -> dict[str, Any]:
+    term = {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def container_resources(resolved: ResolvedJob, gpus: int, network: Mapping[str, int]) -> dict[str, Any]:
+    """spec.template.resources plus the GPUs and network devices, as both requests and limits."""
+    extra = copy.deepcopy(dict(resolved.spec.template.resources or {}))
+    devices = {GPU_RESOURCE: str(gpus), **{name: str(count) for name, count in network.items()}}
+    return {
+        "requests": {**extra.get("requests", {}), **devices},
+        "limits": {**extra.get("limits", {}), **devices},
+    }
+
+
+def volumes(resolved: ResolvedJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, container mounts): job.json, /dev/shm, output, checkpoint, then the user's."""
+    name = labels.config_map_name(resolved.name)
+    pod_volumes: list[dict[str, Any]] = [
+        {"name": "job-config", "configMap": {"name": name}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "output", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "job-config", "mountPath": configmap.MOUNT_PATH, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "output", "mountPath": OUTPUT_DIR},
+    ]
+    checkpoint = resolved.spec.checkpoint
+    if checkpoint is not None and checkpoint.volume:
+        pod_volumes.append({"name": "checkpoint", **copy.deepcopy(dict(checkpoint.volume))})
+        mounts.append({"name": "checkpoint", "mountPath": checkpoint.path})
+    template = resolved.spec.template
+    pod_volumes += copy.deepcopy(list(template.volumes or []))
+    mounts += copy.deepcopy(list(template.volume_mounts or []))
+    return pod_volumes, mounts
+
+
+def node_env(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> list[dict[str, Any]]:
+    """The container env: build_node_env's variables, then the user's spec.template.env."""
+    checkpoint = resolved.spec.checkpoint
+    variables = env.build_node_env(
+        settings.plan,
+        node_rank,
+        job_name=resolved.name,
+        namespace=resolved.namespace,
+        config_path=configmap.CONFIG_PATH,
+        output_dir=OUTPUT_DIR,
+        checkpoint_dir=checkpoint.path if checkpoint is not None else None,
+        master_addr=labels.master_address(resolved.name),
+        master_port=labels.MASTER_PORT,
+        progress_hook=PROGRESS_HOOK if node_rank == 0 else None,
+        nccl_env=settings.nccl_env,
+    )
+    return env.as_env_list(variables) + copy.deepcopy(list(resolved.spec.template.env or []))
+
+
+def build_container(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> dict[str, Any]:
+    gpus = int(settings.plan["nodes"][node_rank]["gpus"])
+    template = resolved.spec.template
+    container: dict[str, Any] = {
+        "name": labels.CONTAINER_NAME,
+        "image": template.image or settings.image,
+        "command": torchrun_command(resolved, settings.plan, node_rank),
+        "env": node_env(resolved, settings, node_rank),
+        "resources": container_resources(resolved, gpus, settings.network_resources),
+        "volumeMounts": volumes(resolved)[1],
+        "ports": [{"name": "rendezvous", "containerPort": labels.MASTER_PORT}],
+    }
+    if template.image_pull_policy:
+        container["imagePullPolicy"] = template.image_pull_policy
+    if settings.ipc_lock:
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    return container
+
+
+def build_pod(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> dict[str, Any]:
+    """The pod of `node_rank` in attempt `settings.attempt`."""
+    job = resolved.name
+    entry = settings.plan["nodes"][node_rank]
+    template = resolved.spec.template
+    extra_labels = {
+        **(template.labels or {}),
+        labels.NODE_RANK_LABEL: str(node_rank),
+        labels.ATTEMPT_LABEL: str(settings.attempt),
+        labels.NODE_LABEL: entry["node"],
+    }
+    metadata = labels.child_metadata(owner, labels.pod_name(job, node_rank), extra_labels)
+    if template.annotations:
+        metadata["annotations"] = dict(template.annotations)
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": labels.pod_name(job, node_rank),
+        "subdomain": labels.service_name(job),
+        "affinity": node_affinity(entry["node"]),
+        "serviceAccountName": settings.service_account,
+        "enableServiceLinks": False,
+        "containers": [build_container(resolved, settings, node_rank)],
+        "volumes": volumes(resolved)[0],
+    }
+    optional = {
+        "nodeSelector": dict(template.node_selector) if template.node_selector else None,
+        "tolerations": copy.deepcopy(list(template.tolerations)) if template.tolerations else None,
+        "priorityClassName": template.priority_class_name,
+    }
+    spec.update({key: value for key, value in optional.items() if value is not None})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def build_pods(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSettings) -> list[dict[str, Any]]:
+    """Every pod of the plan, by node rank."""
+    return [build_pod(owner, resolved, settings, entry["nodeRank"]) for entry in settings.plan["nodes"]]

@@ -1,0 +1,149 @@
+"""The child objects of one attempt: ConfigMap, headless Service, progress RBAC and pinned pods."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paralleljob.manifests import children, labels
+from tests.manifests.conftest import make_node, make_plan, resolve
+
+OWNER = {"metadata": {"name": "gpt", "namespace": "research", "uid": "u-1"}}
+IB_NODES = [make_node(f"node-{i}", {}, {"nvidia.com/gpu": "4", "rdma/ib": "1"}) for i in range(4)]
+PLAIN_NODES = [make_node(f"node-{i}", {}, {"nvidia.com/gpu": "4"}) for i in range(4)]
+
+
+def build(nodes=PLAIN_NODES, attempt=0, **spec_patch):
+    return children.build_children(OWNER, resolve(**spec_patch), make_plan(), nodes, image="trainer:1", attempt=attempt)
+
+
+def env_of(pod):
+    return {item["name"]: item.get("value") for item in pod["spec"]["containers"][0]["env"]}
+
+
+def test_every_child_is_owned_by_the_job_and_labelled():
+    built = build()
+    for obj in [built.config_map, built.service, *built.rbac, *built.pods]:
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+        assert obj["metadata"]["ownerReferences"][0]["controller"] is True
+        assert obj["metadata"]["labels"][labels.JOB_LABEL] == "gpt"
+        assert obj["metadata"]["namespace"] == "research"
+
+
+def test_one_pod_per_node_rank_pinned_by_required_affinity():
+    pods = build().pods
+    assert [p["metadata"]["name"] for p in pods] == ["gpt-0", "gpt-1", "gpt-2", "gpt-3"]
+    for rank, pod in enumerate(pods):
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"][0]["matchExpressions"] == [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [f"node-{rank}"]}
+        ]
+        assert "nodeName" not in pod["spec"]
+        assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == (f"gpt-{rank}", "gpt")
+
+
+def test_pods_run_torchrun_with_rank_zero_as_master():
+    pod = build().pods[2]
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[:6] == [
+        "torchrun",
+        "--nnodes=4",
+        "--node-rank=2",
+        "--nproc-per-node=4",
+        "--master-addr=gpt-0.gpt",
+        "--master-port=29500",
+    ]
+    assert command[-2:] == ["-m", "paralleljob_trainer"]
+
+
+def test_user_command_runs_under_torchrun_with_the_same_env():
+    pod = build(command=["python", "/app/train.py"]).pods[0]
+    assert pod["spec"]["containers"][0]["command"][-3:] == ["--no-python", "python", "/app/train.py"]
+    assert env_of(pod)["PARALLELJOB_NODE_RANK"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "network", "resource", "ipc_lock", "nccl_key"),
+    [
+        (PLAIN_NODES, {}, None, False, "NCCL_IB_DISABLE"),
+        (IB_NODES, {}, "rdma/ib", True, "NCCL_IB_TIMEOUT"),
+        (PLAIN_NODES, {"fabric": "efa"}, "vpc.amazonaws.com/efa", True, "FI_PROVIDER"),
+        (IB_NODES, {"fabric": "roce"}, "rdma/ib", True, "NCCL_IB_GID_INDEX"),
+    ],
+    ids=["tcp", "infiniband-detected", "efa", "roce"],
+)
+def test_fabric_decides_network_resources_capabilities_and_nccl(nodes, network, resource, ipc_lock, nccl_key):
+    built = build(nodes, network=network)
+    container = built.pods[1]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert (resource in container["resources"]["limits"]) if resource else len(container["resources"]["limits"]) == 1
+    assert ("IPC_LOCK" in str(container.get("securityContext"))) == ipc_lock
+    assert nccl_key in env_of(built.pods[1])
+    assert nccl_key in built.config_map["data"]["nccl.env"]
+
+
+def test_volumes_shm_in_memory_config_and_checkpoint():
+    pod = build().pods[0]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert volumes["checkpoint"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
+    assert volumes["job-config"]["configMap"]["name"] == "gpt-config"
+    assert mounts == {
+        "job-config": "/etc/paralleljob",
+        "dshm": "/dev/shm",
+        "output": "/var/run/paralleljob/output",
+        "checkpoint": "/checkpoints",
+    }
+    assert env_of(pod)["PARALLELJOB_CHECKPOINT_DIR"] == "/checkpoints"
+
+
+def test_only_rank_zero_reports_progress_through_its_own_account():
+    built = build()
+    assert [("PARALLELJOB_PROGRESS_HOOK" in env_of(p)) for p in built.pods] == [True, False, False, False]
+    assert {p["spec"]["serviceAccountName"] for p in built.pods} == {"gpt-progress"}
+    role = built.rbac[1]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["paralleljob.io"],
+            "resources": ["paralleljobs/status"],
+            "resourceNames": ["gpt"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+
+
+def test_users_own_service_account_replaces_the_progress_rbac():
+    built = build(template={"serviceAccountName": "mine"})
+    assert built.rbac == []
+    assert built.pods[0]["spec"]["serviceAccountName"] == "mine"
+
+
+def test_config_map_holds_job_file_deepspeed_plan_and_nccl_for_its_attempt():
+    built = build(attempt=2)
+    data = built.config_map["data"]
+    assert json.loads(data["job.json"])["plan"]["ranksPerNode"] == 4
+    assert json.loads(data["deepspeed.json"])["train_batch_size"] == 32
+    assert json.loads(data["plan.json"])["estimates"] == {"bubble": 0.1}
+    assert built.config_map["metadata"]["labels"][labels.ATTEMPT_LABEL] == "2"
+    assert all(p["metadata"]["labels"][labels.ATTEMPT_LABEL] == "2" for p in built.pods)
+
+
+def test_headless_service_publishes_not_ready_addresses():
+    spec = build().service["spec"]
+    assert spec["clusterIP"] == "None"
+    assert spec["publishNotReadyAddresses"] is True
+    assert spec["selector"] == {labels.JOB_LABEL: "gpt"}
+
+
+def test_template_scheduling_fields_reach_the_pod():
+    tolerations = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    spec = build(
+        template={"nodeSelector": {"pool": "a100"}, "tolerations": tolerations, "priorityClassName": "high"}
+    ).pods[0]["spec"]
+    assert (spec["nodeSelector"], spec["tolerations"], spec["priorityClassName"]) == (
+        {"pool": "a100"},
+        tolerations,
+        "high",
+    )
