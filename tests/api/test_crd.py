@@ -95,3 +95,10 @@ def test_the_schema_rejects_unknown_fields_outside_preserved_objects() -> None:
             "spec.template.volumeMounts[]",
         ]
     )
+
+
+def test_the_committed_api_reference_is_generated_from_the_crd() -> None:
+    from paralleljob.api import reference
+
+    committed = (ROOT / reference.REFERENCE_FILE).read_text()
+    assert committed == reference.render_reference(), "run `paralleljob docs > docs/api-reference.md`"

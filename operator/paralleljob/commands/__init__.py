@@ -3,6 +3,6 @@
 A subcommand parses its arguments, calls the pure layers, prints, and returns an exit code.
 """
 
-from paralleljob.commands import crd, validate
+from paralleljob.commands import crd, docs, validate
 
-SUBCOMMANDS = (validate, crd)
+SUBCOMMANDS = (validate, crd, docs)

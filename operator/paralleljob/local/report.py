@@ -1,0 +1,76 @@
+"""The end of a local run: the summary a person reads, `summary.json`, and the loss-curve picture."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """What a finished (or failed) local run achieved."""
+
+    job: str
+    layout: str
+    succeeded: bool
+    reason: str
+    restarts: int
+    wall_seconds: float
+    steps_done: int
+    total_steps: int
+    first_loss: float | None
+    last_loss: float | None
+    tokens_per_s: float | None
+    last_checkpoint_step: int | None
+    output_dir: str
+    loss_curve: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def write_loss_curve(curve: list[tuple[int, float]], path: Path, title: str) -> Path | None:
+    """Plot loss against step to a PNG; None when there is nothing to plot."""
+    if len(curve) < 2:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: render to a file
+    from matplotlib import pyplot
+
+    steps, losses = zip(*curve, strict=True)
+    figure, axes = pyplot.subplots(figsize=(6.4, 3.6), dpi=110)
+    axes.plot(steps, losses, marker="o", markersize=3, linewidth=1.5, color="#3b6fb6")
+    axes.set_xlabel("step")
+    axes.set_ylabel("training loss")
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    pyplot.close(figure)
+    return path
+
+
+def print_summary(console: Console, summary: RunSummary) -> None:
+    status = "[green]succeeded[/]" if summary.succeeded else f"[red]failed[/]: {summary.reason}"
+    console.print(f"\n[bold]{summary.job}[/] ({summary.layout}) {status}")
+    if summary.first_loss is not None and summary.last_loss is not None:
+        console.print(f"  loss        {summary.first_loss:.4f} -> {summary.last_loss:.4f}", highlight=False)
+    console.print(f"  steps       {summary.steps_done}/{summary.total_steps}", highlight=False)
+    if summary.tokens_per_s is not None:
+        console.print(f"  tokens/s    {summary.tokens_per_s:,.0f}", highlight=False)
+    console.print(f"  wall time   {summary.wall_seconds:.1f} s", highlight=False)
+    console.print(f"  restarts    {summary.restarts}", highlight=False)
+    if summary.last_checkpoint_step is not None:
+        console.print(f"  checkpoint  step {summary.last_checkpoint_step}", highlight=False)
+    if summary.loss_curve:
+        console.print(f"  loss curve  {summary.loss_curve}", highlight=False)
+    console.print(f"  output      {summary.output_dir} (node-R.log, metrics.jsonl, summary.json)", highlight=False)
+
+
+def write_summary(summary: RunSummary, path: Path) -> None:
+    path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")

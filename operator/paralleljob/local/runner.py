@@ -1,0 +1,230 @@
+"""`paralleljob run`: a whole ParallelJob on this machine, with the same plan and pod environment as a cluster.
+
+The job is validated and planned by the same code the operator uses, on a local cluster of N simulated
+nodes with G slots each. Each node rank becomes one torchrun process with the environment
+`manifests.env.build_node_env()` gives a pod, and the gang is supervised as the operator supervises pods:
+a failed node stops every process, and the gang restarts from the latest checkpoint up to backoffLimit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from paralleljob.api.validation import ResolvedJob
+from paralleljob.local import gang as gangs
+from paralleljob.local import progress, report
+from paralleljob.manifests import env as node_env
+from paralleljob.manifests import nccl
+from paralleljob.manifests.trainer_config import build_trainer_config
+
+
+class LocalShapeError(ValueError):
+    """The requested simulated nodes cannot hold the job; the message says what to change."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalShape:
+    """The simulated cluster: nodes x slots per node."""
+
+    nodes: int
+    gpus_per_node: int
+
+
+def choose_shape(resolved: ResolvedJob, nodes: int | None, gpus_per_node: int | None) -> LocalShape:
+    """Nodes and slots that fit the job: the spec's gpusPerNode, else one pipeline stage per node."""
+    world, tp = resolved.world_size, resolved.tensor
+    gpn = gpus_per_node or resolved.spec.gpus_per_node
+    if gpn is None:
+        gpn = world // nodes if nodes else tp * resolved.data
+    if gpn <= 0 or world % gpn:
+        raise LocalShapeError(
+            f"--gpus-per-node {gpn} does not divide the job's {world} ranks; use a divisor of {world}."
+        )
+    if gpn % tp:
+        raise LocalShapeError(
+            f"--gpus-per-node {gpn} is not a multiple of tensor {tp}, so a tensor-parallel group would span "
+            f"two simulated nodes; use a multiple of {tp}."
+        )
+    if nodes is not None and nodes * gpn != world:
+        raise LocalShapeError(
+            f"--nodes {nodes} x {gpn} slots is {nodes * gpn} ranks but the job has {world}; use --nodes {world // gpn}."
+        )
+    return LocalShape(world // gpn, gpn)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def resolve_data_path(config: dict[str, Any], job_file: Path) -> None:
+    """A relative data path in a local job is relative to the job file's folder."""
+    data = config["spec"]["training"].get("data", {})
+    path = data.get("path")
+    if path and not Path(path).is_absolute():
+        data["path"] = str((job_file.parent / path).resolve())
+
+
+def torchrun_argv(shape: LocalShape, node_rank: int, port: int, command: list[str] | None) -> list[str]:
+    """The same torchrun line a pod runs, with this machine as master."""
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(shape.nodes),
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        str(shape.gpus_per_node),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        "--max-restarts",
+        "0",
+    ]
+    if command:
+        return [*argv, "--no-python", *command]
+    return [*argv, "-m", "paralleljob_trainer"]
+
+
+@dataclasses.dataclass
+class LocalRun:
+    """A prepared run: where it writes and what each node rank starts with."""
+
+    resolved: ResolvedJob
+    shape: LocalShape
+    plan: dict[str, Any]
+    output: Path
+    console: Console
+
+    @property
+    def checkpoint_dir(self) -> Path | None:
+        return self.output / "checkpoints" if self.resolved.spec.checkpoint is not None else None
+
+    def prepare(self, job_file: Path, resume: bool) -> None:
+        """Write job.json; a fresh run clears the previous run's checkpoints and metrics."""
+        self.output.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            shutil.rmtree(self.output / "checkpoints", ignore_errors=True)
+            for stale in self.output.glob("node-*.log"):
+                stale.unlink()
+            (self.output / "metrics.jsonl").unlink(missing_ok=True)
+        config = build_trainer_config(self.resolved, self.plan)
+        resolve_data_path(config, job_file)
+        (self.output / "job.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    def launches(self, port: int) -> list[gangs.NodeLaunch]:
+        network = {**(self.plan_network()), "socketInterface": "lo"}
+        env_nccl = nccl.build_nccl_env(network, "tcp")
+        launches = []
+        for node in self.plan["nodes"]:
+            rank = node["nodeRank"]
+            env = node_env.build_node_env(
+                self.plan,
+                rank,
+                job_name=self.resolved.name,
+                namespace=self.resolved.namespace,
+                config_path=str(self.output / "job.json"),
+                output_dir=str(self.output),
+                checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None,
+                master_addr="127.0.0.1",
+                master_port=port,
+                nccl_env=env_nccl,
+            )
+            # gloo's own interface variable: the loopback device for a single machine.
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+            launches.append(
+                gangs.NodeLaunch(
+                    rank,
+                    torchrun_argv(self.shape, rank, port, self.resolved.spec.command),
+                    env,
+                    self.output / f"node-{rank}.log",
+                    self.output / f"node-{rank}.pid",
+                )
+            )
+        return launches
+
+    def plan_network(self) -> dict[str, Any]:
+        network = self.resolved.spec.network
+        return {"timeoutSeconds": network.timeout_seconds, "ncclEnv": network.nccl_env or {}}
+
+    def node_lines(self) -> list[progress.NodeLine]:
+        lines = []
+        for node in self.plan["nodes"]:
+            ranks = node["ranks"]
+            lines.append(
+                progress.NodeLine(
+                    node["nodeRank"],
+                    node["node"],
+                    f"{ranks[0]}-{ranks[-1]}",
+                    ",".join(str(s) for s in node.get("stages", [])),
+                    self.output / f"node-{node['nodeRank']}.log",
+                )
+            )
+        return lines
+
+    def execute(self) -> report.RunSummary:
+        """Run the gang, restarting it from the latest checkpoint after a failure, up to backoffLimit."""
+        backoff = self.resolved.spec.failure_policy.backoff_limit
+        tail = progress.MetricsTail(self.output / "metrics.jsonl")
+        restarts, started = 0, time.monotonic()
+        with progress.ProgressView(self.console, self.resolved.spec.training.steps, self.node_lines()) as view:
+            while True:
+                view.attempt = restarts + 1
+                gang = gangs.Gang(self.launches(free_port()), marker=uuid.uuid4().hex)
+                outcome = gangs.supervise(gang, lambda states: view.update(tail.poll(), tail.latest(), states))
+                view.update(tail.poll(), tail.latest(), gang.states())
+                if outcome.succeeded or restarts >= backoff:
+                    break
+                restarts += 1
+                resume_at = tail.checkpoints[-1] if tail.checkpoints else 0
+                self.console.print(
+                    f"[yellow]gang restart {restarts}/{backoff}[/]: {outcome.reason}; every node stopped, "
+                    f"resuming from {'step ' + str(resume_at) if resume_at else 'the start'}"
+                )
+        return self.summarise(outcome, restarts, time.monotonic() - started, tail)
+
+    def summarise(
+        self, outcome: gangs.GangOutcome, restarts: int, wall: float, tail: progress.MetricsTail
+    ) -> report.RunSummary:
+        curve = tail.loss_curve()
+        picture = report.write_loss_curve(
+            curve, self.output / "loss.png", f"{self.resolved.name} {self.resolved.layout}"
+        )
+        final = tail.summary or {}
+        latest = tail.latest() or {}
+        reason = outcome.reason
+        if not outcome.succeeded:
+            reason += (
+                f"; gave up after {restarts} restarts (backoffLimit {self.resolved.spec.failure_policy.backoff_limit})"
+            )
+            reason += f"; see {self.output}/node-{outcome.failed_node}.log"
+        return report.RunSummary(
+            job=self.resolved.name,
+            layout=f"{self.resolved.layout} (PP x TP x DP)",
+            succeeded=outcome.succeeded,
+            reason=reason,
+            restarts=restarts,
+            wall_seconds=round(wall, 2),
+            steps_done=int(final.get("step", latest.get("step", 0)) or 0),
+            total_steps=self.resolved.spec.training.steps,
+            first_loss=curve[0][1] if curve else None,
+            last_loss=curve[-1][1] if curve else None,
+            tokens_per_s=final.get("tokens_per_s", latest.get("tokens_per_s")),
+            last_checkpoint_step=tail.checkpoints[-1] if tail.checkpoints else None,
+            output_dir=str(self.output),
+            loss_curve=str(picture) if picture else None,
+        )
