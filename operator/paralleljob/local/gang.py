@@ -66,10 +66,9 @@ def marked_processes(marker: str) -> list[int]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{entry.name}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    found.append(int(entry.name))
+        with contextlib.suppress(OSError), open(f"/proc/{entry.name}/environ", "rb") as handle:
+            if needle in handle.read().split(b"\0"):
+                found.append(int(entry.name))
     return found
 
 
