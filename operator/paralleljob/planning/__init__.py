@@ -1,0 +1,42 @@
+"""Topology-aware 3D placement: which node runs which ranks of a ParallelJob, and what it should cost.
+
+Pure code (no kubernetes, kopf or torch): callers pass Kubernetes objects as dicts and get frozen outcomes.
+
+    cluster = planning.build_cluster(node_dicts, pod_dicts, reservations)
+    outcome = planning.plan_job(resolved_job, cluster)      # Plan | Unschedulable
+    job_json["plan"] = outcome.to_dict()                    # the trainer's and operator's view
+
+The operator, the local runner (`local_cluster_nodes`) and `paralleljob plan` call it; docs/planning.md
+documents the rules, the cost model and the JSON schema.
+"""
+
+from paralleljob.planning.costmodel import CostModel
+from paralleljob.planning.inventory import Cluster, NodeInfo, Reservation, build_cluster, local_cluster_nodes
+from paralleljob.planning.layout import Coord, Layout
+from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, Unschedulable
+from paralleljob.planning.planner import PlanningOptions, plan_job
+
+
+def reservations_of(plan: Plan, holder: str) -> list[Reservation]:
+    """The GPUs a plan holds, as reservations for planning other jobs before its pods are bound."""
+    return [Reservation(node.node, node.gpus, holder) for node in plan.nodes]
+
+
+__all__ = [
+    "Cluster",
+    "Coord",
+    "CostModel",
+    "Estimates",
+    "Layout",
+    "NodeInfo",
+    "NodePlan",
+    "PlacementCost",
+    "Plan",
+    "PlanningOptions",
+    "Reservation",
+    "Unschedulable",
+    "build_cluster",
+    "local_cluster_nodes",
+    "plan_job",
+    "reservations_of",
+]

@@ -1,0 +1,162 @@
+"""The placement cost model: what one training step's communication costs on a given node order.
+
+Each group (tensor, pipeline pair, data) moves the bytes of `estimates.comm_bytes()` over the slowest link it
+spans (`levels.LinkLevel`); a kind of group costs as much as its slowest group, since every step waits for it.
+Link bandwidths come per GPU product (`GPU_PROFILES`) and can be overridden (`CostModel.bandwidths`).
+The planner calls `price()` on every candidate order; docs/planning.md documents the numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from paralleljob.planning import estimates, levels
+from paralleljob.planning.layout import Coord, Layout
+from paralleljob.planning.levels import LinkLevel
+
+GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuProfile:
+    """Public per-GPU figures: NVLink and network bandwidth (GB/s) and dense bf16 peak (TFLOP/s)."""
+
+    match: str
+    nvlink_gbps: float
+    network_gbps: float
+    peak_tflops: float
+
+
+# First match wins (substring of nvidia.com/gpu.product, case-insensitive). Network: one NIC per GPU,
+# HDR 200 Gb/s for A100 systems, NDR 400 Gb/s for H100 and later.
+GPU_PROFILES = (
+    GpuProfile("GB200", 1800, 50, 2500),
+    GpuProfile("B200", 1800, 50, 2250),
+    GpuProfile("H200", 900, 50, 989),
+    GpuProfile("H100", 900, 50, 989),
+    GpuProfile("A100", 600, 25, 312),
+    GpuProfile("L40S", 32, 12.5, 362),
+)
+DEFAULT_PROFILE = GpuProfile("", 300, 12.5, 100)
+LEVEL_NAMES: dict[str, LinkLevel] = {level.name.lower(): level for level in LinkLevel}
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Assumptions of the cost and step-time models; every field is documented in docs/planning.md."""
+
+    # GB/s per GPU by level name (node, nvlink, leaf, block, top); overrides the product's defaults.
+    bandwidths: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    block_factor: float = 0.5  # leaf-to-leaf through a 2:1 oversubscribed spine
+    top_factor: float = 0.25  # across top-level domains
+    kernel_efficiency: float = 0.55  # share of peak the matmuls reach
+    peak_tflops: float | None = None  # overrides the product's peak
+
+    def profile(self, product: str) -> GpuProfile:
+        upper = product.upper()
+        return next((p for p in GPU_PROFILES if p.match in upper), DEFAULT_PROFILE)
+
+    def link_bandwidths(self, product: str) -> dict[LinkLevel, float]:
+        """Bytes per second per GPU at each link level."""
+        profile = self.profile(product)
+        leaf = profile.network_gbps
+        defaults = {
+            LinkLevel.NODE: profile.nvlink_gbps,
+            LinkLevel.NVLINK: profile.nvlink_gbps,
+            LinkLevel.LEAF: leaf,
+            LinkLevel.BLOCK: leaf * self.block_factor,
+            LinkLevel.TOP: leaf * self.top_factor,
+        }
+        for name, value in self.bandwidths.items():
+            defaults[LEVEL_NAMES[name]] = value
+        return {level: gbps * GB for level, gbps in defaults.items()}
+
+    def peak_flops(self, product: str) -> float:
+        return (self.peak_tflops or self.profile(product).peak_tflops) * 1e12
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """Where a node rank sits: node name, NVLink domain and network path (coarse to fine)."""
+
+    node: str
+    nvlink: str
+    path: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CommCost:
+    """Modeled seconds per step of each kind of communication, and the link levels they reach."""
+
+    tensor: float
+    pipeline: float
+    data: float
+    spread: float  # mean seconds over all groups: breaks ties between orders with equal bottlenecks
+    tensor_level: LinkLevel
+    pipeline_level: LinkLevel
+    data_level: LinkLevel
+
+    @property
+    def total(self) -> float:
+        return self.tensor + self.pipeline + self.data
+
+
+def span_level(sites: Sequence[Site]) -> LinkLevel:
+    """The slowest link level a group of node ranks spans."""
+    first = sites[0]
+    if all(site.node == first.node for site in sites):
+        return LinkLevel.NODE
+    if first.nvlink and all(site.nvlink == first.nvlink for site in sites):
+        return LinkLevel.NVLINK
+    depth = min(levels.common_depth(first.path, site.path) for site in sites)
+    return levels.level_of_depth(depth, len(first.path))
+
+
+def price(
+    layout: Layout,
+    ranks_per_node: int,
+    sites: Sequence[Site],
+    volume: estimates.CommBytes,
+    bw: Mapping[LinkLevel, float],
+) -> CommCost:
+    """Cost of one step's communication with node rank i on sites[i]."""
+    groups = _groups(layout, ranks_per_node)
+    found: dict[str, tuple[float, LinkLevel]] = {}
+    total, count = 0.0, 0
+    for kind, nbytes in (("tensor", volume.tensor), ("pipeline", volume.pipeline), ("data", volume.data)):
+        worst, worst_level = 0.0, LinkLevel.NODE
+        for members in groups[kind]:
+            level = span_level([sites[r // ranks_per_node] for r in members])
+            seconds = nbytes / bw[level]
+            total, count = total + seconds, count + 1
+            if seconds > worst or level > worst_level:
+                worst, worst_level = max(worst, seconds), max(worst_level, level)
+        found[kind] = (worst, worst_level)
+    return CommCost(
+        found["tensor"][0],
+        found["pipeline"][0],
+        found["data"][0],
+        total / max(count, 1),
+        found["tensor"][1],
+        found["pipeline"][1],
+        found["data"][1],
+    )
+
+
+def _groups(layout: Layout, ranks_per_node: int) -> dict[str, list[list[int]]]:
+    """Representative rank groups: one per tensor group, per pipeline neighbour pair and per data group.
+
+    Ranks of one tensor group that share a node see the same partners, so only the first rank of each
+    node-sized slice of a tensor group (model index 0, G, 2G, ...) is priced.
+    """
+    p, t, d = layout.pipeline, layout.tensor, layout.data
+    offsets = range(0, t, ranks_per_node) if t > ranks_per_node else range(1)
+    rank = layout.rank
+    step = min(ranks_per_node, t)
+    tensor = [[rank(Coord(s, r, m)) for m in (*range(0, t, step), t - 1)] for s in range(p) for r in range(d)]
+    pipeline = [
+        [rank(Coord(s, r, m)), rank(Coord(s + 1, r, m))] for s in range(p - 1) for r in range(d) for m in offsets
+    ]
+    data = [[rank(Coord(s, r, m)) for r in range(d)] for s in range(p) for m in offsets]
+    return {"tensor": tensor if t > 1 else [], "pipeline": pipeline, "data": data if d > 1 else []}

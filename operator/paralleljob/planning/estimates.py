@@ -1,0 +1,171 @@
+"""Estimates of a 3D-parallel job from its model shape and batch: parameters, memory per GPU, communication
+bytes per step, FLOPs per step, pipeline bubble, modeled step time and MFU.
+
+These are models, not measurements. The formulas are the public ones in docs/planning.md (Megatron-LM,
+Narayanan et al. 2021; ZeRO, Rajbhandari et al. 2019; Korthikanti et al. 2022). The planner calls
+`Workload.from_job()` and `estimate()`; the cost model prices the bytes from `comm_bytes()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from paralleljob.api.validation import ResolvedJob
+
+GIB = 1024**3
+# CUDA context, NCCL buffers, allocator fragmentation: memory a GPU never has for the model.
+RUNTIME_RESERVE_BYTES = 2 * GIB
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The numbers of a job that the formulas read (l, h, a, s, V, b, m, B, p, t, d, ZeRO)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    sequence: int
+    vocab: int
+    ffn: int
+    micro_batch: int
+    micro_batches: int  # gradient accumulation steps: micro-batches per step through the pipeline
+    pipeline: int
+    tensor: int
+    data: int
+    zero_stage: int = 0
+    offload_optimizer: bool = False
+    precision: str = "bf16"
+    recompute: bool = False
+
+    @classmethod
+    def from_job(cls, job: ResolvedJob) -> Workload:
+        model, ds = job.spec.model, job.spec.deepspeed or {}
+        zero = ds.get("zero_optimization") if isinstance(ds.get("zero_optimization"), dict) else {}
+        return cls(
+            layers=model.layers,
+            hidden=model.hidden_size,
+            heads=model.attention_heads,
+            sequence=model.sequence_length,
+            vocab=model.vocab_size,
+            ffn=job.ffn_hidden_size,
+            micro_batch=job.batch.micro_batch,
+            micro_batches=job.batch.gradient_accumulation_steps,
+            pipeline=job.pipeline,
+            tensor=job.tensor,
+            data=job.data,
+            zero_stage=_zero_stage(zero),
+            offload_optimizer=_offloads(zero),
+            precision=model.precision,
+            recompute=model.activation_checkpoint_interval > 0,
+        )
+
+    @property
+    def world_size(self) -> int:
+        return self.pipeline * self.tensor * self.data
+
+    @property
+    def train_batch(self) -> int:
+        return self.micro_batch * self.micro_batches * self.data
+
+    @property
+    def element_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def parameters(self) -> float:
+        """P = l(4h^2 + 2h*ffn) + 13lh + (V+s)h; with ffn = 4h this is Megatron's 12lh^2(1 + 13/12h + (V+s)/12lh)."""
+        layers, h = self.layers, self.hidden
+        return layers * (4 * h * h + 2 * h * self.ffn) + 13 * layers * h + (self.vocab + self.sequence) * h
+
+    @property
+    def parameters_per_gpu(self) -> float:
+        """Psi: the parameters one GPU holds before ZeRO sharding, P / (tp * pp)."""
+        return self.parameters / (self.tensor * self.pipeline)
+
+    @property
+    def layers_per_stage(self) -> int:
+        return math.ceil(self.layers / self.pipeline)
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """Bytes per GPU on the first pipeline stage (the fullest one under 1F1B)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    reserve: float = RUNTIME_RESERVE_BYTES
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.reserve
+
+
+@dataclasses.dataclass(frozen=True)
+class CommBytes:
+    """Bytes one GPU sends per training step in each kind of group."""
+
+    tensor: float
+    pipeline: float
+    data: float
+
+
+def memory_per_gpu(work: Workload) -> Memory:
+    """Model states by ZeRO stage (16 bytes/param mixed precision) plus 1F1B activations in flight."""
+    psi, nd, e = work.parameters_per_gpu, work.data, work.element_bytes
+    optimizer_bytes = 12 if e == 2 else 8  # fp32 master + Adam moments, or just the moments in fp32
+    weights = e * psi / (nd if work.zero_stage >= 3 else 1)
+    gradients = e * psi / (nd if work.zero_stage >= 2 else 1)
+    optimizer = 0.0 if work.offload_optimizer else optimizer_bytes * psi / (nd if work.zero_stage >= 1 else 1)
+    return Memory(weights, gradients, optimizer, activation_bytes(work))
+
+
+def activation_bytes(work: Workload) -> float:
+    """Korthikanti et al.: per layer sbh(10 + 24/t + 5as/ht) with TP; 2sbh when only layer inputs are kept."""
+    s, b, h, a, t = work.sequence, work.micro_batch, work.hidden, work.heads, work.tensor
+    scale = work.element_bytes / 2  # the published figures assume 16-bit activations
+    full_layer = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * scale
+    in_flight = min(work.pipeline, work.micro_batches)
+    if work.recompute:
+        # Each kept input is 2sbh; one layer's full activations exist while it is recomputed.
+        return 2 * s * b * h * scale * work.layers_per_stage * in_flight + full_layer
+    return full_layer * work.layers_per_stage * in_flight
+
+
+def comm_bytes(work: Workload) -> CommBytes:
+    """Per-GPU bytes per step: TP all-reduces, PP activations and gradients, DP gradient all-reduce."""
+    s, b, h, t, e = work.sequence, work.micro_batch, work.hidden, work.tensor, work.element_bytes
+    m = work.micro_batches
+    # Two all-reduces forward and two backward per layer; full recomputation repeats the forward two.
+    all_reduces = 6 if work.recompute else 4
+    tensor = work.layers_per_stage * m * all_reduces * 2 * (t - 1) / t * b * s * h * e
+    pipeline = 2 * m * b * s * h / t * e if work.pipeline > 1 else 0.0
+    nd = work.data
+    data = 2 * (nd - 1) / nd * work.parameters_per_gpu * e
+    return CommBytes(tensor, pipeline, data)
+
+
+def flops_per_step(work: Workload) -> float:
+    """Megatron: 96 B s l h^2 (1 + s/6h + V/16lh) with recomputation, 72 without."""
+    s, layers, h, v = work.sequence, work.layers, work.hidden, work.vocab
+    factor = 96 if work.recompute else 72
+    return factor * work.train_batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+
+
+def bubble_fraction(work: Workload) -> float:
+    """Share of a 1F1B step the pipeline idles: (p-1)/(m+p-1)."""
+    p, m = work.pipeline, work.micro_batches
+    return (p - 1) / (m + p - 1)
+
+
+def _zero_stage(zero: Any) -> int:
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    return stage if isinstance(stage, int) and not isinstance(stage, bool) else 0
+
+
+def _offloads(zero: Any) -> bool:
+    offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+    return isinstance(offload, dict) and offload.get("device", "none") not in ("none", None)

@@ -1,0 +1,203 @@
+"""The cluster as the planner sees it: nodes, the GPUs already held on them, and their labels.
+
+`build_cluster()` turns Kubernetes objects (Node dicts as `kubectl get nodes -o yaml` prints them, bound Pod
+dicts, and the reservations of other ParallelJobs not yet bound) into a `Cluster` of `NodeInfo`. This is the
+parsing step; everything after it (`paralleljob.planning.planner`) reads only these frozen records.
+The CLI, the operator and the local runner build clusters here; `local_cluster_nodes()` makes the Node dicts
+the local runner simulates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+GPU_RESOURCE = "nvidia.com/gpu"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as NVIDIA GPU Feature Discovery writes it
+TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
+BLOCKING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+_DIGITS = re.compile(r"(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+    def render(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Reservation:
+    """GPUs promised to another ParallelJob's plan whose pods are not bound yet."""
+
+    node: str
+    gpus: int
+    holder: str = "another ParallelJob"  # the ParallelJob's name, shown in unschedulable messages
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeInfo:
+    """What the planner reads from one Node, with the GPUs already held on it subtracted."""
+
+    name: str
+    labels: Mapping[str, str]
+    allocatable_gpus: int
+    used_gpus: int = 0
+    holders: tuple[str, ...] = ()  # names of the bound pods that hold GPUs here
+    reserved_by: tuple[str, ...] = ()  # names of the unbound ParallelJobs whose plans hold GPUs here
+    ready: bool = True
+    unschedulable: bool = False
+    taints: tuple[Taint, ...] = ()
+
+    @property
+    def free_gpus(self) -> int:
+        return max(0, self.allocatable_gpus - self.used_gpus)
+
+    @property
+    def product(self) -> str:
+        return self.labels.get(PRODUCT_LABEL, "")
+
+    @property
+    def gpu_memory_mib(self) -> int | None:
+        return _int_or_none(self.labels.get(MEMORY_LABEL))
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """Every node, in natural name order (the order a topology-oblivious scheduler would fill them in)."""
+
+    nodes: tuple[NodeInfo, ...]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def by_name(self) -> dict[str, NodeInfo]:
+        return {node.name: node for node in self.nodes}
+
+
+def build_cluster(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]] = (),
+    reservations: Iterable[Reservation] = (),
+) -> Cluster:
+    """A Cluster from Node dicts, bound Pod dicts and other jobs' reservations (camelCase, as kubectl prints)."""
+    held: dict[str, list[tuple[str, int]]] = {}
+    reserved: dict[str, list[tuple[str, int]]] = {}
+    for pod in pods:
+        node, gpus = pod_gpu_claim(pod)
+        if node and gpus:
+            held.setdefault(node, []).append((_name(pod), gpus))
+    for reservation in reservations:
+        reserved.setdefault(reservation.node, []).append((reservation.holder, reservation.gpus))
+    infos = (node_info(node, held.get(_name(node), []), reserved.get(_name(node), [])) for node in nodes)
+    return Cluster(tuple(sorted(infos, key=lambda info: natural_key(info.name))))
+
+
+def natural_key(name: str) -> tuple[tuple[int, str], ...]:
+    """Sort key that puts local-2 before local-10, as people read node names."""
+    return tuple((int(part), "") if part.isdigit() else (-1, part) for part in _DIGITS.split(name) if part)
+
+
+def node_info(
+    node: Mapping[str, Any], held: Sequence[tuple[str, int]] = (), reserved: Sequence[tuple[str, int]] = ()
+) -> NodeInfo:
+    """One Node dict as a NodeInfo; `held` and `reserved` list (pod or job name, GPUs) already taken on it."""
+    metadata = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    allocatable = status.get("allocatable") or status.get("capacity") or {}
+    return NodeInfo(
+        name=str(metadata.get("name", "")),
+        labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
+        allocatable_gpus=_int_or_none(allocatable.get(GPU_RESOURCE)) or 0,
+        used_gpus=sum(gpus for _, gpus in held) + sum(gpus for _, gpus in reserved),
+        holders=tuple(holder for holder, _ in held),
+        reserved_by=tuple(holder for holder, _ in reserved),
+        ready=_is_ready(status.get("conditions")),
+        unschedulable=bool(spec.get("unschedulable", False)),
+        taints=tuple(_taint(t) for t in spec.get("taints") or () if isinstance(t, Mapping)),
+    )
+
+
+def pod_gpu_claim(pod: Mapping[str, Any]) -> tuple[str | None, int]:
+    """(node, GPUs) a bound, non-terminal pod holds; (None, 0) for pods that hold nothing."""
+    spec = pod.get("spec") or {}
+    phase = (pod.get("status") or {}).get("phase")
+    node = spec.get("nodeName")
+    if not node or phase in TERMINAL_POD_PHASES:
+        return None, 0
+    running = sum(_container_gpus(c) for c in spec.get("containers") or ())
+    init = max((_container_gpus(c) for c in spec.get("initContainers") or ()), default=0)
+    return str(node), max(running, init)
+
+
+def local_cluster_nodes(count: int, gpus_per_node: int, prefix: str = "local-") -> list[dict[str, Any]]:
+    """Node dicts for `count` identical, Ready, flat-network nodes named local-0..N-1 (the local runner's)."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": f"{prefix}{i}", "labels": {"kubernetes.io/hostname": f"{prefix}{i}"}},
+            "status": {
+                "allocatable": {GPU_RESOURCE: str(gpus_per_node)},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+        for i in range(count)
+    ]
+
+
+def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Taint) -> bool:
+    """Kubernetes toleration matching for one taint."""
+    return any(_toleration_matches(toleration, taint) for toleration in tolerations)
+
+
+def _toleration_matches(toleration: Mapping[str, Any], taint: Taint) -> bool:
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.effect:
+        return False
+    key = toleration.get("key") or ""
+    if toleration.get("operator") == "Exists":
+        return not key or key == taint.key
+    return key == taint.key and str(toleration.get("value") or "") == taint.value
+
+
+def _container_gpus(container: Any) -> int:
+    resources = container.get("resources") or {} if isinstance(container, Mapping) else {}
+    for section in ("limits", "requests"):
+        value = _int_or_none((resources.get(section) or {}).get(GPU_RESOURCE))
+        if value:
+            return value
+    return 0
+
+
+def _is_ready(conditions: Any) -> bool:
+    # Hand-written cluster files may omit conditions; a node without a Ready condition counts as Ready.
+    for condition in conditions or ():
+        if isinstance(condition, Mapping) and condition.get("type") == "Ready":
+            return condition.get("status") == "True"
+    return True
+
+
+def _taint(raw: Mapping[str, Any]) -> Taint:
+    return Taint(str(raw.get("key", "")), str(raw.get("value") or ""), str(raw.get("effect", "")))
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None

@@ -1,0 +1,317 @@
+"""`plan_job()`: place a validated ParallelJob on a cluster, or say why it cannot be placed.
+
+The steps, each in its own module: filter the nodes (`eligibility`), recognise the network levels
+(`levels`), estimate memory and traffic (`estimates`), pick the nodes best-fit in the domain tree
+(`placement`), number them in the order and axis order the cost model prices cheapest (`costmodel`), and
+return a `Plan` or an `Unschedulable` (`plan`). The operator, the local runner and `paralleljob plan` call it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from paralleljob.api.validation import ResolvedJob
+from paralleljob.planning import eligibility, estimates, placement
+from paralleljob.planning.costmodel import CommCost, CostModel, Site, price
+from paralleljob.planning.eligibility import MIB, Tally
+from paralleljob.planning.estimates import GIB, Workload
+from paralleljob.planning.inventory import GPU_RESOURCE, Cluster, NodeInfo
+from paralleljob.planning.layout import AXIS_ORDERS, PIPE_DATA_MODEL, AxisOrder, Layout, node_ranks
+from paralleljob.planning.levels import LinkLevel, detect_levels, path_of
+from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, Unschedulable
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanningOptions:
+    """Knobs of the planner; the defaults are what the operator and the CLI use."""
+
+    cost_model: CostModel = dataclasses.field(default_factory=CostModel)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """What every placement attempt of one job shares."""
+
+    job: ResolvedJob
+    work: Workload
+    levels: tuple[str, ...]
+    nvlink_label: str | None
+    axis_orders: tuple[AxisOrder, ...]
+    model: CostModel
+
+
+@dataclasses.dataclass(frozen=True)
+class _Miss:
+    """One failed attempt (a GPU product and ranks per node) and why."""
+
+    nodes_needed: int
+    gpus: int
+    product: str
+    qualifying: int
+    tally: Tally
+
+
+def plan_job(job: ResolvedJob, cluster: Cluster, options: PlanningOptions | None = None) -> Plan | Unschedulable:
+    """Place `job` on `cluster`: a Plan, or an Unschedulable that says what is missing."""
+    ctx = _context(job, cluster, options or PlanningOptions())
+    spec = job.spec
+    screened, tally = eligibility.screen(cluster.nodes, spec.template.node_selector, spec.template.tolerations)
+    groups = eligibility.by_product(screened, spec.topology.allow_mixed_gpu_products)
+    candidates = ranks_per_node_candidates(job, cluster.nodes)
+    memory = estimates.memory_per_gpu(ctx.work)
+    plans: list[Plan] = []
+    misses: list[_Miss] = []
+    for product, members in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
+        fitting, memory_tally = eligibility.with_memory(members, memory.total)
+        rejected = tally.merged(memory_tally).merged(eligibility.other_products(groups, product))
+        outcome = _first_fit(ctx, product, fitting, candidates, rejected)
+        if isinstance(outcome, Plan):
+            plans.append(outcome)
+        else:
+            misses.extend(outcome)
+    if plans:
+        return min(plans, key=lambda plan: (plan.estimates.step_seconds, plan.gpu_product))
+    if not misses:
+        misses = [_Miss(job.world_size // candidates[0], candidates[0], "", 0, tally)]
+    return _unschedulable(ctx, misses)
+
+
+def ranks_per_node_candidates(job: ResolvedJob, nodes: Sequence[NodeInfo]) -> list[int]:
+    """spec.gpusPerNode, or every size that divides the world, fits a node and lines up with TP, largest first."""
+    if job.spec.gpus_per_node:
+        return [job.spec.gpus_per_node]
+    largest = max((node.allocatable_gpus for node in nodes), default=0)
+    world, tp, clique = job.world_size, job.tensor, job.spec.topology.nvlink_domain_label is not None
+    fits = [
+        g for g in range(min(largest, world), 0, -1) if world % g == 0 and (g % tp == 0 or (clique and tp % g == 0))
+    ]
+    return fits or [tp if world % tp == 0 else world]
+
+
+def _context(job: ResolvedJob, cluster: Cluster, options: PlanningOptions) -> _Context:
+    topology = job.spec.topology
+    levels = tuple(topology.levels) if topology.levels else detect_levels(cluster.nodes)
+    orders = tuple(AXIS_ORDERS.values()) if topology.axis_order == "auto" else (AXIS_ORDERS[topology.axis_order],)
+    work = Workload.from_job(job)
+    return _Context(job, work, levels, topology.nvlink_domain_label, orders, options.cost_model)
+
+
+def _first_fit(
+    ctx: _Context, product: str, nodes: list[NodeInfo], candidates: list[int], rejected: Tally
+) -> Plan | list[_Miss]:
+    misses: list[_Miss] = []
+    for gpus in candidates:
+        outcome = _place(ctx, product, nodes, gpus, rejected)
+        if isinstance(outcome, Plan):
+            return outcome
+        misses.append(outcome)
+    return misses
+
+
+def _place(ctx: _Context, product: str, nodes: list[NodeInfo], gpus: int, rejected: Tally) -> Plan | _Miss:
+    world = ctx.job.world_size
+    qualifying, busy = eligibility.with_free_gpus(nodes, gpus)
+    unit = ctx.job.tensor // gpus if ctx.nvlink_label and ctx.job.tensor > gpus else 1
+    units, left_over = placement.make_units(qualifying, ctx.levels, gpus, unit, ctx.nvlink_label)
+    need = world // gpus // unit
+    chosen = placement.select_units(units, need, len(ctx.levels))
+    if chosen is None:
+        tally = rejected.merged(busy)
+        if left_over:
+            phrase = f"in NVLink domains ({ctx.nvlink_label}) with fewer than {unit} qualifying nodes"
+            tally.add(f"is left over {phrase}", f"are left over {phrase}", left_over)
+        return _Miss(world // gpus, gpus, product, len(qualifying) - left_over, tally)
+    return _best_plan(ctx, product, gpus, chosen, qualifying)
+
+
+def _best_plan(
+    ctx: _Context, product: str, gpus: int, chosen: list[placement.Member], qualifying: list[NodeInfo]
+) -> Plan:
+    bandwidth = ctx.model.link_bandwidths(product)
+    volume = estimates.comm_bytes(ctx.work)
+    base = Layout(ctx.job.pipeline, ctx.job.tensor, ctx.job.data)
+    best: tuple[tuple[float, float, int], list[NodeInfo], Layout, CommCost] | None = None
+    for index, order in enumerate(placement.orderings(chosen)):
+        nodes = [node for member in order for node in member.nodes]
+        sites = [_site(node, ctx) for node in nodes]
+        for axis_order in ctx.axis_orders:
+            layout = base.with_order(axis_order)
+            cost = price(layout, gpus, sites, volume, bandwidth)
+            key = (round(cost.total, 12), round(cost.spread, 12), index)
+            if best is None or key < best[0]:
+                best = (key, nodes, layout, cost)
+    assert best is not None
+    _, nodes, layout, cost = best
+    naive = _naive_cost(ctx, gpus, qualifying, volume, bandwidth)
+    return _build_plan(ctx, product, gpus, nodes, layout, cost, naive)
+
+
+def _naive_cost(
+    ctx: _Context,
+    gpus: int,
+    qualifying: list[NodeInfo],
+    volume: estimates.CommBytes,
+    bandwidth: Mapping[LinkLevel, float],
+) -> CommCost | None:
+    """A topology-oblivious scheduler's placement: the first free nodes by name, the default axis order."""
+    count = ctx.job.world_size // gpus
+    if len(qualifying) < count:
+        return None
+    order = ctx.axis_orders[0] if len(ctx.axis_orders) == 1 else PIPE_DATA_MODEL
+    layout = Layout(ctx.job.pipeline, ctx.job.tensor, ctx.job.data, order)
+    sites = [_site(node, ctx) for node in qualifying[:count]]  # qualifying nodes keep the cluster's name order
+    return price(layout, gpus, sites, volume, bandwidth)
+
+
+def _site(node: NodeInfo, ctx: _Context) -> Site:
+    nvlink = node.labels.get(ctx.nvlink_label, "") if ctx.nvlink_label else ""
+    return Site(node.name, nvlink, path_of(node, ctx.levels))
+
+
+def _build_plan(
+    ctx: _Context,
+    product: str,
+    gpus: int,
+    nodes: list[NodeInfo],
+    layout: Layout,
+    cost: CommCost,
+    naive: CommCost | None,
+) -> Plan:
+    entries = tuple(_node_plan(rank, node, gpus, layout, ctx) for rank, node in enumerate(nodes))
+    product = product or _slowest_product(nodes, ctx.model)
+    memory = [node.gpu_memory_mib for node in nodes if node.gpu_memory_mib is not None]
+    gpu_memory = min(memory) * MIB if memory else None
+    figures = _estimates(ctx, product, cost, gpu_memory)
+    return Plan(
+        layout=layout,
+        ranks_per_node=gpus,
+        nodes=entries,
+        estimates=figures,
+        cost=_placement_cost(cost),
+        naive_cost=None if naive is None else _placement_cost(naive),
+        gpu_product=product,
+        levels=ctx.levels,
+        nvlink_domain_label=ctx.nvlink_label,
+        warnings=tuple(_warnings(ctx, figures)),
+    )
+
+
+def _node_plan(node_rank: int, node: NodeInfo, gpus: int, layout: Layout, ctx: _Context) -> NodePlan:
+    ranks = tuple(node_ranks(node_rank, gpus))
+    domains = {level: node.labels[level] for level in ctx.levels if node.labels.get(level)}
+    if ctx.nvlink_label and node.labels.get(ctx.nvlink_label):
+        domains[ctx.nvlink_label] = node.labels[ctx.nvlink_label]
+    return NodePlan(node_rank, node.name, gpus, ranks, tuple(layout.coord(r) for r in ranks), domains)
+
+
+def _slowest_product(nodes: list[NodeInfo], model: CostModel) -> str:
+    return min({node.product for node in nodes}, key=lambda p: (model.profile(p).peak_tflops, p))
+
+
+def _placement_cost(cost: CommCost) -> PlacementCost:
+    return PlacementCost(
+        cost.total,
+        {"tensor": cost.tensor, "pipeline": cost.pipeline, "data": cost.data},
+        {
+            "tensor": cost.tensor_level.name.lower(),
+            "pipeline": cost.pipeline_level.name.lower(),
+            "data": cost.data_level.name.lower(),
+        },
+    )
+
+
+def _estimates(ctx: _Context, product: str, cost: CommCost, gpu_memory: float | None) -> Estimates:
+    work, model = ctx.work, ctx.model
+    memory = estimates.memory_per_gpu(work)
+    volume = estimates.comm_bytes(work)
+    flops = estimates.flops_per_step(work)
+    peak = model.peak_flops(product)
+    compute = flops / (work.world_size * peak * model.kernel_efficiency)
+    stretch = (work.micro_batches + work.pipeline - 1) / work.micro_batches  # 1F1B: m + p - 1 slots for m
+    step = (compute + cost.tensor + cost.pipeline) * stretch + cost.data
+    bandwidths = {level.name.lower(): bps / 1e9 for level, bps in model.link_bandwidths(product).items()}
+    return Estimates(
+        parameters=work.parameters,
+        memory={
+            "weights": memory.weights,
+            "gradients": memory.gradients,
+            "optimizer": memory.optimizer,
+            "activations": memory.activations,
+            "reserve": memory.reserve,
+            "total": memory.total,
+        },
+        gpu_memory=gpu_memory,
+        bubble_fraction=estimates.bubble_fraction(work),
+        bytes_per_step={"tensor": volume.tensor, "pipeline": volume.pipeline, "data": volume.data},
+        flops_per_step=flops,
+        step_seconds=step,
+        mfu=flops / (step * work.world_size * peak),
+        assumptions={
+            "gpuProduct": product,
+            "peakTFLOPS": peak / 1e12,
+            "kernelEfficiency": model.kernel_efficiency,
+            "bandwidthGBps": bandwidths,
+            "zeroStage": work.zero_stage,
+            "activationRecomputation": work.recompute,
+        },
+    )
+
+
+def _warnings(ctx: _Context, figures: Estimates) -> list[str]:
+    found: list[str] = []
+    if figures.gpu_memory is None:
+        found.append(
+            f"GPU memory is unknown (no nvidia.com/gpu.memory label), so the estimate of "
+            f"{figures.memory['total'] / GIB:.1f} GiB per GPU was not checked."
+        )
+    else:
+        advice = _smaller_model_parallel(ctx.work, figures.gpu_memory)
+        if advice:
+            found.append(advice)
+    return found
+
+
+def _smaller_model_parallel(work: Workload, gpu_memory: float) -> str | None:
+    """Megatron's rule: tp*pp just large enough to fit, the rest DP. Say so when DP is 1 but tp*pp could shrink."""
+    if work.data != 1 or work.tensor * work.pipeline == 1:
+        return None
+    options = []
+    for tp in range(1, work.tensor + 1):
+        for pp in range(1, min(work.pipeline, work.layers) + 1):
+            group = tp * pp
+            if group >= work.world_size or work.world_size % group or work.heads % tp or work.tensor % tp:
+                continue
+            trial = dataclasses.replace(work, tensor=tp, pipeline=pp, data=work.world_size // group)
+            total = estimates.memory_per_gpu(trial).total
+            if total <= gpu_memory:
+                options.append((group, -tp, pp, total))
+    if not options:
+        return None
+    group, neg_tp, pp, total = min(options)
+    return (
+        f"DP is 1 while tensor x pipeline = {work.tensor * work.pipeline} GPUs hold one replica; tensor {-neg_tp} x "
+        f"pipeline {pp} would fit ({total / GIB:.1f} of {gpu_memory / GIB:.0f} GiB per GPU), leaving DP "
+        f"{work.world_size // group}: make tensor x pipeline just large enough to fit, then scale with DP."
+    )
+
+
+def _unschedulable(ctx: _Context, misses: list[_Miss]) -> Unschedulable:
+    closest = max(misses, key=lambda m: (m.qualifying / m.nodes_needed, m.gpus))
+    shortfalls = closest.tally.shortfalls()
+    of_product = f" of {closest.product}" if closest.product else ""
+    message = f"needs {closest.nodes_needed} nodes with {closest.gpus} free {GPU_RESOURCE}{of_product}; "
+    message += f"{closest.qualifying} {'qualifies' if closest.qualifying == 1 else 'qualify'}"
+    if shortfalls:
+        message += ": " + ", ".join(s.render() for s in shortfalls)
+    others = sorted({(m.nodes_needed, m.gpus) for m in misses if m is not closest and m.gpus != closest.gpus})
+    if others:
+        message += "; also tried " + ", ".join(f"{n} nodes x {g} GPUs" for n, g in others)
+    return Unschedulable(
+        nodes_needed=closest.nodes_needed,
+        gpus_per_node=closest.gpus,
+        gpu_product=closest.product,
+        qualifying=closest.qualifying,
+        shortfalls=shortfalls,
+        message=message,
+    )
