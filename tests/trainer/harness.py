@@ -205,6 +205,35 @@ class Gang:
             )
             self.log_paths.append(log_path)
 
+    def start_ranks(self, job: Path, output: Path, *, world: int, checkpoint_dir: Path | None = None) -> None:
+        """Start every rank directly, with the environment torchrun would give it, to watch each one exit."""
+        port = free_port()
+        output.mkdir(parents=True, exist_ok=True)
+        for rank in range(world):
+            env = trainer_env(job, output, checkpoint_dir, {})
+            env.update(
+                {
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_WORLD_SIZE": str(world),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                }
+            )
+            log_path = output / f"rank-{rank}.log"
+            self.processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "paralleljob_trainer"],
+                    env=env,
+                    stdout=log_path.open("w"),
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+            self.log_paths.append(log_path)
+
     def wait(self, timeout: float) -> Result:
         deadline = time.monotonic() + timeout
         try:
