@@ -1,0 +1,76 @@
+"""`paralleljob operator`: run the ParallelJob operator (kopf) against the cluster of the kubeconfig or pod.
+
+Flags choose the watched namespaces, the liveness endpoint, the metrics port, logging, the default trainer
+image and the default fabric. The handlers live in `paralleljob.handlers.registry`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from paralleljob.manifests.nccl import FABRICS
+
+DEFAULT_IMAGE = "ghcr.io/paralleljob/trainer:0.1.0"
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser("operator", help="run the ParallelJob operator (kopf)")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
+        help="watch this namespace (repeatable; globs allowed as in kopf)",
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (default)")
+    parser.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
+        metavar="URL",
+        help="kopf liveness endpoint ('' turns it off)",
+    )
+    parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0: off)")
+    parser.add_argument("--log-format", choices=("plain", "full", "json"), default="full")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    parser.add_argument("--trainer-image", default=DEFAULT_IMAGE, help="image of jobs without spec.template.image")
+    parser.add_argument(
+        "--default-fabric",
+        choices=("auto", *FABRICS),
+        default="auto",
+        help="fabric of jobs with spec.network.fabric: auto (auto: detect from the nodes)",
+    )
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
+    parser.add_argument(
+        "--peering", default=None, metavar="NAME", help="kopf peering object for several replicas (default: standalone)"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf  # imported here: other subcommands must not pay for kopf
+
+    from paralleljob.handlers import reconcile, registry
+
+    namespaces = tuple(args.namespaces) if args.namespaces else None
+    settings = reconcile.Settings(image=args.trainer_image, default_fabric=args.default_fabric, namespaces=namespaces)
+    registry.configure(settings, metrics_port=args.metrics_port, kubeconfig=args.kubeconfig)
+    kopf.configure(
+        debug=args.log_level == "debug",
+        verbose=args.log_level in ("debug", "info"),
+        log_format={"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}[
+            args.log_format
+        ],
+    )
+    logging.getLogger().setLevel(args.log_level.upper())
+    kopf.run(
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        namespaces=list(namespaces or ()),
+        clusterwide=namespaces is None,
+        liveness_endpoint=args.liveness or None,
+    )
+    return 0
