@@ -3,6 +3,6 @@
 A subcommand parses its arguments, calls the pure layers, prints, and returns an exit code.
 """
 
-from paralleljob.commands import crd, docs, validate
+from paralleljob.commands import crd, docs, operator, validate
 
-SUBCOMMANDS = (validate, crd, docs)
+SUBCOMMANDS = (validate, crd, docs, operator)
