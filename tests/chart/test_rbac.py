@@ -1,0 +1,105 @@
+"""The chart's RBAC is least privilege: no wildcards, nothing on Secrets, cluster-wide only what must be, and
+namespaced permissions confined to the watched namespaces when they are listed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.chart.conftest import NON_DEFAULT_VALUES, RELEASE_NAMESPACE, only, render
+
+RBAC_KINDS = {"ClusterRole", "Role"}
+CASES = {"all-namespaces": {}, "listed-namespaces": NON_DEFAULT_VALUES}
+
+
+def rules_of(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(f"{o['kind']}/{o['metadata']['name']}", rule)
+            for o in objects if o["kind"] in RBAC_KINDS for rule in o["rules"]]
+
+
+def grants(objects: list[dict[str, Any]], kinds: set[str]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) triples granted by roles of `kinds`."""
+    return {
+        (group, resource, verb)
+        for o in objects if o["kind"] in kinds
+        for rule in o["rules"]
+        for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]
+    }
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_no_rule_uses_a_wildcard(case: str) -> None:
+    offending = [
+        (role, rule) for role, rule in rules_of(render(CASES[case]))
+        if any("*" in item for field in ("apiGroups", "resources", "verbs", "resourceNames")
+               for item in rule.get(field, []))
+    ]
+    assert offending == []
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_nothing_grants_access_to_secrets(case: str) -> None:
+    offending = [(role, rule) for role, rule in rules_of(render(CASES[case]))
+                 if any(r.split("/")[0] == "secrets" for r in rule["resources"])]
+    assert offending == []
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_no_rule_grants_escalate_bind_or_impersonate(case: str) -> None:
+    verbs = {verb for _, rule in rules_of(render(CASES[case])) for verb in rule["verbs"]}
+    assert verbs.isdisjoint({"escalate", "bind", "impersonate", "deletecollection"})
+
+
+def test_all_namespaces_get_one_cluster_role_for_jobs_and_no_roles() -> None:
+    objects = render()
+    assert [o for o in objects if o["kind"] in {"Role", "RoleBinding"}] == []
+    binding = only(objects, "ClusterRoleBinding", "-jobs")
+    assert binding["roleRef"]["name"] == only(objects, "ClusterRole", "-jobs")["metadata"]["name"]
+
+
+def test_listed_namespaces_get_a_role_and_binding_each_and_no_cluster_wide_job_access() -> None:
+    objects = render(NON_DEFAULT_VALUES)
+    roles = {o["metadata"]["namespace"] for o in objects if o["kind"] == "Role"}
+    bindings = {o["metadata"]["namespace"] for o in objects if o["kind"] == "RoleBinding"}
+    assert roles == bindings == set(NON_DEFAULT_VALUES["watchNamespaces"])
+    cluster_wide = grants(objects, {"ClusterRole"})
+    assert {resource for _, resource, _ in cluster_wide}.isdisjoint(
+        {"pods", "services", "configmaps", "events", "paralleljobs", "paralleljobs/status", "serviceaccounts",
+         "roles", "rolebindings"})
+
+
+def test_every_binding_names_the_operator_service_account() -> None:
+    for case, values in CASES.items():
+        objects = render(values)
+        account = only(objects, "ServiceAccount")
+        for binding in (o for o in objects if o["kind"] in {"ClusterRoleBinding", "RoleBinding"}):
+            assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                            "namespace": RELEASE_NAMESPACE}], case
+
+
+def test_nodes_are_read_only_and_cluster_wide() -> None:
+    for values in CASES.values():
+        node_grants = {(g, r, v) for g, r, v in grants(render(values), {"ClusterRole"}) if r == "nodes"}
+        assert node_grants == {("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch")}
+
+
+def test_namespaces_are_listed_only_when_the_operator_watches_listed_namespaces() -> None:
+    """kopf's namespace observer lists and watches namespaces only when it is not cluster-wide."""
+    def namespace_verbs(values: dict[str, Any]) -> set[str]:
+        return {v for _, r, v in grants(render(values), {"ClusterRole"}) if r == "namespaces"}
+
+    assert namespace_verbs({}) == set()
+    assert namespace_verbs(NON_DEFAULT_VALUES) == {"list", "watch"}
+
+
+def test_the_operator_holds_every_permission_it_grants_to_a_job_progress_account() -> None:
+    """Kubernetes refuses to let a subject create a Role granting more than it holds (no `escalate` here)."""
+    from paralleljob.manifests import rbac as progress_rbac
+
+    owner = {"apiVersion": "paralleljob.io/v1alpha1", "kind": "ParallelJob",
+             "metadata": {"name": "quickstart", "namespace": "default", "uid": "u"}}
+    role = progress_rbac.build_role(owner)
+    needed = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+              for v in rule["verbs"]}
+    assert needed <= grants(render(), {"ClusterRole"})
