@@ -3,6 +3,6 @@
 A subcommand parses its arguments, calls the pure layers, prints, and returns an exit code.
 """
 
-from paralleljob.commands import crd, docs, operator, validate
+from paralleljob.commands import cluster, crd, docs, operator, plan, validate
 
-SUBCOMMANDS = (validate, crd, docs, operator)
+SUBCOMMANDS = (validate, crd, docs, operator, plan, cluster)

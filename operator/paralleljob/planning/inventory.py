@@ -104,6 +104,33 @@ def natural_key(name: str) -> tuple[tuple[int, str], ...]:
     return tuple((int(part), "") if part.isdigit() else (-1, part) for part in _DIGITS.split(name) if part)
 
 
+def split_objects(documents: Iterable[Any]) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """(Nodes, Pods) found in YAML documents: single objects, NodeList, PodList or List, in any mix."""
+    nodes: list[Mapping[str, Any]] = []
+    pods: list[Mapping[str, Any]] = []
+    for obj in _flatten(documents, ""):
+        kind = obj.get("kind")
+        if kind == "Node":
+            nodes.append(obj)
+        elif kind == "Pod":
+            pods.append(obj)
+    return nodes, pods
+
+
+def _flatten(documents: Iterable[Any], item_kind: str) -> Iterable[Mapping[str, Any]]:
+    for obj in documents:
+        if not isinstance(obj, Mapping):
+            continue
+        kind = str(obj.get("kind") or item_kind)
+        if kind.endswith("List") or (not kind and "items" in obj):
+            # Items of a NodeList or PodList may omit their own kind (the API client drops it).
+            yield from _flatten(obj.get("items") or (), kind[: -len("List")] if kind in ("NodeList", "PodList") else "")
+        elif kind == obj.get("kind"):
+            yield obj
+        else:
+            yield {**obj, "kind": kind}
+
+
 def node_info(
     node: Mapping[str, Any], held: Sequence[tuple[str, int]] = (), reserved: Sequence[tuple[str, int]] = ()
 ) -> NodeInfo:

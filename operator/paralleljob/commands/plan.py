@@ -1,0 +1,245 @@
+"""`paralleljob plan JOB.yaml [--cluster NODES.yaml] [--pods PODS.yaml] [-o table|json|yaml|svg] [--out FILE]`.
+
+Validates the job, reads the cluster (files, or the live cluster through the kubeconfig when --cluster is
+absent: the only place the planner's inputs come from the Kubernetes API), calls
+`paralleljob.planning.plan_job()` and prints the plan. Exit 0 planned, 1 invalid or unschedulable, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from paralleljob import planning
+from paralleljob.api import documents
+from paralleljob.api.problems import errors_of, warnings_of
+from paralleljob.api.validation import validate_document
+from paralleljob.commands import validate
+from paralleljob.planning import costmodel, inventory, picture
+from paralleljob.planning.estimates import GIB
+
+FORMATS = ("table", "json", "yaml", "svg")
+
+
+class UsageError(Exception):
+    """Bad arguments or unreadable inputs: exit 2."""
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "plan",
+        help="place a ParallelJob on a cluster: node ranks, rank layout, estimates",
+        description="Place a ParallelJob's ranks on a cluster's nodes, topology-aware (see docs/planning.md). "
+        "Exit 0 when planned, 1 when the job is invalid or unschedulable, 2 on bad usage.",
+    )
+    parser.add_argument("job", metavar="JOB.yaml", help="ParallelJob YAML (one or more documents), or - for stdin")
+    parser.add_argument(
+        "--cluster",
+        metavar="NODES.yaml",
+        help="Nodes as `kubectl get nodes -o yaml` prints them (may also hold Pods); default: the live cluster",
+    )
+    parser.add_argument("--pods", metavar="PODS.yaml", help="bound Pods (`kubectl get pods -A -o yaml`)")
+    parser.add_argument("-o", "--output", choices=FORMATS, default="table", help="output format (default table)")
+    parser.add_argument("--out", metavar="FILE", help="write the output to FILE instead of standard output")
+    parser.add_argument(
+        "--bandwidth",
+        action="append",
+        default=[],
+        metavar="LEVEL=GBPS",
+        help="override a link bandwidth per GPU in GB/s; LEVEL is node, nvlink, leaf, block or top",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = planning.PlanningOptions(costmodel.CostModel(bandwidths=_bandwidths(args.bandwidth)))
+        jobs = _load_jobs(args.job)
+        if jobs is None:
+            return 1
+        nodes, pods = _load_cluster(args.cluster, args.pods)
+    except UsageError as exc:
+        print(f"paralleljob plan: {exc}", file=sys.stderr)
+        return 2
+    outcomes, ok = _plan_all(jobs, nodes, pods, options)
+    cluster = planning.build_cluster(nodes, pods)
+    if not outcomes:
+        return 1
+    text = render(outcomes, cluster, args.output)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0 if ok else 1
+
+
+def _bandwidths(pairs: list[str]) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for pair in pairs:
+        level, _, value = pair.partition("=")
+        if level not in costmodel.LEVEL_NAMES:
+            raise UsageError(f"--bandwidth {pair}: level must be one of {', '.join(costmodel.LEVEL_NAMES)}")
+        try:
+            found[level] = float(value)
+        except ValueError:
+            raise UsageError(f"--bandwidth {pair}: GBPS must be a number") from None
+    return found
+
+
+def _load_jobs(path: str) -> list[tuple[str, Any]] | None:
+    """(label, resolved job) for each document, or None after printing why one is invalid."""
+    docs, problems = documents.load_path(path)
+    for problem in errors_of(problems):
+        print(f"{path}: {problem.render()}")
+    if errors_of(problems):
+        return None
+    jobs: list[tuple[str, Any]] = []
+    valid = True
+    for doc in docs:
+        label = path if len(docs) == 1 else f"{path} (document {doc.index + 1})"
+        result = validate_document(doc.body)
+        if not result.ok:
+            valid = False
+            _, lines = validate.report(doc, label)
+            print("\n".join(lines))
+            continue
+        for problem in warnings_of(result.problems):
+            print(f"{label}: {problem.render()}", file=sys.stderr)
+        jobs.append((label, result.resolved))
+    return jobs if valid else None
+
+
+def _load_cluster(cluster_path: str | None, pods_path: str | None) -> tuple[list[Any], list[Any]]:
+    if cluster_path is None:
+        nodes, pods = _live_cluster()
+    else:
+        nodes, pods = inventory.split_objects(_read_yaml(cluster_path))
+        if not nodes:
+            raise UsageError(f"{cluster_path}: contains no Node objects (write `kubectl get nodes -o yaml` to it)")
+    if pods_path is not None:
+        pods += inventory.split_objects(_read_yaml(pods_path))[1]
+    return nodes, pods
+
+
+def _read_yaml(path: str) -> list[Any]:
+    docs, problems = documents.load_path(path)
+    if errors_of(problems):
+        raise UsageError(f"{path}: {errors_of(problems)[0].render()}")
+    return [doc.body for doc in docs]
+
+
+def _live_cluster() -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """Nodes and bound pods through the kubeconfig (or in-cluster config), as camelCase dicts."""
+    try:
+        import kubernetes  # lazy: only this path talks to a cluster
+    except ImportError:  # pragma: no cover - kubernetes is a dependency
+        raise UsageError("the kubernetes client is not installed; pass --cluster FILE") from None
+    try:
+        try:
+            kubernetes.config.load_kube_config()
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_incluster_config()
+        api = kubernetes.client.CoreV1Api()
+        serialise = kubernetes.client.ApiClient().sanitize_for_serialization
+        nodes = [serialise(node) for node in api.list_node().items]
+        selector = "status.phase!=Succeeded,status.phase!=Failed"
+        pods = [serialise(pod) for pod in api.list_pod_for_all_namespaces(field_selector=selector).items]
+    except Exception as exc:  # any failure to reach the cluster is one line, never a traceback
+        raise UsageError(
+            f"cannot read the live cluster ({exc.__class__.__name__}: {exc}); pass --cluster FILE"
+        ) from None
+    return nodes, pods
+
+
+def _plan_all(
+    jobs: list[tuple[str, Any]], nodes: list[Any], pods: list[Any], options: planning.PlanningOptions
+) -> tuple[list[tuple[str, planning.Plan]], bool]:
+    """Plan each job in turn; later jobs see the GPUs the earlier plans hold (as reservations)."""
+    outcomes: list[tuple[str, planning.Plan]] = []
+    reservations: list[planning.Reservation] = []
+    ok = True
+    for label, job in jobs:
+        cluster = planning.build_cluster(nodes, pods, reservations)
+        outcome = planning.plan_job(job, cluster, options)
+        if isinstance(outcome, planning.Unschedulable):
+            print(f"{label}: {outcome.problem().render()}")
+            ok = False
+            continue
+        outcomes.append((job.name, outcome))
+        reservations += planning.reservations_of(outcome, job.name)
+    return outcomes, ok
+
+
+def render(outcomes: list[tuple[str, planning.Plan]], cluster: planning.Cluster, output: str) -> str:
+    if output == "json":
+        dicts = [plan.to_dict() for _, plan in outcomes]
+        return json.dumps(dicts[0] if len(dicts) == 1 else dicts, indent=2) + "\n"
+    if output == "yaml":
+        return yaml.safe_dump_all([plan.to_dict() for _, plan in outcomes], sort_keys=False, width=120)
+    if output == "svg":
+        return "\n".join(picture.render_svg(plan, cluster, name) for name, plan in outcomes) + "\n"
+    return "".join(render_table(name, plan) for name, plan in outcomes)
+
+
+def render_table(name: str, plan: planning.Plan) -> str:
+    """One row per node rank, then the estimates and the modeled cost, as rich prints them."""
+    from rich.console import Console
+    from rich.table import Table
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=140, force_terminal=False, color_system=None)
+    layout = plan.layout
+    table = Table(
+        title=f"{name}: {layout.pipeline}x{layout.tensor}x{layout.data} (PP x TP x DP), {plan.world_size} GPUs on "
+        f"{len(plan.nodes)} nodes x {plan.ranks_per_node}, axis order {','.join(plan.axis_order)}",
+        title_justify="left",
+    )
+    for column in ("node rank", "node", "ranks", "stages", "domains"):
+        table.add_column(column, justify="right" if column == "node rank" else "left")
+    for entry in plan.nodes:
+        stages = ",".join(str(s) for s in entry.stages)
+        domains = " ".join(entry.domains.values()) or "-"
+        table.add_row(str(entry.node_rank), entry.node, entry.rank_range, stages, domains)
+    console.print(table)
+    for line in summary_lines(plan):
+        console.print(line, highlight=False, markup=False)
+    return buffer.getvalue()
+
+
+def summary_lines(plan: planning.Plan) -> list[str]:
+    """The estimates and cost in words (models, not measurements)."""
+    e = plan.estimates
+    memory = e.memory
+    fits = "unknown GPU memory" if e.gpu_memory is None else f"of {e.gpu_memory / GIB:.0f} GiB"
+    naive = plan.naive_cost
+    cost = plan.cost
+    by_group = ", ".join(f"{k} {v:.3g} s over {cost.levels[k]}" for k, v in cost.by_group.items())
+    lines = [
+        f"GPU product: {plan.gpu_product or 'unlabelled'}; network levels: {', '.join(plan.levels) or 'none (flat)'}",
+        f"memory per GPU (model): {memory['total'] / GIB:.1f} GiB {fits} = weights {memory['weights'] / GIB:.1f} + "
+        f"gradients {memory['gradients'] / GIB:.1f} + optimizer {memory['optimizer'] / GIB:.1f} + activations "
+        f"{memory['activations'] / GIB:.1f} + reserve {memory['reserve'] / GIB:.1f}",
+        f"pipeline bubble: {e.bubble_fraction:.1%} of each step (1F1B)",
+        "bytes per GPU per step: "
+        + ", ".join(f"{k} {_bytes(v)}" for k, v in e.bytes_per_step.items())
+        + f"; {e.flops_per_step:.3g} FLOPs per step",
+        f"modeled step time {e.step_seconds:.3g} s, MFU {e.mfu:.0%} (at {e.assumptions['peakTFLOPS']:.0f} TFLOP/s "
+        f"peak, {e.assumptions['kernelEfficiency']:.0%} kernel efficiency)",
+        f"modeled communication per step: planned {cost.seconds:.3g} s ({by_group})"
+        + (f"; naive (free nodes in name order) {naive.seconds:.3g} s" if naive else ""),
+    ]
+    return lines + [f"warning: {w}" for w in plan.warnings]
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B"
