@@ -22,10 +22,6 @@ def container(values: dict[str, Any] | None = None) -> dict[str, Any]:
     return containers[0]
 
 
-def env_of(values: dict[str, Any] | None = None) -> dict[str, str]:
-    return {item["name"]: item["value"] for item in container(values)["env"]}
-
-
 def test_one_replica_replaced_with_recreate_so_two_operators_never_overlap() -> None:
     spec = only(render(), "Deployment")["spec"]
     assert spec["replicas"] == 1
@@ -68,7 +64,7 @@ def test_resources_have_requests_and_a_memory_limit() -> None:
 
 
 def test_the_image_defaults_to_the_app_version_and_a_digest_pins_it() -> None:
-    assert container()["image"] == f"ghcr.io/paralleljob/paralleljob-operator:{APP_VERSION}"
+    assert container()["image"] == f"ghcr.io/paralleljob/operator:{APP_VERSION}"
     assert container(NON_DEFAULT_VALUES)["image"] == (
         "registry.example.com/ml/paralleljob-operator@sha256:" + "ab" * 32)
 
@@ -80,12 +76,16 @@ def test_all_namespaces_by_default_and_one_flag_per_listed_namespace() -> None:
     assert [a for a in args if a.startswith("--namespace")] == ["--namespace=ml-team-a", "--namespace=ml-team-b"]
 
 
-def test_job_defaults_reach_the_operator() -> None:
-    env = env_of(NON_DEFAULT_VALUES)
-    assert env["PARALLELJOB_TRAINER_IMAGE"] == "registry.example.com/ml/trainer:2026.11"
-    assert env["PARALLELJOB_DEFAULT_FABRIC"] == "infiniband"
-    assert yaml.safe_load(env["PARALLELJOB_DEFAULT_NCCL_ENV"]) == {"NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "=mlx5_0,mlx5_1"}
-    assert env_of()["PARALLELJOB_TRAINER_IMAGE"] == f"ghcr.io/paralleljob/paralleljob-trainer:{APP_VERSION}"
+def test_job_defaults_reach_the_operator_as_flags() -> None:
+    args = container(NON_DEFAULT_VALUES)["args"]
+    assert "--trainer-image=registry.example.com/ml/trainer:2026.11" in args
+    assert "--default-fabric=infiniband" in args
+    assert [a for a in args if a.startswith("--default-nccl-env")] == [
+        "--default-nccl-env=NCCL_DEBUG=INFO", "--default-nccl-env=NCCL_IB_HCA==mlx5_0,mlx5_1"]
+    defaults = container()["args"]
+    assert f"--trainer-image=ghcr.io/paralleljob/trainer:{APP_VERSION}" in defaults
+    assert "--default-fabric=auto" in defaults
+    assert not any(a.startswith("--default-nccl-env") for a in defaults)
 
 
 def test_priority_class_scheduling_and_pod_metadata_come_from_values() -> None:

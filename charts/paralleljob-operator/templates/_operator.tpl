@@ -1,12 +1,13 @@
 {{/*
-The operator's command line and environment: the one place where chart values become `paralleljob operator`
-settings. The image's ENTRYPOINT is ["paralleljob", "operator"], so these are its arguments.
+The operator's command line: the one place where chart values become `paralleljob operator` flags (see
+operator/paralleljob/commands/operator.py). The image's ENTRYPOINT is ["paralleljob", "operator"], so these are
+its arguments. tests/chart/test_operator_args.py parses them with the operator's own argument parser.
 */}}
 
 {{- define "paralleljob-operator.args" -}}
 {{- if .Values.watchNamespaces }}
 {{- range .Values.watchNamespaces }}
-- --namespace={{ . }}
+- {{ printf "--namespace=%s" . | quote }}
 {{- end }}
 {{- else }}
 - --all-namespaces
@@ -15,15 +16,9 @@ settings. The image's ENTRYPOINT is ["paralleljob", "operator"], so these are it
 - --metrics-port={{ .Values.metrics.port }}
 - --log-format={{ .Values.operator.logFormat }}
 - --log-level={{ .Values.operator.logLevel }}
+- {{ printf "--trainer-image=%s" (include "paralleljob-operator.trainerImage" .) | quote }}
+- --default-fabric={{ .Values.jobDefaults.fabric }}
+{{- range $name, $value := .Values.jobDefaults.ncclEnv }}
+- {{ printf "--default-nccl-env=%s=%s" $name $value | quote }}
 {{- end }}
-
-{{- define "paralleljob-operator.env" -}}
-- name: PARALLELJOB_TRAINER_IMAGE
-  value: {{ include "paralleljob-operator.trainerImage" . | quote }}
-- name: PARALLELJOB_DEFAULT_FABRIC
-  value: {{ .Values.jobDefaults.fabric | quote }}
-- name: PARALLELJOB_DEFAULT_NCCL_ENV
-  value: {{ .Values.jobDefaults.ncclEnv | toJson | quote }}
-- name: PYTHONUNBUFFERED
-  value: "1"
 {{- end }}

@@ -1,8 +1,8 @@
 {{/*
 The operator's RBAC rules, grouped as kopf's documentation groups them: what the framework needs, then what the
-application needs. tests/chart/test_rbac.py checks these against the API calls the operator makes in
-tests/operator, so a rule here that the operator does not use fails the tests, and so does a missing one.
-Nothing here touches Secrets, and no rule uses a wildcard.
+application needs. tests/chart/test_operator_on_emulator.py runs the operator with these settings and checks
+that the calls it makes are exactly what these rules allow: a rule nobody uses fails it, and so does a call no
+rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
 */}}
 
 {{- define "paralleljob-operator.clusterRules" -}}
@@ -22,37 +22,47 @@ Nothing here touches Secrets, and no rule uses a wildcard.
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get, list, watch]
+# Application: the GPUs already held by bound pods, in every namespace, so that no GPU is planned twice.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
 {{- end }}
 
 {{- define "paralleljob-operator.namespacedRules" -}}
-# Framework: posting Events about handler progress and errors, and the operator's own placement, start,
-# restart, completion and failure Events, shown by `kubectl describe pj`.
+# Application: the operator's placement, start, restart, completion and failure Events, shown by
+# `kubectl describe pj`. (kopf's own event posting is turned off.)
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-# Application: watching and handling ParallelJobs (kopf patches its bookkeeping annotations onto the object).
+# Application: watching ParallelJobs, and the operator's notes on them (the nodes a gang restart excludes).
 - apiGroups: [paralleljob.io]
   resources: [paralleljobs]
   verbs: [get, list, watch, patch]
-# Application: phase, conditions, placement and progress.
+# Application: phase, conditions, placement and progress. `get` is not called by the operator, but it grants
+# get and patch on its own job's status to each job's progress account, and Kubernetes lets it grant only
+# what it holds.
 - apiGroups: [paralleljob.io]
   resources: [paralleljobs/status]
   verbs: [get, patch]
-# Application: one pod per node rank; deleted on gang restarts and after completion.
+# Application: one pod per node rank, watched for phase changes; deleted on gang restarts and after completion.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, delete]
-# Application: the job's headless Service (rank-0 DNS) and its ConfigMap (job.json, DeepSpeed config, NCCL env).
-# Both are owned by the ParallelJob, so the garbage collector deletes them with it.
+  verbs: [list, watch, create, delete]
+# Application: the job's headless Service (rank-0 DNS). It is owned by the ParallelJob, so the garbage
+# collector deletes it with the job.
 - apiGroups: [""]
-  resources: [services, configmaps]
-  verbs: [get, create]
-# Application: the per-job progress account: rank 0 patches its own job's status through a ServiceAccount whose
-# Role allows exactly that. The operator may grant it only because it holds those permissions itself (above).
+  resources: [services]
+  verbs: [create]
+# Application: the job's ConfigMap (job.json, DeepSpeed config, NCCL env), replaced on each attempt.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, delete]
+# Application: the per-job progress account: rank 0 patches its own job's status through a ServiceAccount
+# whose Role allows exactly that (see the paralleljobs/status rule above).
 - apiGroups: [""]
   resources: [serviceaccounts]
-  verbs: [get, create]
+  verbs: [create]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [get, create]
+  verbs: [create]
 {{- end }}

@@ -1,0 +1,46 @@
+"""The Deployment's arguments are ones `paralleljob operator` accepts, and mean what the values say: parsed here
+by the operator's own argument parser, so a renamed flag fails this test rather than the operator's pod."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from paralleljob import cli
+from tests.chart.conftest import NON_DEFAULT_VALUES, only, render
+
+WITHOUT_NCCL_DEFAULTS = {**NON_DEFAULT_VALUES,
+                         "jobDefaults": {**NON_DEFAULT_VALUES["jobDefaults"], "ncclEnv": {}}}
+
+
+def parse_rendered_args(values: dict[str, Any]) -> Any:
+    deployment = only(render(values), "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    # The image's ENTRYPOINT is ["paralleljob", "operator"]; the chart supplies the rest.
+    return cli.build_parser().parse_args(["operator", *container["args"]])
+
+
+def test_the_default_arguments_parse_and_watch_every_namespace() -> None:
+    args = parse_rendered_args({})
+    assert args.all_namespaces is True and args.namespaces is None
+    assert args.liveness == "http://0.0.0.0:8080/healthz"
+    assert (args.metrics_port, args.log_format, args.log_level) == (9090, "json", "info")
+    assert args.default_fabric == "auto"
+    assert args.trainer_image.startswith("ghcr.io/paralleljob/trainer:")
+
+
+def test_non_default_arguments_parse_and_carry_the_values() -> None:
+    args = parse_rendered_args(WITHOUT_NCCL_DEFAULTS)
+    assert args.namespaces == ["ml-team-a", "ml-team-b"] and args.all_namespaces is False
+    assert args.liveness == "http://0.0.0.0:8181/healthz"
+    assert (args.metrics_port, args.log_format, args.log_level) == (9464, "plain", "debug")
+    assert args.default_fabric == "infiniband"
+    assert args.trainer_image == "registry.example.com/ml/trainer:2026.11"
+
+
+@pytest.mark.xfail(strict=True, raises=SystemExit,
+                   reason="`paralleljob operator` has no --default-nccl-env flag yet (jobDefaults.ncclEnv)")
+def test_default_nccl_env_reaches_the_operator() -> None:
+    args = parse_rendered_args(NON_DEFAULT_VALUES)
+    assert args.default_nccl_env == ["NCCL_DEBUG=INFO", "NCCL_IB_HCA==mlx5_0,mlx5_1"]
