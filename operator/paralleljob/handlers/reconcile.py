@@ -144,8 +144,9 @@ def _invalid(p: Pass, message: str) -> str:
     return "invalid"
 
 
-def _finished(p: Pass, pods: list[Mapping[str, Any]]) -> str:
-    keep = {"Succeeded"} if p.status.get("phase") == "Succeeded" else set()
+def _finished(p: Pass, pods: list[Mapping[str, Any]], phase: str | None = None) -> str:
+    """Delete the pods still holding GPUs; a finished job keeps its Succeeded pods for their logs."""
+    keep = {"Succeeded"} if (phase or p.status.get("phase")) == "Succeeded" else set()
     running = [pod for pod in pods if (pod.get("status") or {}).get("phase") not in {"Failed", *keep}]
     _delete(p, running)
     return "finished"
@@ -281,7 +282,7 @@ def _succeeded(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]], st
     patch["completionTime"] = conditions.now()
     if write_status(p, patch):
         p.event("Normal", "Completed", message)
-    return _finished(p, pods)
+    return _finished(p, pods, "Succeeded")
 
 
 def _broken(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]], state: gang.GangState) -> str:

@@ -1,0 +1,212 @@
+"""Fixtures for operator tests: the hardened emulator on a real port, the operator as a `paralleljob operator`
+process talking to it over HTTP, a kubernetes client for the test's own reads and writes, and builders.
+
+Nothing of ours is monkeypatched: the operator process runs the real kopf handlers and the real
+`paralleljob.k8s` calls. Every API call the operator makes is recorded by the emulator; the union over the
+session is written to `.pytest_cache/paralleljob/operator-api-calls.json` (see docs/operator.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+
+from tests.operator.emulator import EmulatorThread
+
+OPERATOR_AGENT = "kopf"  # kopf's and the kubernetes client's requests both come from the operator process
+RECORD = Path(__file__).resolve().parents[2] / ".pytest_cache" / "paralleljob" / "operator-api-calls.json"
+_recorded: collections.Counter[tuple[str, str, str]] = collections.Counter()
+
+JOB_YAML = """
+apiVersion: paralleljob.io/v1alpha1
+kind: ParallelJob
+metadata: {name: gpt, namespace: research}
+spec:
+  parallelism: {pipeline: 4, tensor: 4, data: 4}
+  gpusPerNode: 4
+  model: {layers: 8, hiddenSize: 256, attentionHeads: 8, sequenceLength: 128, vocabSize: 512}
+  deepspeed: {train_micro_batch_size_per_gpu: 1, gradient_accumulation_steps: 16}
+  training: {steps: 100}
+  checkpoint:
+    volume: {persistentVolumeClaim: {claimName: ckpt}}
+    intervalSteps: 10
+  failurePolicy: {backoffLimit: 2}
+"""
+
+
+def job_doc(name: str = "gpt", namespace: str = "research", **spec: Any) -> dict[str, Any]:
+    doc = yaml.safe_load(JOB_YAML)
+    doc["metadata"] = {"name": name, "namespace": namespace}
+    doc["spec"].update(spec)
+    return doc
+
+
+def node_doc(
+    name: str,
+    gpus: int = 4,
+    *,
+    ready: bool = True,
+    allocatable: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A GPU Node as GPU Feature Discovery labels it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                "nvidia.com/gpu.memory": "81920",
+                **(labels or {}),
+            },
+        },
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "96", "memory": "1Ti", **(allocatable or {})},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+class Cluster:
+    """The test's view of the emulated cluster, through the kubernetes client (as kubectl would)."""
+
+    def __init__(self, emulator: EmulatorThread) -> None:
+        self.emulator = emulator
+        client = kubernetes.config.new_client_from_config(str(emulator.kubeconfig))
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+
+    def add_nodes(self, count: int, prefix: str = "gpu-", start: int = 0, **kwargs: Any) -> None:
+        for index in range(start, start + count):
+            self.core.create_node(node_doc(f"{prefix}{index:03d}", **kwargs))
+
+    def apply(self, doc: dict[str, Any]) -> dict[str, Any]:
+        ns = doc["metadata"]["namespace"]
+        return self.custom.create_namespaced_custom_object("paralleljob.io", "v1alpha1", ns, "paralleljobs", doc)
+
+    def job(self, name: str = "gpt", namespace: str = "research") -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object("paralleljob.io", "v1alpha1", namespace, "paralleljobs", name)
+
+    def status(self, name: str = "gpt", namespace: str = "research") -> dict[str, Any]:
+        return self.job(name, namespace).get("status") or {}
+
+    def pods(self, job: str = "gpt", namespace: str = "research") -> list[dict[str, Any]]:
+        client = self.core.api_client
+        pods = self.core.list_namespaced_pod(namespace, label_selector=f"paralleljob.io/job={job}").items
+        return sorted((client.sanitize_for_serialization(p) for p in pods), key=lambda p: p["metadata"]["name"])
+
+    def set_pod_phase(self, name: str, phase: str, namespace: str = "research", **extra: Any) -> None:
+        self.core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": phase, **extra}})
+
+    def bind_all(self, job: str = "gpt", namespace: str = "research", phase: str = "Running") -> None:
+        """What the scheduler and kubelet would do: bind each pod to its pinned node and start it."""
+        for pod in self.pods(job, namespace):
+            node = pod["metadata"]["labels"]["paralleljob.io/node"]
+            self.core.patch_namespaced_pod(pod["metadata"]["name"], namespace, {"spec": {"nodeName": node}})
+            self.set_pod_phase(pod["metadata"]["name"], phase, namespace)
+
+    def events(self, namespace: str = "research") -> list[dict[str, Any]]:
+        client = self.core.api_client
+        return [client.sanitize_for_serialization(e) for e in self.core.list_namespaced_event(namespace).items]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except kubernetes.client.ApiException as error:
+            last = error
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+class Operator:
+    """`paralleljob operator` as a process; `kill()` is SIGKILL, `start()` runs a fresh one."""
+
+    def __init__(self, emulator: EmulatorThread, log: Path) -> None:
+        self.emulator, self.log = emulator, log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Operator:
+        env = {**os.environ, "KUBECONFIG": str(self.emulator.kubeconfig)}
+        command = [
+            sys.executable,
+            "-m",
+            "paralleljob",
+            "operator",
+            "--all-namespaces",
+            "--liveness",
+            "",
+            "--metrics-port",
+            "0",
+            "--log-format",
+            "plain",
+            "--log-level",
+            "warning",
+            "--trainer-image",
+            "trainer:test",
+        ]
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return self
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def emulator(tmp_path: Path) -> Iterator[EmulatorThread]:
+    thread = EmulatorThread(tmp_path).start()
+    yield thread
+    assert thread.emulator is not None
+    _recorded.update((verb, group, resource) for verb, group, resource, _ in thread.emulator.calls)
+    thread.stop()
+
+
+@pytest.fixture
+def cluster(emulator: EmulatorThread) -> Cluster:
+    return Cluster(emulator)
+
+
+@pytest.fixture
+def operator(emulator: EmulatorThread, tmp_path: Path) -> Iterator[Operator]:
+    process = Operator(emulator, tmp_path / "operator.log").start()
+    yield process
+    process.stop()
+    sys.stderr.write((tmp_path / "operator.log").read_text()[-4000:])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Write the union of (verb, group, resource) seen, for the chart's RBAC check."""
+    if not _recorded:
+        return
+    RECORD.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"verb": v, "apiGroup": g, "resource": r, "count": n} for (v, g, r), n in sorted(_recorded.items())]
+    RECORD.write_text(json.dumps(rows, indent=2) + "\n")
