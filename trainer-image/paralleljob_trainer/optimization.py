@@ -1,7 +1,8 @@
 """Optimizer and learning-rate schedule from the DeepSpeed config, and honest gradient-norm reporting.
 
 The optimizer is whatever the DeepSpeed config's `optimizer` section names. Adam, AdamW and SGD are built here
-as plain torch optimizers (so no DeepSpeed op is JIT-compiled on CPU); any other type is left to DeepSpeed.
+as plain torch optimizers (so no DeepSpeed op is JIT-compiled on CPU); any other type, and any optimizer under
+ZeRO offload, is left to DeepSpeed.
 Without an `optimizer` section the trainer uses AdamW. Without a `scheduler` section the learning rate warms
 up linearly for `warmupSteps` and then follows a cosine down to `minLrRatio` x lr at the last step.
 """
@@ -41,7 +42,9 @@ def split_optimizer(ds_config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[
     """(config for deepspeed.initialize, optimizer section to build here or None to leave to DeepSpeed)."""
     config = copy.deepcopy(dict(ds_config))
     section = config.pop("optimizer", None) or copy.deepcopy(DEFAULT_OPTIMIZER)
-    if str(section.get("type", "")).lower() not in _TORCH_OPTIMIZERS:
+    # ZeRO optimizer offload needs DeepSpeed's own CPU Adam, which DeepSpeed builds from the section.
+    offloaded = bool((config.get("zero_optimization") or {}).get("offload_optimizer"))
+    if offloaded or str(section.get("type", "")).lower() not in _TORCH_OPTIMIZERS:
         config["optimizer"] = section
         return config, None
     return config, section
