@@ -209,7 +209,7 @@ def render_table(name: str, plan: planning.Plan) -> str:
         table.add_row(str(entry.node_rank), entry.node, entry.rank_range, stages, domains)
     console.print(table)
     for line in summary_lines(plan):
-        console.print(line, highlight=False, markup=False)
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     return buffer.getvalue()
 
 

@@ -120,19 +120,21 @@ def price(
     volume: estimates.CommBytes,
     bw: Mapping[LinkLevel, float],
 ) -> CommCost:
-    """Cost of one step's communication with node rank i on sites[i]."""
+    """Cost of one step's communication with node rank i on sites[i].
+
+    A kind of group costs what its slowest link level costs. Above the leaf, links are oversubscribed and
+    shared: when a fraction f of a kind's groups reach a level, each gets min(1, factor / f) of the leaf
+    bandwidth there (factor = bw[level] / bw[LEAF]), so fewer crossing groups cost less.
+    """
     groups = _groups(layout, ranks_per_node)
     found: dict[str, tuple[float, LinkLevel]] = {}
     total, count = 0.0, 0
     for kind, nbytes in (("tensor", volume.tensor), ("pipeline", volume.pipeline), ("data", volume.data)):
-        worst, worst_level = 0.0, LinkLevel.NODE
-        for members in groups[kind]:
-            level = span_level([sites[r // ranks_per_node] for r in members])
-            seconds = nbytes / bw[level]
-            total, count = total + seconds, count + 1
-            if seconds > worst or level > worst_level:
-                worst, worst_level = max(worst, seconds), max(worst_level, level)
-        found[kind] = (worst, worst_level)
+        reached = [span_level([sites[r // ranks_per_node] for r in members]) for members in groups[kind]]
+        seconds, level = _kind_seconds(reached, nbytes, bw)
+        found[kind] = (seconds, level)
+        total += sum(nbytes / bw[lv] for lv in reached)
+        count += len(reached)
     return CommCost(
         found["tensor"][0],
         found["pipeline"][0],
@@ -142,6 +144,20 @@ def price(
         found["pipeline"][1],
         found["data"][1],
     )
+
+
+def _kind_seconds(reached: list[LinkLevel], nbytes: float, bw: Mapping[LinkLevel, float]) -> tuple[float, LinkLevel]:
+    """Seconds of the slowest group of one kind, with shared oversubscribed links; and the level it reaches."""
+    if not reached:
+        return 0.0, LinkLevel.NODE
+    worst = 0.0
+    for level in set(reached):
+        effective = bw[level]
+        if level > LinkLevel.LEAF:
+            share = sum(1 for lv in reached if lv >= level) / len(reached)
+            effective = bw[LinkLevel.LEAF] * min(1.0, bw[level] / bw[LinkLevel.LEAF] / share)
+        worst = max(worst, nbytes / effective)
+    return worst, max(reached)
 
 
 def _groups(layout: Layout, ranks_per_node: int) -> dict[str, list[list[int]]]:

@@ -17,7 +17,7 @@ STAGE_COLOURS = (
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
     "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6", "#d37295", "#8cd17d",
 )  # fmt: skip
-NODE_W, NODE_H, GAP, PAD, COLUMNS = 132, 62, 10, 14, 4
+NODE_W, NODE_H, GAP, PAD, COLUMNS = 150, 62, 10, 14, 4
 MAX_OTHERS_PER_LEAF = 8
 FONT = "font-family='Inter,Helvetica,Arial,sans-serif'"
 
@@ -37,6 +37,7 @@ class _Box:
 def render_svg(plan: Plan, cluster: Cluster | None = None, title: str = "") -> str:
     """The picture as SVG text."""
     leaves = _leaves(plan, cluster)
+    frames: list[str] = []
     body: list[str] = []
     centres: dict[int, tuple[float, float]] = {}
     y, width = 96.0, 720.0
@@ -49,11 +50,13 @@ def render_svg(plan: Plan, cluster: Cluster | None = None, title: str = "") -> s
             )
             if x + w > 1400 and x > PAD * 2:
                 x, y, row_h = PAD * 2.0, y + row_h + GAP * 2, 0.0
-            body += _leaf(path, planned, others, _Box(x, y, w, h), plan, centres)
+            box = _Box(x, y, w, h)
+            frames += _frame(box, path[-1] if path else "all nodes (flat network)", "#f8f9fb", stroke="#c5ccd6")
+            body += _leaf(planned, others, box, plan, centres)
             x, row_h, width = x + w + GAP * 2, max(row_h, h), max(width, x + w + PAD * 2)
         y += row_h + GAP * 2
         if parent:
-            body[0:0] = _frame(_Box(PAD, frame_y, width - PAD * 2, y - frame_y), " / ".join(parent), "#eef1f5")
+            frames[0:0] = _frame(_Box(PAD, frame_y, width - PAD * 2, y - frame_y), " / ".join(parent), "#eef1f5")
         y += GAP * 2
     height = y + 40
     lines = _pipeline_path(plan, centres)
@@ -65,8 +68,9 @@ def render_svg(plan: Plan, cluster: Cluster | None = None, title: str = "") -> s
             f"viewBox='0 0 {width:.0f} {height:.0f}' {FONT}>",
             f"<rect width='{width:.0f}' height='{height:.0f}' fill='#ffffff'/>",
             *header,
+            *frames,
+            *lines,  # under the nodes: the route shows in the gaps between them
             *body,
-            *lines,
             *legend,
             "</svg>",
         ]
@@ -105,14 +109,13 @@ def _leaf_size(count: int) -> tuple[float, float]:
 
 
 def _leaf(
-    path: tuple[str, ...],
     planned: list[NodePlan],
     others: list[NodeInfo],
     box: _Box,
     plan: Plan,
     centres: dict[int, tuple[float, float]],
 ) -> list[str]:
-    out = _frame(box, path[-1] if path else "all nodes (flat network)", "#f8f9fb", stroke="#c5ccd6")
+    out: list[str] = []
     shown: list[NodePlan | NodeInfo | str] = [*planned, *others[:MAX_OTHERS_PER_LEAF]]
     if len(others) > MAX_OTHERS_PER_LEAF:
         shown.append(f"+{len(others) - MAX_OTHERS_PER_LEAF} more")
@@ -144,7 +147,7 @@ def _planned_node(entry: NodePlan, box: _Box, plan: Plan) -> list[str]:
         )
     label = f"stage {stages[0]}" if len(stages) == 1 else f"stages {stages[0]}-{stages[-1]}"
     out += [
-        _text(box.x + 8, box.y + 17, f"#{entry.node_rank}  {_short(entry.node)}", 12, "#ffffff", bold=True),
+        _text(box.x + 8, box.y + 17, f"#{entry.node_rank} {_short(entry.node)}", 12, "#ffffff", bold=True),
         _text(box.x + 8, box.y + 35, f"ranks {entry.rank_range}", 12, "#ffffff"),
         _text(box.x + 8, box.y + 52, label, 11, "#ffffff"),
         "</g>",
@@ -173,10 +176,10 @@ def _pipeline_path(plan: Plan, centres: dict[int, tuple[float, float]]) -> list[
                 route.append(point)
     if len(route) < 2:
         return []
-    points = " ".join(f"{x:.0f},{y + 20:.0f}" for x, y in route)
+    points = " ".join(f"{x:.0f},{y:.0f}" for x, y in route)
     return [
-        f"<polyline points='{points}' fill='none' stroke='#1f2430' stroke-width='2' stroke-dasharray='5 4' "
-        "stroke-opacity='0.55'/>"
+        f"<polyline points='{points}' fill='none' stroke='#1f2430' stroke-width='3' stroke-dasharray='6 4' "
+        "stroke-opacity='0.6'/>"
     ]
 
 
@@ -218,7 +221,7 @@ def _text(x: float, y: float, text: str, size: int, colour: str, bold: bool = Fa
     return f"<text x='{x:.1f}' y='{y:.1f}' font-size='{size}' fill='{colour}'{weight}>{escape(text)}</text>"
 
 
-def _short(name: str, limit: int = 15) -> str:
+def _short(name: str, limit: int = 14) -> str:
     return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
