@@ -1,0 +1,49 @@
+"""Small hand-made clusters whose best placement is known."""
+
+from __future__ import annotations
+
+from tests.planning.clusters import node, plan, pod, small_job
+
+
+def test_consecutive_stages_share_a_leaf_even_when_name_order_alternates_leaves() -> None:
+    nodes = [node("n1", leaf="a"), node("n2", leaf="b"), node("n3", leaf="a"), node("n4", leaf="b")]
+    placed = plan(small_job(pipeline=2, tensor=8, data=1), nodes)
+    assert placed.node_names() in (["n1", "n3"], ["n2", "n4"])
+    assert placed.cost.levels["pipeline"] == "leaf"
+    assert placed.naive_cost is not None and placed.naive_cost.seconds > placed.cost.seconds
+
+
+def test_a_part_used_leaf_is_taken_before_a_whole_free_one_is_broken_up() -> None:
+    nodes = [node(f"free-{i}", leaf="whole") for i in range(4)]
+    nodes += [node(f"part-{i}", leaf="partial") for i in range(4)]
+    pods = [pod("other-0", "part-0", 8), pod("other-1", "part-1", 8)]
+    placed = plan(small_job(pipeline=2, tensor=8, data=1), nodes, pods)
+    assert sorted(placed.node_names()) == ["part-2", "part-3"]
+
+
+def test_the_job_stays_in_one_spine_when_one_spine_holds_it() -> None:
+    nodes = [node(f"x{i}", leaf=f"l{i % 2}", spine="s0") for i in range(2)]
+    nodes += [node(f"y{i}", leaf=f"m{i % 4}", spine="s1") for i in range(4)]
+    placed = plan(small_job(pipeline=4, tensor=8, data=1), nodes)
+    assert {entry.domains["network.topology.nvidia.com/spine"] for entry in placed.nodes} == {"s1"}
+
+
+def test_a_node_with_exactly_the_gpus_needed_is_preferred_over_a_whole_free_one() -> None:
+    nodes = [node("big", leaf="a"), node("half-used", leaf="a")]
+    placed = plan(small_job(pipeline=1, tensor=4, data=1, gpus_per_node=4), nodes, [pod("p", "half-used", 4)])
+    assert placed.node_names() == ["half-used"]
+
+
+def test_ranks_per_node_follows_the_nodes_when_gpus_per_node_is_absent() -> None:
+    assert plan(small_job(2, 4, 2), [node(f"n{i}", gpus=8) for i in range(2)]).ranks_per_node == 8
+    assert plan(small_job(2, 4, 2), [node(f"n{i}", gpus=4) for i in range(4)]).ranks_per_node == 4
+
+
+def test_node_ranks_number_ranks_as_torchrun_does() -> None:
+    placed = plan(small_job(2, 2, 2, gpus_per_node=4), [node("n0", gpus=4), node("n1", gpus=4)])
+    assert [entry.ranks for entry in placed.nodes] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert placed.to_dict()["nodes"][0]["coords"][:3] == [
+        {"pipe": 0, "data": 0, "model": 0},
+        {"pipe": 0, "data": 0, "model": 1},
+        {"pipe": 0, "data": 1, "model": 0},
+    ]
