@@ -126,4 +126,7 @@ def build_pipeline(model: ModelConfig, seed: int, topology: ProcessTopology, tp:
         loss_fn=language_model_loss,
         partition_method="type:TransformerBlock",
         activation_checkpoint_interval=model.activation_checkpoint_interval,
+        # Only blocks are recomputed: DeepSpeed's reentrant checkpoint gives no gradient to a chunk whose input
+        # needs none (the embedding's token ids), and the head is cheap. Chunks count from a stage's first layer.
+        checkpointable_layers=[TransformerBlock.__name__],
     )
