@@ -64,7 +64,10 @@ def pod(name: str, node_name: str, gpus: int, phase: str = "Running") -> dict[st
     return {
         "kind": "Pod",
         "metadata": {"name": name, "namespace": "research"},
-        "spec": {"nodeName": node_name, "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}],
+        },
         "status": {"phase": phase},
     }
 

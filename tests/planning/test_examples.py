@@ -26,7 +26,9 @@ def cluster_file(name: str) -> planning.Cluster:
 
 
 @pytest.mark.parametrize(("nodes", "gpus"), [(16, 4), (8, 8)], ids=["16x4", "8x8"])
-def test_gpt_175b_keeps_each_tensor_group_of_4_in_one_node_and_runs_8_stages_across_nodes(nodes: int, gpus: int) -> None:
+def test_gpt_175b_keeps_each_tensor_group_of_4_in_one_node_and_runs_8_stages_across_nodes(
+    nodes: int, gpus: int
+) -> None:
     job = example("gpt-175b-64xa100.yaml")
     node_dicts, _ = synth.synth_cluster(synth.SynthSpec(nodes=nodes, gpus_per_node=gpus, leaves=2))
     plan = planning.plan_job(job, planning.build_cluster(node_dicts))  # type: ignore[arg-type]

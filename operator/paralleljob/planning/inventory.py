@@ -54,18 +54,13 @@ class NodeInfo:
     ready: bool = True
     unschedulable: bool = False
     taints: tuple[Taint, ...] = ()
+    product: str = ""  # nvidia.com/gpu.product
+    gpu_memory_mib: int | None = None  # nvidia.com/gpu.memory
+    free_gpus: int = dataclasses.field(init=False)
 
-    @property
-    def free_gpus(self) -> int:
-        return max(0, self.allocatable_gpus - self.used_gpus)
-
-    @property
-    def product(self) -> str:
-        return self.labels.get(PRODUCT_LABEL, "")
-
-    @property
-    def gpu_memory_mib(self) -> int | None:
-        return _int_or_none(self.labels.get(MEMORY_LABEL))
+    def __post_init__(self) -> None:
+        # Read once here rather than in every planning pass over thousands of nodes.
+        object.__setattr__(self, "free_gpus", max(0, self.allocatable_gpus - self.used_gpus))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,9 +134,12 @@ def node_info(
     spec = node.get("spec") or {}
     status = node.get("status") or {}
     allocatable = status.get("allocatable") or status.get("capacity") or {}
+    labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
     return NodeInfo(
         name=str(metadata.get("name", "")),
-        labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
+        labels=labels,
+        product=labels.get(PRODUCT_LABEL, ""),
+        gpu_memory_mib=_int_or_none(labels.get(MEMORY_LABEL)),
         allocatable_gpus=_int_or_none(allocatable.get(GPU_RESOURCE)) or 0,
         used_gpus=sum(gpus for _, gpus in held) + sum(gpus for _, gpus in reserved),
         holders=tuple(holder for holder, _ in held),

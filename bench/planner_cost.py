@@ -1,0 +1,63 @@
+"""Modeled communication per step, planned vs naive (free nodes in name order), on fragmented clusters.
+
+    .venv/bin/python bench/planner_cost.py [--seeds 5]
+
+For each busy fraction and seed: a synthetic cluster of 256 8-GPU A100 nodes, 32 nodes per leaf and 4 leaves
+per block, with that fraction of nodes busy; plans examples/gpt-13b-fragmented.yaml (16 nodes) and a 64-node
+GPT-175B-shaped job (PP 8 x TP 8 x DP 8) and prints the mean planned and naive costs and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+
+import yaml
+
+from paralleljob import planning
+from paralleljob.api import validate_document
+from paralleljob.planning import synth
+
+EXAMPLES = pathlib.Path(__file__).parents[1] / "examples"
+BIG = """
+apiVersion: paralleljob.io/v1alpha1
+kind: ParallelJob
+metadata: {name: gpt-175b-512}
+spec:
+  parallelism: {pipeline: 8, tensor: 8, data: 8}
+  model: {layers: 96, hiddenSize: 12288, attentionHeads: 96, sequenceLength: 2048, vocabSize: 51200,
+          activationCheckpointInterval: 1}
+  deepspeed: {train_micro_batch_size_per_gpu: 1, gradient_accumulation_steps: 192, zero_optimization: {stage: 1}}
+  training: {steps: 10}
+  checkpoint: {intervalSteps: 5}
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, default=5)
+    args = parser.parse_args()
+    jobs = {
+        "gpt-13b (16 nodes)": yaml.safe_load((EXAMPLES / "gpt-13b-fragmented.yaml").read_text()),
+        "gpt-175b 8x8x8 (64 nodes)": yaml.safe_load(BIG),
+    }
+    print(f"{'job':<28}{'busy':>6}{'planned s':>11}{'naive s':>10}{'naive/planned':>15}")
+    for label, doc in jobs.items():
+        job = validate_document(doc).resolved
+        assert job is not None
+        for busy in (0.0, 0.2, 0.4, 0.6):
+            planned, naive = [], []
+            for seed in range(args.seeds):
+                spec = synth.SynthSpec(nodes=256, gpus_per_node=8, leaves=8, blocks=2, busy=busy, seed=seed)
+                plan = planning.plan_job(job, planning.build_cluster(*synth.synth_cluster(spec)))
+                if isinstance(plan, planning.Plan) and plan.naive_cost is not None:
+                    planned.append(plan.cost.seconds)
+                    naive.append(plan.naive_cost.seconds)
+            if planned:
+                p, n = statistics.mean(planned), statistics.mean(naive)
+                print(f"{label:<28}{busy:>6.1f}{p:>11.3f}{n:>10.3f}{n / p:>15.2f}")
+
+
+if __name__ == "__main__":
+    main()

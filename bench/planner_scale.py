@@ -1,0 +1,75 @@
+"""Planning time of a 128-node job on synthetic clusters of 1,000 / 10,000 / 100,000 nodes.
+
+    .venv/bin/python bench/planner_scale.py [--sizes 1000,10000,100000] [--repeat 5]
+
+Prints, per cluster size: the time to load the NodeList from YAML (yaml C loader), to build the planner's
+Cluster from the dicts (parsing), and to plan (plan_job, excluding parsing; best of --repeat), and the ratio of
+planning time to loading time. The cluster has 8-GPU nodes, 32 nodes per leaf, 16 leaves per block and 30%
+of the nodes busy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import yaml
+
+from paralleljob import planning
+from paralleljob.api import validate_document
+from paralleljob.planning import synth
+
+JOB = """
+apiVersion: paralleljob.io/v1alpha1
+kind: ParallelJob
+metadata: {name: bench-128-nodes}
+spec:
+  parallelism: {pipeline: 8, tensor: 8, data: 16}
+  model: {layers: 96, hiddenSize: 12288, attentionHeads: 96, sequenceLength: 2048, vocabSize: 51200,
+          activationCheckpointInterval: 1}
+  deepspeed: {train_micro_batch_size_per_gpu: 1, gradient_accumulation_steps: 64, zero_optimization: {stage: 1}}
+  training: {steps: 10}
+  checkpoint: {intervalSteps: 5}
+"""
+
+
+def best_of(repeat: int, action):  # type: ignore[no-untyped-def]
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = action()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def measure(size: int, job, repeat: int) -> str:  # type: ignore[no-untyped-def]
+    spec = synth.SynthSpec(
+        nodes=size, gpus_per_node=8, leaves=max(1, size // 32), blocks=max(1, size // 512), busy=0.3, seed=1
+    )
+    nodes, pods = synth.synth_cluster(spec)
+    text = yaml.dump_all([synth.node_list(nodes), synth.pod_list(pods)], Dumper=yaml.CSafeDumper)
+    load, docs = best_of(1, lambda: list(yaml.load_all(text, Loader=yaml.CSafeLoader)))
+    node_dicts, pod_dicts = planning.inventory.split_objects(docs)
+    build, cluster = best_of(repeat, lambda: planning.build_cluster(node_dicts, pod_dicts))
+    plan_s, plan = best_of(repeat, lambda: planning.plan_job(job, cluster))
+    result = f"{len(plan.nodes)} nodes, cost {plan.cost.seconds:.3f} s vs naive {plan.naive_cost.seconds:.3f} s"
+    return (
+        f"{size:>8} {load * 1e3:>8.0f}ms {build * 1e3:>6.0f}ms {plan_s * 1e3:>7.1f}ms {plan_s / load:>9.3f} "
+        f"{plan_s / size * 1e6:>7.2f}us  {result}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="1000,10000,100000")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    job = validate_document(yaml.safe_load(JOB)).resolved
+    assert job is not None
+    print(f"{'nodes':>8} {'load YAML':>10} {'build':>8} {'plan':>9} {'plan/load':>9} {'per node':>9}  result")
+    for size in (int(s) for s in args.sizes.split(",")):
+        print(measure(size, job, args.repeat), flush=True)
+
+
+if __name__ == "__main__":
+    main()
