@@ -1,0 +1,64 @@
+"""Tokens/s and MFU of the 3D trainer on one GPU, for a GPT of about 1B parameters in bf16.
+
+    .venv/bin/python bench/gpu_mfu.py [--steps 30] [--micro-batch 8] [--peak-tflops T]
+
+Model: 16 layers, hidden 2048, 16 heads, FFN 8192, sequence 2048, vocabulary 50304 (1.03B parameters with the
+untied LM head), bf16, AdamW, no activation recomputation; PP1 x TP1 x DP1 (one rank), synthetic tokens.
+MFU is the trainer's own estimate (Narayanan et al.: 72 * B * s * l * h^2 * (1 + s/6h + V/16lh) FLOPs per
+step) over the bf16 dense peak of the GPU, read from its name (A100 312, H100/H200 989 TFLOP/s) or given
+with --peak-tflops. Prints the medians after 10 warm-up steps. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import trainer_launch
+
+MODEL = {
+    "layers": 16,
+    "hiddenSize": 2048,
+    "attentionHeads": 16,
+    "ffnHiddenSize": 8192,
+    "sequenceLength": 2048,
+    "vocabSize": 50304,
+    "precision": "bf16",
+    "activationCheckpointInterval": 0,
+}
+WARMUP = 10
+
+
+def parameters() -> int:
+    h, f, layers, v, s = (MODEL[k] for k in ("hiddenSize", "ffnHiddenSize", "layers", "vocabSize", "sequenceLength"))
+    return layers * (4 * h * h + 2 * h * f + 9 * h + f) + (2 * v + s) * h + 2 * h
+
+
+def main() -> None:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--peak-tflops", type=float, default=None)
+    arguments = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_mfu.py needs a CUDA GPU")
+    micro = arguments.micro_batch
+    document = trainer_launch.job_document(
+        1, 1, 1, MODEL, steps=arguments.steps, batch=micro, micro=micro, data={"source": "synthetic"}
+    )
+    env = {"PARALLELJOB_PEAK_TFLOPS": str(arguments.peak_tflops)} if arguments.peak_tflops else {}
+    records = trainer_launch.run_trainer(document, env)
+    print(json.dumps({
+        "gpu": torch.cuda.get_device_name(),
+        "parameters": parameters(),
+        "micro_batch": micro,
+        "tokens_per_s": round(trainer_launch.median_after_warmup(records, "tokens_per_s", WARMUP), 1),
+        "step_time_s": round(trainer_launch.median_after_warmup(records, "step_time_s", WARMUP), 4),
+        "mfu": trainer_launch.median_after_warmup(records, "mfu", WARMUP),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""CPU step-time ratio: the 3D trainer against the same GPT as a plain DeepSpeed PipelineModule without TP.
+
+    .venv/bin/python bench/trainer_overhead.py [--steps 30]
+
+Same model (quickstart size: 4 layers, hidden 128, 4 heads, sequence 128, vocabulary 256, fp32, AdamW,
+clipping 1.0), global batch 16, micro-batch 4, at PP2 x DP2. Three runs:
+  plain    a PipelineModule of plain torch layers (no tensor parallelism), PP2 x DP2, 4 ranks;
+  trainer  the 3D trainer at TP1, PP2 x DP2, 4 ranks: what our layers, data and metrics cost;
+  trainer  the 3D trainer at TP2, PP2 x TP2 x DP2, 8 ranks: what the issue compares. On a 2-core machine its
+           8 ranks share the cores that the plain run's 4 ranks share, so this ratio measures CPU
+           oversubscription as much as TP; on GPUs each rank has its own device.
+Prints the median step time after 5 warm-up steps of each, and the ratios to plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import trainer_launch
+
+MODEL = {"layers": 4, "hiddenSize": 128, "attentionHeads": 4, "sequenceLength": 128, "vocabSize": 256}
+BATCH, MICRO, WARMUP = 16, 4, 5
+
+
+def plain_worker(steps: int) -> None:
+    """Runs under torchrun: the baseline PipelineModule, timing train_batch on every step."""
+    import deepspeed
+    import numpy as np
+    import torch
+    from deepspeed.pipe import LayerSpec, PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+    from torch import nn
+    from torch.nn import functional
+
+    h, s, v, heads = MODEL["hiddenSize"], MODEL["sequenceLength"], MODEL["vocabSize"], MODEL["attentionHeads"]
+
+    class Embed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokens, self.positions = nn.Embedding(v, h), nn.Embedding(s, h)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.tokens(tokens) + self.positions(torch.arange(tokens.shape[1]))
+
+    class PlainBlock(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+            self.qkv, self.out = nn.Linear(h, 3 * h), nn.Linear(h, h)
+            self.up, self.down = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, _ = x.shape
+            q, k, w = self.qkv(self.ln1(x)).view(b, t, 3, heads, h // heads).permute(2, 0, 3, 1, 4)
+            context = functional.scaled_dot_product_attention(q, k, w, is_causal=True)
+            x = x + self.out(context.transpose(1, 2).reshape(b, t, h))
+            return x + self.down(functional.gelu(self.up(self.ln2(x))))
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln, self.lm = nn.LayerNorm(h), nn.Linear(h, v, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lm(self.ln(x))
+
+    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return functional.cross_entropy(logits.reshape(-1, v), labels.reshape(-1))
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    layers = [LayerSpec(Embed), *[LayerSpec(PlainBlock) for _ in range(MODEL["layers"])], LayerSpec(Head)]
+    module = PipelineModule(
+        layers,
+        topology=PipeDataParallelTopology(num_pp=2, num_dp=2),
+        loss_fn=loss_fn,
+        partition_method="type:PlainBlock",
+    )
+    optimizer = torch.optim.AdamW(module.parameters(), lr=3e-4, weight_decay=0.1)
+    config = {
+        "train_batch_size": BATCH,
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": BATCH // (MICRO * 2),
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10**9,
+    }
+    engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+    rng = np.random.default_rng(0)
+    times = []
+    for _ in range(steps):
+        tokens = torch.from_numpy(rng.integers(0, v, size=(BATCH // 2, s + 1)))
+        micro = iter([(tokens[i : i + MICRO, :-1], tokens[i : i + MICRO, 1:]) for i in range(0, BATCH // 2, MICRO)])
+        started = time.perf_counter()
+        engine.train_batch(data_iter=micro)
+        times.append(time.perf_counter() - started)
+    if int(os.environ["RANK"]) == 0:
+        print("PLAIN " + json.dumps({"step_time_s": statistics.median(times[WARMUP:])}), flush=True)
+
+
+def plain_step_time(steps: int) -> float:
+    output = trainer_launch.torchrun(4, [__file__, "--plain-worker", "--steps", str(steps)])
+    line = next(line for line in output.splitlines() if line.startswith("PLAIN "))
+    return float(json.loads(line[len("PLAIN ") :])["step_time_s"])
+
+
+def trainer_step_time(tp: int, steps: int) -> float:
+    model = {**MODEL, "precision": "fp32"}
+    document = trainer_launch.job_document(
+        2, tp, 2, model, steps=steps, batch=BATCH, micro=MICRO, data={"source": "synthetic"}
+    )
+    return trainer_launch.median_after_warmup(trainer_launch.run_trainer(document), "step_time_s", WARMUP)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.plain_worker:
+        plain_worker(arguments.steps)
+        return
+    plain = plain_step_time(arguments.steps)
+    tp1 = trainer_step_time(1, arguments.steps)
+    tp2 = trainer_step_time(2, arguments.steps)
+    print(json.dumps({
+        "plain_pp2_dp2_step_s": round(plain, 4),
+        "trainer_pp2_tp1_dp2_step_s": round(tp1, 4),
+        "trainer_pp2_tp2_dp2_step_s": round(tp2, 4),
+        "ratio_tp1_to_plain": round(tp1 / plain, 3),
+        "ratio_tp2_to_plain": round(tp2 / plain, 3),
+        "cpus": os.cpu_count(),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
