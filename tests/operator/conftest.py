@@ -24,7 +24,15 @@ import yaml
 
 from tests.operator.emulator import EmulatorThread
 
-OPERATOR_AGENT = "kopf"  # kopf's and the kubernetes client's requests both come from the operator process
+OPERATOR_AGENTS = ("kopf", "paralleljob-operator")  # kopf's own requests, and paralleljob.k8s's
+
+
+def operator_calls(emulator: EmulatorThread) -> list[tuple[str, str, str, str]]:
+    """(verb, group, resource, namespace) of every resource request the operator process made."""
+    assert emulator.emulator is not None
+    return [call[:4] for call in emulator.emulator.calls if call[4].startswith(OPERATOR_AGENTS) and call[2]]
+
+
 RECORD = Path(__file__).resolve().parents[2] / ".pytest_cache" / "paralleljob" / "operator-api-calls.json"
 _recorded: collections.Counter[tuple[str, str, str]] = collections.Counter()
 
@@ -123,7 +131,7 @@ class Cluster:
         return [client.sanitize_for_serialization(e) for e in self.core.list_namespaced_event(namespace).items]
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -176,7 +184,7 @@ class Operator:
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(10)
+                self.process.wait(3)
             except subprocess.TimeoutExpired:
                 self.kill()
 
@@ -186,7 +194,7 @@ def emulator(tmp_path: Path) -> Iterator[EmulatorThread]:
     thread = EmulatorThread(tmp_path).start()
     yield thread
     assert thread.emulator is not None
-    _recorded.update((verb, group, resource) for verb, group, resource, _ in thread.emulator.calls)
+    _recorded.update((verb, group, resource) for verb, group, resource, _ in operator_calls(thread))
     thread.stop()
 
 

@@ -5,7 +5,7 @@ operator relies on (see /work/shared/reference/toolbox.md): server-filled metada
 creationTimestamp, generation), the namespace from the URL, AlreadyExists/NotFound with standard reasons,
 JSON merge patch (null deletes), status-subresource isolation, labelSelector on lists, List kinds,
 `GET /api/v1/namespaces`, and cascade deletion through ownerReferences (the garbage collector's job).
-It also records every request as (verb, group, resource, namespace) so tests can count API calls and the
+It also records every request as (verb, group, resource, namespace, user agent) so tests can count API calls and the
 chart's RBAC can be checked against what the operator really does.
 
 `EmulatorThread` runs it on a real TCP port in a background thread and writes a kubeconfig for it.
@@ -94,7 +94,7 @@ def status_response(code: int, reason: str, message: str) -> aiohttp.web.Respons
 class HardenedEmulator(kmock.KubernetesEmulator):
     """A KubernetesEmulator that behaves like an API server where our operator and kopf look."""
 
-    calls: list[tuple[str, str, str, str]] = attrs.field(factory=list)
+    calls: list[tuple[str, str, str, str, str]] = attrs.field(factory=list)
     _versions: Any = attrs.field(factory=lambda: itertools.count(1))
 
     def __attrs_post_init__(self) -> None:
@@ -131,7 +131,8 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         plural = request.resource.plural or ""
         if request.subresource:
             plural = f"{plural}/{request.subresource}"
-        self.calls.append((verb, request.resource.group or "", plural, request.namespace or ""))
+        agent = request.headers.get("User-Agent", "")
+        self.calls.append((verb, request.resource.group or "", plural, request.namespace or "", agent))
 
     # -- writes ----------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 EXCLUDED_NODES_ANNOTATION = "paralleljob.io/excluded-nodes"
 TERMINAL = frozenset({"Succeeded", "Failed"})
 ADMITTED, PLACED = "Admitted", "Placed"
+# Admissions run one at a time: each reads the placements the previous one wrote, so two jobs admitted a
+# moment apart never plan onto the same GPUs.
+ADMISSION = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +112,8 @@ def _step(p: Pass) -> str:
         _delete(p, stale)
         return "deleting-old-generation"
     if not p.status.get("placement"):
-        return _admit(p, result.resolved)
+        with ADMISSION:
+            return _admit(p, result.resolved)
     if conditions.is_true(p.status.get("conditions"), "Scheduled", ADMITTED):
         return _create(p, result.resolved, pods)
     return _watch(p, result.resolved, pods)
