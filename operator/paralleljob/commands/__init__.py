@@ -3,6 +3,6 @@
 A subcommand parses its arguments, calls the pure layers, prints, and returns an exit code.
 """
 
-from paralleljob.commands import cluster, crd, docs, operator, plan, validate
+from paralleljob.commands import cluster, crd, docs, operator, plan, run, validate
 
-SUBCOMMANDS = (validate, crd, docs, operator, plan, cluster)
+SUBCOMMANDS = (validate, plan, run, cluster, operator, crd, docs)

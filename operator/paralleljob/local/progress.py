@@ -139,9 +139,10 @@ class ProgressView:
 
     def _render(self, states: list[NodeState]) -> Group:
         by_rank = {state.node_rank: state for state in states}
-        table = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
-        for column in ("node rank", "node", "ranks", "stages", "state", "last output"):
-            table.add_column(column, overflow="ellipsis", no_wrap=True)
+        table = Table(box=None, show_header=True, header_style="bold", pad_edge=False, expand=True)
+        for column in ("node rank", "node", "ranks", "stages", "state"):
+            table.add_column(column, no_wrap=True, min_width=len(column))
+        table.add_column("last output", overflow="ellipsis", no_wrap=True, ratio=1)
         for node in self.nodes:
             state = by_rank.get(node.node_rank)
             table.add_row(

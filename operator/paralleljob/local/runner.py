@@ -8,13 +8,16 @@ a failed node stops every process, and the gang restarts from the latest checkpo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
+import signal
 import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,21 @@ def choose_shape(resolved: ResolvedJob, nodes: int | None, gpus_per_node: int | 
             f"--nodes {nodes} x {gpn} slots is {nodes * gpn} ranks but the job has {world}; use --nodes {world // gpn}."
         )
     return LocalShape(world // gpn, gpn)
+
+
+@contextlib.contextmanager
+def signals_stop_the_gang() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a closed terminal) stop the run like Ctrl-C does: every process, no orphans."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def free_port() -> int:
@@ -181,7 +199,8 @@ class LocalRun:
         backoff = self.resolved.spec.failure_policy.backoff_limit
         tail = progress.MetricsTail(self.output / "metrics.jsonl")
         restarts, started = 0, time.monotonic()
-        with progress.ProgressView(self.console, self.resolved.spec.training.steps, self.node_lines()) as view:
+        view = progress.ProgressView(self.console, self.resolved.spec.training.steps, self.node_lines())
+        with signals_stop_the_gang(), view:
             while True:
                 view.attempt = restarts + 1
                 gang = gangs.Gang(self.launches(free_port()), marker=uuid.uuid4().hex)

@@ -1,0 +1,94 @@
+"""`paralleljob run JOB.yaml`: validate, plan and train a ParallelJob on this machine as simulated nodes.
+
+Exit codes: 0 the job succeeded; 1 invalid, unschedulable, or training failed after its restarts; 2 bad usage;
+130 interrupted (every process is stopped first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from paralleljob import planning
+from paralleljob.api import documents
+from paralleljob.api.problems import errors_of
+from paralleljob.api.validation import ResolvedJob, validate_document
+from paralleljob.commands import plan as plan_command
+from paralleljob.commands import validate as validate_command
+from paralleljob.local import report, runner
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "run",
+        help="run a ParallelJob on this machine (one torchrun per simulated node)",
+        description="Validate and plan JOB with the operator's code, then run it here: N simulated nodes with G "
+        "slots each, one torchrun per node with the environment a pod gets. CPU/gloo unless CUDA is present. "
+        "A failed node stops the whole gang, which restarts from the latest checkpoint up to "
+        "spec.failurePolicy.backoffLimit.",
+    )
+    parser.add_argument("job", metavar="JOB.yaml", help="a file with one ParallelJob")
+    parser.add_argument("--nodes", type=int, help="simulated nodes (default: fits the job)")
+    parser.add_argument(
+        "--gpus-per-node", type=int, help="slots per node (default: spec.gpusPerNode, else one stage per node)"
+    )
+    parser.add_argument("--output", type=Path, help="output folder (default: runs/<job name>)")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the output folder's checkpoints instead of starting afresh"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(highlight=False, soft_wrap=True)
+    docs, problems = documents.load_path(args.job)
+    for problem in errors_of(problems):
+        print(f"{args.job}: {problem.render()}")
+    if problems:
+        return 1
+    if len(docs) != 1:
+        print(f"{args.job}: (yaml): holds {len(docs)} documents; paralleljob run takes one ParallelJob.")
+        return 1
+    valid, lines = validate_command.report(docs[0], args.job)
+    for line in lines:
+        print(line)
+    if not valid:
+        return 1
+    return run_valid(args, docs[0], console)
+
+
+def run_valid(args: argparse.Namespace, doc: documents.Document, console: Console) -> int:
+    resolved = validate_document(doc.body).resolved
+    assert resolved is not None
+    try:
+        shape = runner.choose_shape(resolved, args.nodes, args.gpus_per_node)
+    except runner.LocalShapeError as exc:
+        print(f"{args.job}: {exc}")
+        return 1
+    outcome = plan_locally(resolved, shape)
+    if isinstance(outcome, planning.Unschedulable):
+        print(f"{args.job}: {outcome.problem().render()}")
+        return 1
+    console.print(
+        f"[bold]{resolved.name}[/]: {shape.nodes} simulated nodes x {shape.gpus_per_node} slots on this machine"
+    )
+    console.file.write(plan_command.render_table(resolved.name, outcome))
+    output = (args.output or Path("runs") / resolved.name).resolve()
+    local = runner.LocalRun(resolved, shape, outcome.to_dict(), output, console)
+    local.prepare(Path(args.job).resolve(), resume=args.resume)
+    summary = local.execute()
+    report.print_summary(console, summary)
+    report.write_summary(summary, output / "summary.json")
+    return 0 if summary.succeeded else 1
+
+
+def plan_locally(resolved: ResolvedJob, shape: runner.LocalShape) -> planning.Plan | planning.Unschedulable:
+    """The operator's planner on N simulated nodes; their slot count is the pods' GPU count."""
+    spec = dataclasses.replace(resolved.spec, gpus_per_node=shape.gpus_per_node)
+    sized = dataclasses.replace(resolved, job=dataclasses.replace(resolved.job, spec=spec))
+    cluster = planning.build_cluster(planning.local_cluster_nodes(shape.nodes, shape.gpus_per_node))
+    return planning.plan_job(sized, cluster)

@@ -1,0 +1,194 @@
+"""`paralleljob run` end to end: real torchrun processes, real DeepSpeed, gang restarts, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from paralleljob.local.gang import RUN_MARKER
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+PARALLELJOB = [sys.executable, "-m", "paralleljob"]
+
+pytestmark = pytest.mark.slow
+
+
+def run_processes() -> list[int]:
+    """Pids of any process started by a local run (they all carry the run marker)."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"{RUN_MARKER}=".encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    assert run_processes() == [], "a previous test left processes behind"
+    yield
+    deadline = time.monotonic() + 10
+    while run_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert run_processes() == []
+
+
+def short_job(tmp_path: pathlib.Path, steps: int, interval: int) -> pathlib.Path:
+    """The quickstart with fewer steps, logging every step, reading a private copy of its corpus."""
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"]["training"].update(steps=steps, logInterval=1)
+    # A snapshot of the corpus, so that runs compared with each other read exactly the same bytes.
+    corpus = tmp_path / "corpus"
+    if not corpus.exists():
+        shutil.copytree(ROOT / "operator" / "paralleljob" / "api", corpus, ignore=shutil.ignore_patterns("__pycache__"))
+    doc["spec"]["training"]["data"]["path"] = str(corpus)
+    doc["spec"]["checkpoint"]["intervalSteps"] = interval
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def metrics(output: pathlib.Path) -> dict[int, float]:
+    losses = {}
+    for line in (output / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("event") == "step":
+            losses[record["step"]] = record["loss"]
+    return losses
+
+
+def test_the_quickstart_trains_and_its_loss_falls(tmp_path) -> None:
+    output = tmp_path / "out"
+    proc = subprocess.run(
+        [*PARALLELJOB, "run", str(QUICKSTART), "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["succeeded"] and summary["restarts"] == 0 and summary["steps_done"] == 60
+    assert summary["last_loss"] < summary["first_loss"] - 1.0
+    assert (output / "loss.png").stat().st_size > 0
+    assert {p.name for p in output.glob("node-*.log")} == {"node-0.log", "node-1.log"}
+    assert "local-0" in proc.stdout and "local-1" in proc.stdout  # the placement table
+    assert "loss" in proc.stdout and "restarts    0" in proc.stdout
+
+
+def test_a_killed_node_restarts_the_gang_from_its_checkpoint_and_ends_on_the_same_loss(tmp_path) -> None:
+    job = short_job(tmp_path, steps=12, interval=4)
+    clean = tmp_path / "clean"
+    done = subprocess.run(
+        [*PARALLELJOB, "run", str(job), "--output", str(clean)], capture_output=True, text=True, timeout=400
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [*PARALLELJOB, "run", str(job), "--output", str(killed)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if (killed / "metrics.jsonl").exists() and max(metrics(killed), default=0) >= 6:
+                break
+            time.sleep(0.2)
+        node_1 = int((killed / "node-1.pid").read_text())
+        os.kill(node_1, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["restarts"] == 1 and "restarts    1" in out
+    assert "gang restart 1/2" in out and "resuming from step 4" in out
+    clean_losses, killed_losses = metrics(clean), metrics(killed)
+    assert abs(clean_losses[12] - killed_losses[12]) <= 1e-5
+    assert all(abs(clean_losses[s] - killed_losses[s]) <= 1e-5 for s in range(5, 13))
+
+
+def test_a_bad_job_exits_non_zero_with_the_validation_message_and_starts_nothing(tmp_path) -> None:
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"]["model"]["attentionHeads"] = 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    output = tmp_path / "out"
+    proc = subprocess.run(
+        [*PARALLELJOB, "run", str(bad), "--output", str(output)], capture_output=True, text=True, timeout=60
+    )
+    validate = subprocess.run([*PARALLELJOB, "validate", str(bad)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert f"{bad}: spec.model.attentionHeads: 3 heads cannot be split evenly across tensor 2" in proc.stdout
+    assert validate.stdout.strip() in proc.stdout
+    assert not output.exists()
+
+
+def test_a_job_that_does_not_fit_the_simulated_nodes_is_refused_before_any_process_starts(tmp_path) -> None:
+    output = tmp_path / "out"
+    proc = subprocess.run(
+        [*PARALLELJOB, "run", str(QUICKSTART), "--gpus-per-node", "3", "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "--gpus-per-node 3 does not divide the job's 8 ranks" in proc.stdout
+    assert not output.exists()
+
+
+def test_a_node_that_keeps_failing_ends_the_run_after_backoff_limit_with_the_reason(tmp_path) -> None:
+    job = short_job(tmp_path, steps=4, interval=2)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["training"]["data"]["path"] = str(tmp_path / "missing-corpus")
+    doc["spec"]["failurePolicy"]["backoffLimit"] = 1
+    job.write_text(yaml.safe_dump(doc))
+    output = tmp_path / "out"
+    proc = subprocess.run(
+        [*PARALLELJOB, "run", str(job), "--output", str(output)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 1
+    summary = json.loads((output / "summary.json").read_text())
+    assert not summary["succeeded"] and summary["restarts"] == 1
+    assert "gave up after 1 restarts" in proc.stdout
+    assert "missing-corpus" in (output / "node-0.log").read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupting_the_run_stops_every_process_cleanly(tmp_path, sig) -> None:
+    job = short_job(tmp_path, steps=200, interval=100)
+    output = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*PARALLELJOB, "run", str(job), "--output", str(output)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (output / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        assert run_processes(), "the run should have started its node processes"
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out[-2000:]
+    assert "Traceback" not in out
+    assert run_processes() == []
