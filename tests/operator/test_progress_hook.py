@@ -1,0 +1,94 @@
+"""Rank 0's progress hook against the emulated API over HTTP: progress reaches status, rate-limited,
+and API failures never reach training."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paralleljob_trainer import hooks, k8s_status
+from tests.operator.conftest import job_doc
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def reporter(cluster, emulator, tmp_path):
+    cluster.apply(job_doc())
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    return k8s_status.StatusReporter(
+        emulator.url, "research", "gpt", token_path=token, ca_path=None, interval=10, total_steps=100, clock=FakeClock()
+    )
+
+
+def step(n, loss=2.5):
+    return {"event": "step", "step": n, "loss": loss, "tokens_per_s": 1000.0 * n}
+
+
+def test_progress_and_checkpoints_reach_the_status(cluster, reporter):
+    reporter.on_step(step(10, 3.0))
+    progress = cluster.status()["progress"]
+    assert (progress["step"], progress["totalSteps"], progress["loss"], progress["tokensPerSecond"]) == (
+        10,
+        100,
+        3.0,
+        10000.0,
+    )
+    reporter.on_checkpoint({"event": "checkpoint", "step": 10, "path": "/checkpoints/10"})
+    assert cluster.status()["lastCheckpointStep"] == 10
+
+
+def test_steps_are_rate_limited_and_the_last_one_is_flushed(cluster, reporter, emulator):
+    for n in range(1, 6):
+        reporter.on_step(step(n))
+    assert reporter.patches == 1
+    assert cluster.status()["progress"]["step"] == 1
+    reporter.clock.now = 11
+    reporter.on_step(step(6))
+    assert cluster.status()["progress"]["step"] == 6
+    reporter.on_step(step(7))
+    reporter.on_finish({"event": "summary"})
+    assert cluster.status()["progress"]["step"] == 7
+    assert reporter.patches == 3
+    assert all(c[2] == "paralleljobs/status" for c in emulator.emulator.calls if c[0] == "patch")
+
+
+def test_the_hook_only_touches_status(cluster, reporter):
+    reporter._send({"progress": {"step": 1}})
+    assert cluster.job()["spec"]["parallelism"]["pipeline"] == 4
+
+
+def test_api_errors_never_reach_training(tmp_path, capsys):
+    dead = k8s_status.StatusReporter("http://127.0.0.1:9", "ns", "gone", token_path=None, ca_path=None, interval=0)
+    dead.on_step(step(1))
+    dead.on_checkpoint({"step": 1})
+    dead.on_finish({})
+    assert dead.patches == 0
+    assert capsys.readouterr().err.count("status report failed") == 1
+
+
+def test_missing_job_is_reported_not_raised(emulator, capsys):
+    reporter = k8s_status.StatusReporter(emulator.url, "ns", "absent", token_path=None, ca_path=None)
+    reporter.on_step(step(1))
+    assert "404" in capsys.readouterr().err
+
+
+def test_the_trainer_loads_it_from_the_pod_environment(monkeypatch, tmp_path):
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps({"spec": {"training": {"steps": 77}}}))
+    monkeypatch.setenv("PARALLELJOB_NAMESPACE", "research")
+    monkeypatch.setenv("PARALLELJOB_JOB_NAME", "gpt")
+    monkeypatch.setenv("PARALLELJOB_CONFIG", str(config))
+    monkeypatch.setenv("PARALLELJOB_STATUS_API", "http://127.0.0.1:1")
+    hook = hooks.load_hook("paralleljob_trainer.k8s_status:create_hook")
+    assert isinstance(hook, k8s_status.StatusReporter)
+    assert hook.total_steps == 77
+    assert hook.url == "http://127.0.0.1:1/apis/paralleljob.io/v1alpha1/namespaces/research/paralleljobs/gpt/status"

@@ -1,0 +1,145 @@
+"""The in-pod progress hook: rank 0 writes training progress into its ParallelJob's status.
+
+Loaded by the trainer from `PARALLELJOB_PROGRESS_HOOK=paralleljob_trainer.k8s_status:create_hook`, which
+the operator sets on rank 0's pod. It PATCHes `status.progress` and `status.lastCheckpointStep` of the
+job through the `status` subresource (JSON merge patch), authenticated as the pod's ServiceAccount (the
+operator's per-job `<job>-progress` account may only get/patch this one job's status).
+
+Standard library only (urllib): the trainer image does not ship the kubernetes client. Step reports are
+rate-limited (at most one PATCH per `PARALLELJOB_STATUS_INTERVAL` seconds, default 10; the latest record
+wins and the final one is flushed at the end); checkpoints are reported at once. No API error ever reaches
+training: failures are reported on stderr (once per kind) and the next report tries again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+GROUP, VERSION, PLURAL = "paralleljob.io", "v1alpha1", "paralleljobs"
+DEFAULT_INTERVAL_SECONDS = 10.0
+REQUEST_TIMEOUT_SECONDS = 5.0
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class StatusReporter:
+    """A ProgressHook that patches the job's status subresource, rate-limited and never raising."""
+
+    def __init__(
+        self,
+        api_url: str,
+        namespace: str,
+        name: str,
+        *,
+        token_path: Path | None = SERVICE_ACCOUNT / "token",
+        ca_path: Path | None = SERVICE_ACCOUNT / "ca.crt",
+        interval: float = DEFAULT_INTERVAL_SECONDS,
+        total_steps: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = f"{api_url.rstrip('/')}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+        self.token_path, self.interval, self.total_steps, self.clock = token_path, interval, total_steps, clock
+        self.context = ssl.create_default_context(cafile=str(ca_path)) if ca_path and ca_path.exists() else None
+        self.last_sent: float | None = None
+        self.pending: dict[str, Any] | None = None
+        self.reported_errors: set[str] = set()
+        self.patches = 0
+
+    # -- the ProgressHook protocol -----------------------------------------------------------------------
+
+    def on_step(self, record: Mapping[str, Any]) -> None:
+        self.pending = self.progress_of(record)
+        now = self.clock()
+        if self.last_sent is None or now - self.last_sent >= self.interval:
+            self.flush()
+
+    def on_checkpoint(self, record: Mapping[str, Any]) -> None:
+        patch: dict[str, Any] = {"lastCheckpointStep": int(record["step"])}
+        if self.pending is not None:
+            patch["progress"] = self.pending
+            self.pending = None
+        self._send(patch)
+
+    def on_finish(self, record: Mapping[str, Any]) -> None:
+        self.flush()
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def progress_of(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """status.progress from a metrics.jsonl step record."""
+        progress: dict[str, Any] = {"step": int(record.get("step", 0)), "updated": _now()}
+        if self.total_steps is not None:
+            progress["totalSteps"] = self.total_steps
+        if record.get("loss") is not None:
+            progress["loss"] = float(record["loss"])
+        if record.get("tokens_per_s") is not None:
+            progress["tokensPerSecond"] = float(record["tokens_per_s"])
+        return progress
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            progress, self.pending = self.pending, None
+            self._send({"progress": progress})
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/merge-patch+json", "Accept": "application/json"}
+        if self.token_path is not None and self.token_path.exists():
+            # Re-read every time: projected ServiceAccount tokens are rotated by the kubelet.
+            headers["Authorization"] = f"Bearer {self.token_path.read_text().strip()}"
+        return headers
+
+    def _send(self, status: Mapping[str, Any]) -> bool:
+        self.last_sent = self.clock()
+        body = json.dumps({"status": dict(status)}).encode()
+        request = urllib.request.Request(self.url, data=body, method="PATCH", headers=self._headers())
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS, context=self.context):
+                self.patches += 1
+                return True
+        except urllib.error.HTTPError as error:
+            self._report(f"HTTP {error.code}", f"{error.code} {error.reason}")
+        except (urllib.error.URLError, OSError, ValueError) as error:
+            self._report(type(error).__name__, str(error))
+        return False
+
+    def _report(self, kind: str, detail: str) -> None:
+        if kind not in self.reported_errors:
+            self.reported_errors.add(kind)
+            print(f"paralleljob-trainer: status report failed ({detail}); training goes on", file=sys.stderr)
+
+
+def _total_steps(config_path: str | None) -> int | None:
+    try:
+        return int(json.loads(Path(config_path or "").read_text())["spec"]["training"]["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def create_hook() -> StatusReporter:
+    """The factory named in PARALLELJOB_PROGRESS_HOOK; configured from the pod's environment.
+
+    PARALLELJOB_STATUS_API overrides the API URL (default: https://$KUBERNETES_SERVICE_HOST:$..._PORT).
+    """
+    env = os.environ
+    host, port = env.get("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc"), env.get("KUBERNETES_SERVICE_PORT", "443")
+    host = f"[{host}]" if ":" in host else host
+    return StatusReporter(
+        env.get("PARALLELJOB_STATUS_API") or f"https://{host}:{port}",
+        env["PARALLELJOB_NAMESPACE"],
+        env["PARALLELJOB_JOB_NAME"],
+        interval=float(env.get("PARALLELJOB_STATUS_INTERVAL", DEFAULT_INTERVAL_SECONDS)),
+        total_steps=_total_steps(env.get("PARALLELJOB_CONFIG")),
+    )
