@@ -114,6 +114,26 @@ def test_every_chart_setting_in_the_schema_has_a_default_in_values_yaml() -> Non
     assert keys(SCHEMA, VALUES) - value_keys(VALUES, SCHEMA) == set()
 
 
+def test_docs_install_md_lists_every_value() -> None:
+    """The values table of docs/install.md names every value (a block like `operator.livenessProbe.*` at once)."""
+    docs = (CHART.parents[1] / "docs" / "install.md").read_text()
+
+    def leaves(values: dict[str, Any], prefix: str = "") -> list[str]:
+        """Settings: scalars, lists, maps of the user's own keys, and the Kubernetes objects passed through."""
+        out = []
+        for key, value in values.items():
+            path = prefix + key
+            nested = isinstance(value, dict) and value and key not in PASS_THROUGH
+            out += leaves(value, path + ".") if nested else [path]
+        return out
+
+    def listed(path: str) -> bool:
+        parents = [path.rsplit(".", i)[0] for i in range(1, path.count(".") + 1)]
+        return f"`{path}`" in docs or any(f"`{parent}.*`" in docs for parent in parents)
+
+    assert [p for p in leaves(VALUES) if not listed(p)] == []
+
+
 @pytest.mark.parametrize(
     "values",
     [
