@@ -75,7 +75,7 @@ def test_bad_job_stops_every_rank_with_one_line(tmp_path: Path, case: str) -> No
 
 @pytest.mark.slow
 def test_corrupted_checkpoint_stops_every_rank_with_one_line(tmp_path: Path) -> None:
-    layout = harness.Layout(2, 2, 1)
+    layout = harness.Layout(2, 1, 1)
     checkpoints = tmp_path / "ckpt"
     first = harness.job_document(layout, optimizer=SGD, steps=2, checkpoint_interval=2)
     assert _run_ranks(tmp_path / "first", first, checkpoints).returncodes == [0] * layout.world
