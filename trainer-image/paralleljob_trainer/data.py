@@ -39,8 +39,8 @@ class TokenStream:
             starts = generator.integers(0, len(self.tokens) - window + 1, size=batch_size)[rows]
             sample = np.stack([np.asarray(self.tokens[s : s + window], dtype=np.int64) for s in starts])
             self._check_vocab(sample)
-        sample = torch.from_numpy(np.ascontiguousarray(sample, dtype=np.int64))
-        return sample[:, :-1], sample[:, 1:]
+        windows = torch.from_numpy(np.ascontiguousarray(sample, dtype=np.int64))
+        return windows[:, :-1], windows[:, 1:]
 
     def _check_vocab(self, sample: np.ndarray) -> None:
         largest = int(sample.max())

@@ -72,13 +72,13 @@ def reduce_from_tensor_parallel(tensor: torch.Tensor, tp: TensorParallel) -> tor
     return _ReduceFromTensorParallel.apply(tensor, tp)
 
 
-def mark_sharded(parameter: nn.Parameter) -> nn.Parameter:
+def mark_sharded(parameter: torch.Tensor) -> torch.Tensor:
     """Count this shard in the gradient norm on every tensor-parallel rank (see `mark_replicated`)."""
     parameter.model_parallel = True  # type: ignore[attr-defined]
     return parameter
 
 
-def mark_replicated(parameter: nn.Parameter, tp: TensorParallel) -> nn.Parameter:
+def mark_replicated(parameter: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     """Count a parameter that every tensor-parallel rank holds whole exactly once in the gradient norm.
 
     DeepSpeed's `clip_grad_norm_` counts a gradient when the rank is rank 0 of the whole model-parallel slice
