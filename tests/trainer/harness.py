@@ -2,8 +2,8 @@
 
 Job files follow docs/architecture.md: spec, the resolved DeepSpeed config and the plan, with the plan's
 coordinates computed here from the row-major rule (rank = pipe * dp * tp + data * tp + model), independently
-of the trainer. Every torchrun runs in its own session; `Gang.stop` kills whole process groups, so no rank
-outlives a test, whatever happens.
+of the trainer. torchrun starts each rank in a session of its own, so `Gang.stop` kills the launched processes
+with all their descendants, and `Gang.wait` then fails the test if any rank of its job is still alive.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 TORCH_EXTENSIONS_CACHE = Path.home() / ".cache" / "paralleljob" / "torch_extensions"
@@ -175,6 +176,7 @@ class Gang:
     def __init__(self) -> None:
         self.processes: list[subprocess.Popen[str]] = []
         self.log_paths: list[Path] = []
+        self.jobs: list[str] = []
 
     def start(
         self,
@@ -188,6 +190,7 @@ class Gang:
     ) -> None:
         port = free_port()
         output.mkdir(parents=True, exist_ok=True)
+        self.jobs.append(str(job))
         env = trainer_env(job, output, checkpoint_dir, extra_env or {})
         for node_rank in range(nnodes):
             command = [
@@ -209,6 +212,7 @@ class Gang:
         """Start every rank directly, with the environment torchrun would give it, to watch each one exit."""
         port = free_port()
         output.mkdir(parents=True, exist_ok=True)
+        self.jobs.append(str(job))
         for rank in range(world):
             env = trainer_env(job, output, checkpoint_dir, {})
             env.update(
@@ -235,23 +239,45 @@ class Gang:
             self.log_paths.append(log_path)
 
     def wait(self, timeout: float) -> Result:
+        """Wait for every process, then make sure none of this gang's ranks outlived it."""
         deadline = time.monotonic() + timeout
         try:
             codes = [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in self.processes]
         finally:
             self.stop()
+        leaked = self.leftover_ranks()
+        self._kill(leaked)
+        assert not leaked, f"ranks outlived their gang: {[p.pid for p in leaked]}"
         return Result(returncodes=codes, logs=[path.read_text() for path in self.log_paths])
 
     def stop(self) -> None:
+        """Kill the launched processes and all their descendants (torchrun starts ranks in new sessions)."""
+        family: list[psutil.Process] = []
         for process in self.processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
-        # Ranks whose torchrun died first may still be around in the same process group.
+            with contextlib.suppress(psutil.NoSuchProcess):
+                parent = psutil.Process(process.pid)
+                family += [parent, *parent.children(recursive=True)]
+        self._kill(family)
         for process in self.processes:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+    def leftover_ranks(self) -> list[psutil.Process]:
+        """Trainer processes still running with one of this gang's job files (orphans of a dead launcher)."""
+        jobs = set(self.jobs)
+        found = []
+        for process in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                ours = "paralleljob_trainer" in (process.info["cmdline"] or [])
+                if ours and process.environ().get("PARALLELJOB_CONFIG") in jobs:
+                    found.append(process)
+        return found
+
+    @staticmethod
+    def _kill(processes: list[psutil.Process]) -> None:
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(processes, timeout=30)
 
 
 def records(output: Path, event: str) -> list[dict[str, Any]]:
