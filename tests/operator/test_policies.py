@@ -1,0 +1,105 @@
+"""The pure policies behind the reconciler, as tables: the gang verdict, GPU reservations, conditions."""
+
+from __future__ import annotations
+
+import pytest
+
+from paralleljob.handlers import conditions, gang, reservations
+
+
+def pod(rank, phase="Running", node=None, **extra):
+    meta = {
+        "name": f"gpt-{rank}",
+        "namespace": "ns",
+        "labels": {"paralleljob.io/node-rank": str(rank), "paralleljob.io/node": f"n{rank}"},
+    }
+    meta.update(extra.pop("metadata", {}))
+    return {"metadata": meta, "spec": {"nodeName": node} if node else {}, "status": {"phase": phase, **extra}}
+
+
+@pytest.mark.parametrize(
+    ("pods", "not_ready", "verdict", "blamed"),
+    [
+        ([pod(0), pod(1)], (), "running", None),
+        ([pod(0, "Pending"), pod(1)], (), "starting", None),
+        ([pod(0, "Succeeded"), pod(1)], (), "succeeded", None),
+        ([pod(0, "Succeeded"), pod(1, "Failed")], (), "succeeded", None),
+        ([pod(0), pod(1, "Failed", reason="Error")], (), "broken", "gpt-1"),
+        ([pod(0), pod(1, "Failed", reason="Evicted")], (), "broken", "gpt-1"),
+        ([pod(0), pod(1, metadata={"deletionTimestamp": "now"})], (), "broken", "gpt-1"),
+        ([pod(0)], (), "broken", None),
+        ([pod(0), pod(1, node="bad")], ("bad",), "broken", "gpt-1"),
+        ([pod(0), pod(1)], ("n1",), "broken", "gpt-1"),
+    ],
+    ids=[
+        "all-running",
+        "one-pending",
+        "rank0-done",
+        "rank0-done-other-failed",
+        "failed",
+        "evicted",
+        "being-deleted",
+        "deleted",
+        "node-not-ready",
+        "planned-node-not-ready",
+    ],
+)
+def test_gang_verdict(pods, not_ready, verdict, blamed):
+    state = gang.judge(pods, 2, not_ready)
+    assert (state.verdict, state.pod) == (verdict, blamed)
+
+
+def test_evicted_pods_are_named_as_such():
+    assert "evicted" in gang.judge([pod(0), pod(1, "Failed", reason="Evicted")], 2).reason
+
+
+def job(name, phase, placement, gpus=4):
+    return {
+        "metadata": {"name": name, "namespace": "ns"},
+        "status": {"phase": phase, "gpusPerNode": gpus, "placement": placement},
+    }
+
+
+PLACED = [{"node": "n0", "pod": "a-0"}, {"node": "n1", "pod": "a-1"}]
+
+
+@pytest.mark.parametrize(
+    ("jobs", "pods", "reserved"),
+    [
+        ([job("a", "Pending", PLACED)], [], [("n0", 4), ("n1", 4)]),
+        ([job("a", "Running", PLACED)], [pod(0, node="n0", metadata={"name": "a-0"})], [("n0", 4), ("n1", 4)]),
+        ([job("a", "Succeeded", PLACED)], [], []),
+        ([job("a", "Pending", None)], [], []),
+        ([job("me", "Pending", PLACED)], [], []),
+    ],
+    ids=["unbound", "pod-without-gpus-still-reserved", "finished", "not-placed", "self-excluded"],
+)
+def test_reservations_cover_placed_ranks_not_yet_bound(jobs, pods, reserved):
+    found = reservations.job_reservations(jobs, pods, exclude=("ns", "me"))
+    assert [(r.node, r.gpus) for r in found] == reserved
+
+
+def test_bound_pods_with_gpus_are_not_reserved_twice():
+    bound = {
+        "metadata": {"name": "a-0", "namespace": "ns"},
+        "spec": {"nodeName": "n0", "containers": [{"resources": {"requests": {"nvidia.com/gpu": "4"}}}]},
+        "status": {"phase": "Running"},
+    }
+    found = reservations.job_reservations([job("a", "Running", PLACED)], [bound])
+    assert [r.node for r in found] == ["n1"]
+
+
+def test_condition_transition_time_moves_only_with_status():
+    first = conditions.set_condition(None, "Ready", "False", "A", "x", 1, at="t1")
+    same_status = conditions.set_condition(first, "Ready", "False", "B", "y", 2, at="t2")
+    flipped = conditions.set_condition(same_status, "Ready", "True", "C", "z", 2, at="t3")
+    assert [c["lastTransitionTime"] for c in (first[0], same_status[0], flipped[0])] == ["t1", "t1", "t3"]
+    assert same_status[0]["reason"] == "B" and same_status[0]["observedGeneration"] == 2
+
+
+def test_conditions_keep_api_order_and_compare_without_times():
+    conds = conditions.set_condition(None, "Scheduled", "True", "Placed", "", 1, at="t1")
+    conds = conditions.set_condition(conds, "Valid", "True", "Validated", "", 1, at="t1")
+    assert [c["type"] for c in conds] == ["Valid", "Scheduled"]
+    retimed = [{**c, "lastTransitionTime": "t9"} for c in conds]
+    assert conditions.same(conds, retimed)
