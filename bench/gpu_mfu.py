@@ -16,6 +16,8 @@ import json
 
 import trainer_launch
 
+from paralleljob_trainer import config
+
 MODEL = {
     "layers": 16,
     "hiddenSize": 2048,
@@ -27,11 +29,6 @@ MODEL = {
     "activationCheckpointInterval": 0,
 }
 WARMUP = 10
-
-
-def parameters() -> int:
-    h, f, layers, v, s = (MODEL[k] for k in ("hiddenSize", "ffnHiddenSize", "layers", "vocabSize", "sequenceLength"))
-    return layers * (4 * h * h + 2 * h * f + 9 * h + f) + (2 * v + s) * h + 2 * h
 
 
 def main() -> None:
@@ -50,9 +47,10 @@ def main() -> None:
     )
     env = {"PARALLELJOB_PEAK_TFLOPS": str(arguments.peak_tflops)} if arguments.peak_tflops else {}
     records = trainer_launch.run_trainer(document, env)
+    size = config.parameter_count(config.parse_job_config(document).model)
     print(json.dumps({
         "gpu": torch.cuda.get_device_name(),
-        "parameters": parameters(),
+        "parameters": size,
         "micro_batch": micro,
         "tokens_per_s": round(trainer_launch.median_after_warmup(records, "tokens_per_s", WARMUP), 1),
         "step_time_s": round(trainer_launch.median_after_warmup(records, "step_time_s", WARMUP), 4),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -312,7 +311,3 @@ def flops_per_step(model: ModelConfig, tokens: int) -> float:
     h, s, layers, v = model.hidden_size, model.sequence_length, model.layers, model.vocab_size
     factor = 96 if model.activation_checkpoint_interval > 0 else 72
     return factor * tokens * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
-
-
-def is_finite_positive(value: float) -> bool:
-    return math.isfinite(value) and value > 0
