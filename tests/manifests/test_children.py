@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from paralleljob.manifests import children, labels
+from paralleljob.manifests import children, configmap, labels
 from tests.manifests.conftest import make_node, make_plan, resolve
 
 OWNER = {"metadata": {"name": "gpt", "namespace": "research", "uid": "u-1"}}
@@ -125,7 +125,8 @@ def test_config_map_holds_job_file_deepspeed_plan_and_nccl_for_its_attempt():
     data = built.config_map["data"]
     assert json.loads(data["job.json"])["plan"]["ranksPerNode"] == 4
     assert json.loads(data["deepspeed.json"])["train_batch_size"] == 32
-    assert json.loads(data["plan.json"])["estimates"] == {"bubble": 0.1}
+    assert json.loads(data["plan.json"]) == {key: value for key, value in make_plan().items() if key != "nodes"}
+    assert configmap.plan_of(built.config_map)["nodes"] == make_plan()["nodes"]
     assert built.config_map["metadata"]["labels"][labels.ATTEMPT_LABEL] == "2"
     assert all(p["metadata"]["labels"][labels.ATTEMPT_LABEL] == "2" for p in built.pods)
 
@@ -147,3 +148,12 @@ def test_template_scheduling_fields_reach_the_pod():
         tolerations,
         "high",
     )
+
+
+def test_a_1024_node_config_map_fits_the_1_mib_limit():
+    plan = make_plan(nodes=1024)
+    for entry in plan["nodes"]:
+        entry["coords"] = [{"pipe": 15, "data": 255, "model": 3}] * 4
+        entry["domains"] = {"network.topology.nvidia.com/leaf": "leaf-123", "network.topology.nvidia.com/spine": "s-7"}
+    built = children.build_children(OWNER, resolve(), plan, [], image="x", attempt=0)
+    assert sum(len(value) for value in built.config_map["data"].values()) < 1024 * 1024

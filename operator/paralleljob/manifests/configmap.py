@@ -2,7 +2,9 @@
 plan with its estimates, and the NCCL environment (`kubectl describe configmap <job>-config` shows them).
 
 Pure. The ConfigMap carries the attempt (gang restart count) it was planned for, so a restarted operator
-finishes creating the pods of the plan it already made instead of planning again.
+finishes creating the pods of the plan it already made instead of planning again. JSON is compact and the
+per-node plan is stored once (in job.json; plan.json holds the rest): a ConfigMap holds at most 1 MiB, and
+a 1,024-node plan with its rank coordinates is a few hundred KB.
 """
 
 from __future__ import annotations
@@ -38,17 +40,21 @@ def build_config_map(
         "kind": "ConfigMap",
         "metadata": metadata,
         "data": {
-            JOB_FILE: json.dumps(trainer_config, indent=2, sort_keys=True),
+            JOB_FILE: _compact(trainer_config),
             "deepspeed.json": json.dumps(trainer_config["deepspeed"], indent=2, sort_keys=True),
-            "plan.json": json.dumps(plan, indent=2, sort_keys=True),
+            "plan.json": _compact({key: value for key, value in plan.items() if key != "nodes"}),
             "nccl.env": render_env_file(nccl_env),
         },
     }
 
 
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
 def plan_of(config_map: Mapping[str, Any]) -> dict[str, Any]:
-    """The plan a ConfigMap of ours was built from."""
-    return dict(json.loads(config_map["data"]["plan.json"]))
+    """The plan a ConfigMap of ours was built from (the trainer's part of it: layout, ranks, nodes)."""
+    return dict(json.loads(config_map["data"][JOB_FILE])["plan"])
 
 
 def attempt_of(config_map: Mapping[str, Any]) -> int:
