@@ -149,7 +149,7 @@ def trainer_env(job: Path, output: Path, checkpoint_dir: Path | None, extra: dic
         {
             "PARALLELJOB_CONFIG": str(job),
             "PARALLELJOB_OUTPUT_DIR": str(output),
-            "PARALLELJOB_PG_TIMEOUT_S": "60",
+            "PARALLELJOB_PG_TIMEOUT_SECONDS": "60",
             "OMP_NUM_THREADS": "1",
             "TORCH_EXTENSIONS_DIR": env.get("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS_CACHE)),
             "PYTHONPATH": os.pathsep.join([str(REPO / "trainer-image"), str(REPO), env.get("PYTHONPATH", "")]),

@@ -26,7 +26,7 @@ from paralleljob_trainer.model import build_pipeline
 from paralleljob_trainer.tensor_parallel import TensorParallel
 from paralleljob_trainer.topology import RankCoords, build_topology, check_plan_matches, coords_of
 
-DEFAULT_PG_TIMEOUT_S = 600
+DEFAULT_PG_TIMEOUT_SECONDS = 600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,9 @@ class _Progress:
 
 
 def process_group_timeout() -> datetime.timedelta:
-    return datetime.timedelta(seconds=float(os.environ.get("PARALLELJOB_PG_TIMEOUT_S", DEFAULT_PG_TIMEOUT_S)))
+    return datetime.timedelta(
+        seconds=float(os.environ.get("PARALLELJOB_PG_TIMEOUT_SECONDS", DEFAULT_PG_TIMEOUT_SECONDS))
+    )
 
 
 def init_distributed() -> None:

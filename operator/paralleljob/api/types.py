@@ -120,6 +120,18 @@ class Training:
     seed: int = api_field("Seed of the model's initial weights and of the data order.", default=1234, minimum=0)
     log_interval: int = api_field("Report loss, throughput and progress every this many steps.", default=10, minimum=1)
     data: TrainingData = api_field("The training data.", default_factory=TrainingData)
+    warmup_steps: int | None = api_field(
+        "Steps of linear learning-rate warmup before the cosine decay. Default: min(100, steps / 10). "
+        "A scheduler section in spec.deepspeed replaces this schedule.",
+        default=None,
+        minimum=0,
+    )
+    min_lr_ratio: float = api_field(
+        "Learning rate at the last step, as a fraction of the peak (the end of the cosine decay).",
+        default=0.1,
+        minimum=0,
+        maximum=1,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
