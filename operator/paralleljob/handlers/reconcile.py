@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob, validate_document
@@ -123,7 +123,7 @@ def _attempt_of(pod: Mapping[str, Any]) -> int:
     return int(pod["metadata"].get("labels", {}).get(labels.ATTEMPT_LABEL, -1))
 
 
-def _delete(p: Pass, pods: list[Mapping[str, Any]]) -> None:
+def _delete(p: Pass, pods: Sequence[Mapping[str, Any]]) -> None:
     for pod in pods:
         writes.delete_pod(p.session, p.namespace, pod["metadata"]["name"])
 
@@ -149,7 +149,7 @@ def _invalid(p: Pass, message: str) -> str:
     return "invalid"
 
 
-def _finished(p: Pass, pods: list[Mapping[str, Any]], phase: str | None = None) -> str:
+def _finished(p: Pass, pods: Sequence[Mapping[str, Any]], phase: str | None = None) -> str:
     """Delete the pods still holding GPUs; a finished job keeps its Succeeded pods for their logs."""
     keep = {"Succeeded"} if (phase or p.status.get("phase")) == "Succeeded" else set()
     running = [pod for pod in pods if (pod.get("status") or {}).get("phase") not in {"Failed", *keep}]
@@ -180,7 +180,7 @@ def _admit(p: Pass, resolved: ResolvedJob) -> str:
 
 
 def _children(
-    p: Pass, resolved: ResolvedJob, plan: Mapping[str, Any], nodes: list[Mapping[str, Any]]
+    p: Pass, resolved: ResolvedJob, plan: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]
 ) -> child_objects.Children:
     return child_objects.build_children(
         p.job,
@@ -242,7 +242,7 @@ def _admitted_status(
     }
 
 
-def _create(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]]) -> str:
+def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> str:
     found = reads.get_config_map(p.session, p.namespace, labels.config_map_name(p.name))
     if found is None or configmap.attempt_of(found) != p.attempt:
         # The plan of this attempt is lost (someone deleted the ConfigMap): plan again.
@@ -267,10 +267,10 @@ def _create(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]]) -> st
     return "created"
 
 
-def _watch(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]]) -> str:
+def _watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> str:
     expected = len(p.status.get("placement") or [])
     state = gang.judge(pods, expected, p.not_ready)
-    handlers: dict[str, Callable[[Pass, ResolvedJob, list[Mapping[str, Any]], gang.GangState], str]] = {
+    handlers: dict[str, Callable[[Pass, ResolvedJob, Sequence[Mapping[str, Any]], gang.GangState], str]] = {
         "succeeded": _succeeded,
         "broken": _broken,
         "running": _running,
@@ -279,7 +279,7 @@ def _watch(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]]) -> str
     return handlers[state.verdict](p, resolved, pods, state)
 
 
-def _succeeded(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]], state: gang.GangState) -> str:
+def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> str:
     message = f"training finished after {p.attempt} restarts"
     cond = p.condition("Ready", "False", "Finished", message)
     cond = p.condition("Succeeded", "True", "TrainingFinished", message, base=cond)
@@ -290,7 +290,7 @@ def _succeeded(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]], st
     return _finished(p, pods, "Succeeded")
 
 
-def _broken(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]], state: gang.GangState) -> str:
+def _broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> str:
     limit = resolved.spec.failure_policy.backoff_limit
     if p.attempt >= limit:
         message = f"{state.reason}; backoffLimit {limit} reached after {p.attempt} restarts"
@@ -304,7 +304,7 @@ def _broken(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]], state
     return _restart(p, pods, state, limit)
 
 
-def _restart(p: Pass, pods: list[Mapping[str, Any]], state: gang.GangState, limit: int) -> str:
+def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int) -> str:
     if state.node and state.node not in _excluded(p):
         joined = ",".join([*_excluded(p), state.node])
         writes.patch_job_annotations(p.session, p.namespace, p.name, {EXCLUDED_NODES_ANNOTATION: joined})
@@ -320,7 +320,7 @@ def _restart(p: Pass, pods: list[Mapping[str, Any]], state: gang.GangState, limi
     return "restarting"
 
 
-def _running(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]], state: gang.GangState) -> str:
+def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> str:
     message = f"all {state.ready} pods running"
     cond = p.condition("Ready", "True", "AllPodsRunning", message)
     patch: dict[str, Any] = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
@@ -331,6 +331,6 @@ def _running(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]], stat
     return "running"
 
 
-def _starting(p: Pass, resolved: ResolvedJob, pods: list[Mapping[str, Any]], state: gang.GangState) -> str:
+def _starting(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> str:
     write_status(p, {"podsReady": state.ready})
     return "starting"

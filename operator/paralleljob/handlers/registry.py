@@ -73,13 +73,13 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 @kopf.on.event(api_types.GROUP, api_types.VERSION, api_types.PLURAL)
-async def job_changed(event: kopf.RawEvent, namespace: str, name: str, **_: Any) -> None:
+async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
     if event["type"] != "DELETED" and RUNTIME.coalescer:
         RUNTIME.coalescer.request((namespace, name))
 
 
 @kopf.on.event("", "v1", "pods", labels={child_labels.JOB_LABEL: kopf.PRESENT})
-async def pod_changed(namespace: str, labels: kopf.Labels, **_: Any) -> None:
+async def pod_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
     if RUNTIME.coalescer:
         RUNTIME.coalescer.request((namespace, labels[child_labels.JOB_LABEL]))
 
