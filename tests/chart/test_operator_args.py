@@ -5,13 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from paralleljob import cli
 from tests.chart.conftest import NON_DEFAULT_VALUES, only, render
 
-WITHOUT_NCCL_DEFAULTS = {**NON_DEFAULT_VALUES,
-                         "jobDefaults": {**NON_DEFAULT_VALUES["jobDefaults"], "ncclEnv": {}}}
+WITHOUT_NCCL_DEFAULTS = {**NON_DEFAULT_VALUES, "jobDefaults": {**NON_DEFAULT_VALUES["jobDefaults"], "ncclEnv": {}}}
 
 
 def parse_rendered_args(values: dict[str, Any]) -> Any:
@@ -39,8 +36,6 @@ def test_non_default_arguments_parse_and_carry_the_values() -> None:
     assert args.trainer_image == "registry.example.com/ml/trainer:2026.11"
 
 
-@pytest.mark.xfail(strict=True, raises=SystemExit,
-                   reason="`paralleljob operator` has no --default-nccl-env flag yet (jobDefaults.ncclEnv)")
 def test_default_nccl_env_reaches_the_operator() -> None:
     args = parse_rendered_args(NON_DEFAULT_VALUES)
-    assert args.default_nccl_env == ["NCCL_DEBUG=INFO", "NCCL_IB_HCA==mlx5_0,mlx5_1"]
+    assert args.default_nccl_env == [("NCCL_DEBUG", "INFO"), ("NCCL_IB_HCA", "=mlx5_0,mlx5_1")]

@@ -157,3 +157,19 @@ def test_a_1024_node_config_map_fits_the_1_mib_limit():
         entry["domains"] = {"network.topology.nvidia.com/leaf": "leaf-123", "network.topology.nvidia.com/spine": "s-7"}
     built = children.build_children(OWNER, resolve(), plan, [], image="x", attempt=0)
     assert sum(len(value) for value in built.config_map["data"].values()) < 1024 * 1024
+
+
+def test_operator_default_nccl_env_reaches_pods_unless_the_job_sets_the_same_name():
+    built = children.build_children(
+        OWNER,
+        resolve(network={"ncclEnv": {"NCCL_DEBUG": "TRACE"}}),
+        make_plan(),
+        PLAIN_NODES,
+        image="trainer:1",
+        attempt=0,
+        default_nccl_env={"NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "=mlx5_0"},
+    )
+    env = env_of(built.pods[0])
+    assert env["NCCL_IB_HCA"] == "=mlx5_0"
+    assert env["NCCL_DEBUG"] == "TRACE"
+    assert built.nccl_env["NCCL_IB_HCA"] == "=mlx5_0"

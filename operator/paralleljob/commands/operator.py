@@ -43,11 +43,27 @@ def register(sub: Any) -> None:
         default="auto",
         help="fabric of jobs with spec.network.fabric: auto (auto: detect from the nodes)",
     )
+    parser.add_argument(
+        "--default-nccl-env",
+        action="append",
+        default=[],
+        type=nccl_pair,
+        metavar="NAME=VALUE",
+        help="NCCL variable for every job (repeatable); a job's spec.network.ncclEnv overrides it",
+    )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
     parser.add_argument(
         "--peering", default=None, metavar="NAME", help="kopf peering object for several replicas (default: standalone)"
     )
     parser.set_defaults(run=run)
+
+
+def nccl_pair(text: str) -> tuple[str, str]:
+    """NAME=VALUE, split at the first '=' (values may hold '=', as NCCL_IB_HCA==mlx5_0 does)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE, e.g. NCCL_DEBUG=INFO")
+    return name, value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,7 +72,12 @@ def run(args: argparse.Namespace) -> int:
     from paralleljob.handlers import reconcile, registry
 
     namespaces = tuple(args.namespaces) if args.namespaces else None
-    settings = reconcile.Settings(image=args.trainer_image, default_fabric=args.default_fabric, namespaces=namespaces)
+    settings = reconcile.Settings(
+        image=args.trainer_image,
+        default_fabric=args.default_fabric,
+        default_nccl_env=tuple(args.default_nccl_env),
+        namespaces=namespaces,
+    )
     registry.configure(settings, metrics_port=args.metrics_port, kubeconfig=args.kubeconfig)
     kopf.configure(
         debug=args.log_level == "debug",

@@ -47,6 +47,8 @@ class Settings:
 
     image: str = "ghcr.io/paralleljob/trainer:0.1.0"
     default_fabric: str = "auto"
+    # NCCL variables every job gets unless its spec.network.ncclEnv sets the same name.
+    default_nccl_env: tuple[tuple[str, str], ...] = ()
     namespaces: tuple[str, ...] | None = None  # None: all namespaces
 
 
@@ -190,6 +192,7 @@ def _children(
         image=p.settings.image,
         attempt=p.attempt,
         default_fabric=p.settings.default_fabric,
+        default_nccl_env=dict(p.settings.default_nccl_env),
     )
 
 

@@ -25,11 +25,16 @@ class Children:
     fabric: str
 
 
-def network_of(resolved: ResolvedJob, default_fabric: str = "auto") -> dict[str, Any]:
-    """spec.network as YAML, with `auto` replaced by the operator's default fabric when one is set."""
+def network_of(
+    resolved: ResolvedJob, default_fabric: str = "auto", default_nccl_env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """spec.network as YAML, with the operator's defaults beneath it: its fabric replaces `auto`, and its
+    NCCL variables apply unless the job's spec.network.ncclEnv sets the same name."""
     network = dict(resolved.resolved_spec().get("network") or {})
     if network.get("fabric", "auto") == "auto":
         network["fabric"] = default_fabric
+    if default_nccl_env:
+        network["ncclEnv"] = {**default_nccl_env, **(network.get("ncclEnv") or {})}
     return network
 
 
@@ -42,9 +47,10 @@ def build_children(
     image: str,
     attempt: int,
     default_fabric: str = "auto",
+    default_nccl_env: Mapping[str, str] | None = None,
 ) -> Children:
     """ConfigMap, Service, progress RBAC (unless the user names an account) and pods of one attempt."""
-    network = network_of(resolved, default_fabric)
+    network = network_of(resolved, default_fabric, default_nccl_env)
     facts = nccl.detect_facts(network, planned_nodes, resolved.spec.topology.nvlink_domain_label)
     nccl_env = nccl.build_nccl_env(network, facts.fabric, nvswitch=facts.nvswitch, mnnvl=facts.mnnvl)
     own_account = resolved.spec.template.service_account_name
