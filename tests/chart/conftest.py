@@ -47,7 +47,10 @@ def run_helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]
 def _render_cached(values_json: str, namespace: str) -> str:
     completed = subprocess.run(
         [tool("helm"), "template", RELEASE, str(CHART), "--namespace", namespace, "--values", "-"],
-        input=values_json, capture_output=True, text=True, timeout=60,
+        input=values_json,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     if completed.returncode != 0:
         raise RenderError(completed.stderr)
@@ -87,25 +90,42 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
     },
     "imagePullSecrets": [{"name": "registry-credentials"}],
     "serviceAccount": {"create": True, "name": "pj-operator", "annotations": {"iam.example.com/role": "pj"}},
-    "operator": {"logLevel": "debug", "logFormat": "plain", "healthPort": 8181,
-                 "livenessProbe": {"initialDelaySeconds": 3, "periodSeconds": 5, "timeoutSeconds": 2,
-                                   "failureThreshold": 2}},
+    "operator": {
+        "logLevel": "debug",
+        "logFormat": "plain",
+        "healthPort": 8181,
+        "livenessProbe": {"initialDelaySeconds": 3, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2},
+    },
     "jobDefaults": {
         "trainerImage": {"repository": "registry.example.com/ml/trainer", "tag": "2026.11"},
         "fabric": "infiniband",
         "ncclEnv": {"NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "=mlx5_0,mlx5_1"},
     },
-    "metrics": {"port": 9464, "service": {"enabled": True, "annotations": {"prometheus.io/scrape": "true"}},
-                "serviceMonitor": {"enabled": True, "interval": "15s", "scrapeTimeout": "5s",
-                                   "labels": {"release": "prometheus"}}},
+    "metrics": {
+        "port": 9464,
+        "service": {"enabled": True, "annotations": {"prometheus.io/scrape": "true"}},
+        "serviceMonitor": {
+            "enabled": True,
+            "interval": "15s",
+            "scrapeTimeout": "5s",
+            "labels": {"release": "prometheus"},
+        },
+    },
     "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": 1, "memory": "1Gi"}},
     "priorityClassName": "platform-critical",
     "podLabels": {"team": "ml-platform"},
     "podAnnotations": {"example.com/owner": "ml-platform"},
     "nodeSelector": {"kubernetes.io/os": "linux", "node-pool": "system"},
     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
-    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "DoesNotExist"}]}]}}},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "DoesNotExist"}]}
+                ]
+            }
+        }
+    },
 }
 
 

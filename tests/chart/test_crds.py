@@ -56,7 +56,9 @@ def test_the_crd_is_not_kept_when_keep_is_off() -> None:
 
 
 def test_no_crd_is_rendered_when_crds_are_disabled() -> None:
-    assert [o for o in render({"crds": {"enabled": False, "keep": True}}) if o["kind"] == "CustomResourceDefinition"] == []
+    assert [
+        o for o in render({"crds": {"enabled": False, "keep": True}}) if o["kind"] == "CustomResourceDefinition"
+    ] == []
 
 
 def test_the_chart_has_no_crds_folder_that_helm_would_install_unconditionally() -> None:

@@ -66,7 +66,8 @@ def test_resources_have_requests_and_a_memory_limit() -> None:
 def test_the_image_defaults_to_the_app_version_and_a_digest_pins_it() -> None:
     assert container()["image"] == f"ghcr.io/paralleljob/operator:{APP_VERSION}"
     assert container(NON_DEFAULT_VALUES)["image"] == (
-        "registry.example.com/ml/paralleljob-operator@sha256:" + "ab" * 32)
+        "registry.example.com/ml/paralleljob-operator@sha256:" + "ab" * 32
+    )
 
 
 def test_all_namespaces_by_default_and_one_flag_per_listed_namespace() -> None:
@@ -81,7 +82,9 @@ def test_job_defaults_reach_the_operator_as_flags() -> None:
     assert "--trainer-image=registry.example.com/ml/trainer:2026.11" in args
     assert "--default-fabric=infiniband" in args
     assert [a for a in args if a.startswith("--default-nccl-env")] == [
-        "--default-nccl-env=NCCL_DEBUG=INFO", "--default-nccl-env=NCCL_IB_HCA==mlx5_0,mlx5_1"]
+        "--default-nccl-env=NCCL_DEBUG=INFO",
+        "--default-nccl-env=NCCL_IB_HCA==mlx5_0,mlx5_1",
+    ]
     defaults = container()["args"]
     assert f"--trainer-image=ghcr.io/paralleljob/trainer:{APP_VERSION}" in defaults
     assert "--default-fabric=auto" in defaults
@@ -118,8 +121,9 @@ def test_the_service_monitor_is_off_by_default_and_scrapes_the_metrics_service_w
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s",
-                                             "scrapeTimeout": "5s"}]
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"}
+    ]
 
 
 def test_the_service_account_is_the_one_the_pod_uses() -> None:

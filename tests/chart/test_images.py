@@ -54,9 +54,11 @@ def test_the_operator_image_is_multi_stage_and_the_final_stage_copies_only_the_e
     steps = instructions(OPERATOR_DOCKERFILE)
     stages = [i for i, (keyword, _) in enumerate(steps) if keyword == "FROM"]
     assert len(stages) >= 2
-    final = steps[stages[-1]:]
+    final = steps[stages[-1] :]
     assert not any(keyword == "RUN" for keyword, _ in final), "the final stage should install nothing"
-    assert [args for keyword, args in final if keyword == "COPY"] == ["--from=builder /opt/paralleljob /opt/paralleljob"]
+    assert [args for keyword, args in final if keyword == "COPY"] == [
+        "--from=builder /opt/paralleljob /opt/paralleljob"
+    ]
 
 
 def test_the_operator_image_runs_paralleljob_operator_as_a_numeric_non_root_user() -> None:

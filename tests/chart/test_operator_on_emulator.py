@@ -21,7 +21,6 @@ from typing import Any
 import kmock
 import pytest
 import yaml
-from kmock._internal import parsing as kmock_parsing
 
 from paralleljob.manifests import rbac as progress_rbac
 from tests.chart.conftest import RELEASE_NAMESPACE, REPO, only, render, render_text, tool
@@ -29,14 +28,14 @@ from tests.operator import emulator
 from tests.operator.conftest import RECORD as OPERATOR_TESTS_RECORD
 from tests.operator.conftest import operator_calls
 
-KMOCK_PARSE_PATH = kmock_parsing.parse_path
 JOB_NAMESPACE = "research"
 JOB = "quickstart"
 NODES_YAML = """
 apiVersion: v1
 kind: List
 items:
-""" + "".join(f"""
+""" + "".join(
+    f"""
 - apiVersion: v1
   kind: Node
   metadata:
@@ -49,7 +48,9 @@ items:
     allocatable: {{nvidia.com/gpu: "4", cpu: "64", memory: 512Gi}}
     capacity: {{nvidia.com/gpu: "4", cpu: "64", memory: 512Gi}}
     conditions: [{{type: Ready, status: "True"}}]
-""" for i in range(3))
+"""
+    for i in range(3)
+)
 # Kinds the chart renders that the operator tests' emulator does not serve.
 CHART_RESOURCES = {
     "apps/v1/deployments": ("Deployment", True),
@@ -60,41 +61,14 @@ CHART_RESOURCES = {
 
 
 class ChartEmulator(emulator.HardenedEmulator):
-    """The operator tests' emulator, serving the chart's kinds too. Core discovery also gets its groupVersion
-    right ("v1", not "/v1"), which kubectl needs to map Services and ServiceAccounts."""
+    """The operator tests' emulator, serving the chart's kinds too."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         for key, (kind, namespaced) in CHART_RESOURCES.items():
-            self.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=emulator.VERBS,
-                                                     subresources=set())
-
-    async def _serve_version(self, request: kmock.Request) -> Any:
-        payload = await super()._serve_version(request)
-        if payload.get("groupVersion") == "/v1":
-            payload["groupVersion"] = "v1"
-        return payload
-
-
-def parse_path_with_namespace_lists(path: str) -> Any:
-    """kmock's path parser, except that /api/v1/namespaces is the namespace list, not a namespaced prefix.
-
-    kmock reads `namespaces` as the start of `/namespaces/<ns>/...` and fails (HTTP 500) on the bare list, which
-    kopf requests when it watches listed namespaces. A third-party bug, patched only while the emulator runs.
-    """
-    if path.strip("/").split("/") == ["api", "v1", "namespaces"]:
-        return kmock_parsing.ParsedPath("", "v1", "namespaces", None, None, None)
-    return KMOCK_PARSE_PATH(path)
-
-
-class ChartEmulatorThread(emulator.EmulatorThread):
-    async def _serve(self) -> None:
-        self._stop = emulator.asyncio.Event()
-        async with ChartEmulator() as served, kmock.Server(served) as server:
-            self.emulator = served
-            self.port = server.url.port
-            self._ready.set()
-            await self._stop.wait()
+            self.resources[key] = kmock.ResourceInfo(
+                kind=kind, namespaced=namespaced, verbs=emulator.VERBS, subresources=set()
+            )
 
 
 def free_port() -> int:
@@ -112,7 +86,10 @@ class Cluster:
     def kubectl(self, *args: str, stdin: str | None = None) -> str:
         completed = subprocess.run(
             [tool("kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
-            input=stdin, capture_output=True, text=True, timeout=60,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert completed.returncode == 0, f"kubectl {' '.join(args)}: {completed.stderr}"
         return completed.stdout
@@ -127,8 +104,17 @@ class Cluster:
         return self.get("paralleljob", JOB, "-n", JOB_NAMESPACE).get("status") or {}
 
     def set_pod_phase(self, name: str, phase: str) -> None:
-        self.kubectl("patch", "pod", name, "-n", JOB_NAMESPACE, "--subresource=status", "--type=merge",
-                     "-p", json.dumps({"status": {"phase": phase}}))
+        self.kubectl(
+            "patch",
+            "pod",
+            name,
+            "-n",
+            JOB_NAMESPACE,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"phase": phase}}),
+        )
 
 
 def wait_for(what: str, condition: Callable[[], Any], log: Path | None = None, timeout: float = 60.0) -> Any:
@@ -145,8 +131,13 @@ def wait_for(what: str, condition: Callable[[], Any], log: Path | None = None, t
 def operator_process(args: list[str], kubeconfig: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "paralleljob", "operator", *args, "--kubeconfig",
-                                    str(kubeconfig)], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "paralleljob", "operator", *args, "--kubeconfig", str(kubeconfig)],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         try:
             yield process
         finally:
@@ -176,8 +167,11 @@ Grant = tuple[str, str, str, str]  # (scope: "" for cluster-wide or a namespace,
 
 def chart_grants(objects: list[dict[str, Any]], account: str) -> set[tuple[str, str, str, str, str]]:
     """(role, scope, group, resource, verb) for every rule bound to the operator's account; scope "*" is any."""
-    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o
-             for o in objects if o["kind"] in {"ClusterRole", "Role"}}
+    roles = {
+        (o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o
+        for o in objects
+        if o["kind"] in {"ClusterRole", "Role"}
+    }
     granted = set()
     for binding in (o for o in objects if o["kind"] in {"ClusterRoleBinding", "RoleBinding"}):
         if not any(s["kind"] == "ServiceAccount" and s["name"] == account for s in binding["subjects"]):
@@ -204,10 +198,18 @@ def allows(grant: tuple[str, str, str, str, str], call: tuple[str, str, str, str
 
 def progress_role_needs() -> set[tuple[str, str, str]]:
     """What the operator grants each job's progress account, and so must hold itself (no `escalate`)."""
-    owner = {"metadata": {"name": JOB, "namespace": JOB_NAMESPACE, "uid": "u"}, "apiVersion": "paralleljob.io/v1alpha1",
-             "kind": "ParallelJob"}
-    return {(g, r, v) for rule in progress_rbac.build_role(owner)["rules"]
-            for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    owner = {
+        "metadata": {"name": JOB, "namespace": JOB_NAMESPACE, "uid": "u"},
+        "apiVersion": "paralleljob.io/v1alpha1",
+        "kind": "ParallelJob",
+    }
+    return {
+        (g, r, v)
+        for rule in progress_rbac.build_role(owner)["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
 
 
 # Permissions the chart holds although the operator never calls them, each for a reason:
@@ -215,14 +217,16 @@ def progress_role_needs() -> set[tuple[str, str, str]]:
 UNUSED_BUT_INTENDED = {("", "nodes", "get")}
 
 
-def unused_grants(granted: set[tuple[str, str, str, str, str]], calls: set[tuple[str, str, str, str]]
-                  ) -> list[tuple[str, str, str, str, str]]:
+def unused_grants(
+    granted: set[tuple[str, str, str, str, str]], calls: set[tuple[str, str, str, str]]
+) -> list[tuple[str, str, str, str, str]]:
     intended = UNUSED_BUT_INTENDED | progress_role_needs()
     return sorted(g for g in granted if g[2:] not in intended and not any(allows(g, c) for c in calls))
 
 
-def forbidden_calls(granted: set[tuple[str, str, str, str, str]], calls: set[tuple[str, str, str, str]]
-                    ) -> list[tuple[str, str, str, str]]:
+def forbidden_calls(
+    granted: set[tuple[str, str, str, str, str]], calls: set[tuple[str, str, str, str]]
+) -> list[tuple[str, str, str, str]]:
     return sorted(c for c in calls if not any(allows(g, c) for g in granted))
 
 
@@ -240,17 +244,14 @@ def reconciled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     start, a gang restart and completion. Returns what the tests below inspect."""
     values = SCENARIOS[request.param]
     workdir = tmp_path_factory.mktemp(request.param)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(kmock_parsing, "parse_path", parse_path_with_namespace_lists)
-        return install_and_reconcile(values, workdir)
+    return install_and_reconcile(values, workdir)
 
 
 def install_and_reconcile(values: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    server = ChartEmulatorThread(workdir).start()
+    server = emulator.EmulatorThread(workdir, ChartEmulator).start()
     try:
         cluster = Cluster(server.kubeconfig)
-        applied = cluster.kubectl("apply", "--validate=false", "-f", "-",
-                                  stdin=render_text(values, RELEASE_NAMESPACE))
+        applied = cluster.kubectl("apply", "--validate=false", "-f", "-", stdin=render_text(values, RELEASE_NAMESPACE))
         cluster.kubectl("apply", "--validate=false", "-f", "-", stdin=NODES_YAML)
         log = workdir / "operator.log"
         objects = render(values)
@@ -263,7 +264,9 @@ def install_and_reconcile(values: dict[str, Any], workdir: Path) -> dict[str, An
         # The operator's calls on resources (kopf's and paralleljob.k8s's user agents; not kubectl's, which are
         # this test's). Discovery (/api, /apis) is open to every authenticated user, so it is not counted.
         calls = set(operator_calls(server))
-        stored = json.loads(cluster.kubectl("get", "-f", "-", "-o", "json", stdin=render_text(values, RELEASE_NAMESPACE)))
+        stored = json.loads(
+            cluster.kubectl("get", "-f", "-", "-o", "json", stdin=render_text(values, RELEASE_NAMESPACE))
+        )
         return {"applied": applied, "objects": objects, "stored": stored, "calls": calls, "trace": trace}
     finally:
         server.stop()
@@ -271,6 +274,7 @@ def install_and_reconcile(values: dict[str, Any], workdir: Path) -> dict[str, An
 
 def drive_the_job(cluster: Cluster, process: subprocess.Popen[bytes], log: Path) -> dict[str, Any]:
     """Start, fail one pod (a gang restart), then finish; returns what was seen on the way."""
+
     def alive() -> None:
         if process.poll() is not None:
             pytest.fail(f"the operator exited with {process.returncode}:\n{log.read_text()[-4000:]}")
@@ -299,7 +303,9 @@ def drive_the_job(cluster: Cluster, process: subprocess.Popen[bytes], log: Path)
     trace["final_status"] = cluster.job_status()
 
     def running_pods() -> list[str]:
-        return [p["metadata"]["name"] for p in cluster.pods() if p["status"].get("phase") not in ("Succeeded", "Failed")]
+        return [
+            p["metadata"]["name"] for p in cluster.pods() if p["status"].get("phase") not in ("Succeeded", "Failed")
+        ]
 
     wait_for("the remaining pods to be cleaned up", lambda: not running_pods(), log)
     return trace

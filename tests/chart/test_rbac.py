@@ -14,34 +14,48 @@ CASES = {"all-namespaces": {}, "listed-namespaces": NON_DEFAULT_VALUES}
 
 
 def rules_of(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    return [(f"{o['kind']}/{o['metadata']['name']}", rule)
-            for o in objects if o["kind"] in RBAC_KINDS for rule in o["rules"]]
+    return [
+        (f"{o['kind']}/{o['metadata']['name']}", rule)
+        for o in objects
+        if o["kind"] in RBAC_KINDS
+        for rule in o["rules"]
+    ]
 
 
 def grants(objects: list[dict[str, Any]], kinds: set[str]) -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) triples granted by roles of `kinds`."""
     return {
         (group, resource, verb)
-        for o in objects if o["kind"] in kinds
+        for o in objects
+        if o["kind"] in kinds
         for rule in o["rules"]
-        for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
     }
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_no_rule_uses_a_wildcard(case: str) -> None:
     offending = [
-        (role, rule) for role, rule in rules_of(render(CASES[case]))
-        if any("*" in item for field in ("apiGroups", "resources", "verbs", "resourceNames")
-               for item in rule.get(field, []))
+        (role, rule)
+        for role, rule in rules_of(render(CASES[case]))
+        if any(
+            "*" in item
+            for field in ("apiGroups", "resources", "verbs", "resourceNames")
+            for item in rule.get(field, [])
+        )
     ]
     assert offending == []
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_nothing_grants_access_to_secrets(case: str) -> None:
-    offending = [(role, rule) for role, rule in rules_of(render(CASES[case]))
-                 if any(r.split("/")[0] == "secrets" for r in rule["resources"])]
+    offending = [
+        (role, rule)
+        for role, rule in rules_of(render(CASES[case]))
+        if any(r.split("/")[0] == "secrets" for r in rule["resources"])
+    ]
     assert offending == []
 
 
@@ -63,8 +77,17 @@ def test_listed_namespaces_get_a_role_and_binding_each_and_no_cluster_wide_job_a
     roles = {o["metadata"]["namespace"] for o in objects if o["kind"] == "Role"}
     bindings = {o["metadata"]["namespace"] for o in objects if o["kind"] == "RoleBinding"}
     assert roles == bindings == set(NON_DEFAULT_VALUES["watchNamespaces"])
-    namespaced_resources = {"pods", "services", "configmaps", "events", "paralleljobs", "paralleljobs/status",
-                            "serviceaccounts", "roles", "rolebindings"}
+    namespaced_resources = {
+        "pods",
+        "services",
+        "configmaps",
+        "events",
+        "paralleljobs",
+        "paralleljobs/status",
+        "serviceaccounts",
+        "roles",
+        "rolebindings",
+    }
     cluster_wide = {g for g in grants(objects, {"ClusterRole"}) if g[1] in namespaced_resources}
     # Outside the watched namespaces the operator only reads which pods hold GPUs, so that it plans no GPU twice.
     assert cluster_wide == {("", "pods", "list")}
@@ -75,8 +98,9 @@ def test_every_binding_names_the_operator_service_account() -> None:
         objects = render(values)
         account = only(objects, "ServiceAccount")
         for binding in (o for o in objects if o["kind"] in {"ClusterRoleBinding", "RoleBinding"}):
-            assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                            "namespace": RELEASE_NAMESPACE}], case
+            assert binding["subjects"] == [
+                {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": RELEASE_NAMESPACE}
+            ], case
 
 
 def test_nodes_are_read_only_and_cluster_wide() -> None:
@@ -87,6 +111,7 @@ def test_nodes_are_read_only_and_cluster_wide() -> None:
 
 def test_namespaces_are_listed_only_when_the_operator_watches_listed_namespaces() -> None:
     """kopf's namespace observer lists and watches namespaces only when it is not cluster-wide."""
+
     def namespace_verbs(values: dict[str, Any]) -> set[str]:
         return {v for _, r, v in grants(render(values), {"ClusterRole"}) if r == "namespaces"}
 
@@ -98,9 +123,13 @@ def test_the_operator_holds_every_permission_it_grants_to_a_job_progress_account
     """Kubernetes refuses to let a subject create a Role granting more than it holds (no `escalate` here)."""
     from paralleljob.manifests import rbac as progress_rbac
 
-    owner = {"apiVersion": "paralleljob.io/v1alpha1", "kind": "ParallelJob",
-             "metadata": {"name": "quickstart", "namespace": "default", "uid": "u"}}
+    owner = {
+        "apiVersion": "paralleljob.io/v1alpha1",
+        "kind": "ParallelJob",
+        "metadata": {"name": "quickstart", "namespace": "default", "uid": "u"},
+    }
     role = progress_rbac.build_role(owner)
-    needed = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-              for v in rule["verbs"]}
+    needed = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
     assert needed <= grants(render(), {"ClusterRole"})

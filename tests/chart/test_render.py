@@ -42,13 +42,35 @@ def test_every_rendered_object_is_valid_kubernetes(case: str, version: str) -> N
 def test_the_expected_kinds_are_rendered(case: str) -> None:
     kinds = sorted(obj["kind"] for obj in render(CASES[case]))
     if case == "default-values":
-        assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRole",
-                                "ClusterRoleBinding", "ClusterRoleBinding", "Deployment", "Service"])
+        assert kinds == sorted(
+            [
+                "CustomResourceDefinition",
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "ClusterRoleBinding",
+                "Deployment",
+                "Service",
+            ]
+        )
     else:
         # Two watched namespaces: a Role and a RoleBinding in each, and the ServiceMonitor is on.
-        assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                                "Role", "Role", "RoleBinding", "RoleBinding", "Deployment", "Service",
-                                "ServiceMonitor"])
+        assert kinds == sorted(
+            [
+                "CustomResourceDefinition",
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "Role",
+                "RoleBinding",
+                "RoleBinding",
+                "Deployment",
+                "Service",
+                "ServiceMonitor",
+            ]
+        )
 
 
 def test_strict_validation_rejects_an_unknown_field() -> None:
@@ -61,6 +83,9 @@ def test_strict_validation_rejects_an_unknown_field() -> None:
 
 def test_every_namespaced_object_is_in_the_release_namespace_or_a_watched_one() -> None:
     objects = render(NON_DEFAULT_VALUES, namespace="platform")
-    namespaces = {o["metadata"].get("namespace") for o in objects
-                  if o["kind"] not in {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}}
+    namespaces = {
+        o["metadata"].get("namespace")
+        for o in objects
+        if o["kind"] not in {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+    }
     assert namespaces == {"platform", "ml-team-a", "ml-team-b"}

@@ -72,7 +72,8 @@ def test_every_object_in_the_schema_closes_its_keys() -> None:
     the pod spec as they are and validated there by the Kubernetes schema (test_render.py).
     """
     open_objects = [
-        path for path, node in schema_objects(SCHEMA)
+        path
+        for path, node in schema_objects(SCHEMA)
         if "additionalProperties" not in node and not path.endswith((".global", "Affinity"))
     ]
     assert open_objects == []
@@ -92,6 +93,7 @@ PASS_THROUGH = {"global", "podSecurityContext", "containerSecurityContext", "res
 
 def test_every_chart_setting_in_the_schema_has_a_default_in_values_yaml() -> None:
     """The schema and values.yaml describe the same keys, so the schema documents no setting that does nothing."""
+
     def keys(schema: dict[str, Any], values: dict[str, Any], prefix: str = "") -> set[str]:
         out = set()
         for key, sub in schema.get("properties", {}).items():
@@ -146,8 +148,16 @@ def test_docs_install_md_lists_every_value() -> None:
         {"podSecurityContext": {"seccompProfile": {"type": "RuntimeDefault", "profile": "x"}}},
         {"crds": {"enabled": True, "keep": True, "install": True}},
     ],
-    ids=["top-level", "image", "operator", "trainer-image", "service-monitor", "container-security-context",
-         "seccomp-profile", "crds"],
+    ids=[
+        "top-level",
+        "image",
+        "operator",
+        "trainer-image",
+        "service-monitor",
+        "container-security-context",
+        "seccomp-profile",
+        "crds",
+    ],
 )
 def test_helm_rejects_an_unknown_key(values: dict[str, Any]) -> None:
     with pytest.raises(RenderError, match="additional properties"):

@@ -4,7 +4,8 @@ kmock stores objects and streams watch events; this subclass adds what a real ku
 operator relies on (see /work/shared/reference/toolbox.md): server-filled metadata (uid, resourceVersion,
 creationTimestamp, generation), the namespace from the URL, AlreadyExists/NotFound with standard reasons,
 JSON merge patch (null deletes), status-subresource isolation, labelSelector on lists, List kinds,
-`GET /api/v1/namespaces`, and cascade deletion through ownerReferences (the garbage collector's job).
+`GET /api/v1/namespaces` (kmock's path parser answers 500 to it), core discovery's groupVersion ("v1", not
+"/v1", which kubectl needs), and cascade deletion through ownerReferences (the garbage collector's job).
 It also records every request as (verb, group, resource, namespace, user agent) so tests can count API calls and the
 chart's RBAC can be checked against what the operator really does.
 
@@ -28,6 +29,7 @@ import aiohttp.web
 import attrs
 import kmock
 from kmock._internal import enums
+from kmock._internal import parsing as kmock_parsing
 
 from paralleljob.api import crd as api_crd
 from paralleljob.api import types as api_types
@@ -90,11 +92,27 @@ def status_response(code: int, reason: str, message: str) -> aiohttp.web.Respons
     return aiohttp.web.json_response(body, status=code)
 
 
+KMOCK_PARSE_PATH = kmock_parsing.parse_path
+
+
+def parse_path_with_namespace_lists(path: str) -> Any:
+    """kmock's path parser, except that /api/v1/namespaces is the namespace list, not a namespaced prefix.
+
+    kmock reads `namespaces` as the start of `/namespaces/<ns>/...` and fails (HTTP 500) on the bare list,
+    which kopf requests when it watches listed namespaces. Installed only while an EmulatorThread serves.
+    """
+    if path.strip("/").split("/") == ["api", "v1", "namespaces"]:
+        return kmock_parsing.ParsedPath("", "v1", "namespaces", None, None, None)
+    return KMOCK_PARSE_PATH(path)
+
+
 @attrs.define(kw_only=True)
 class HardenedEmulator(kmock.KubernetesEmulator):
     """A KubernetesEmulator that behaves like an API server where our operator and kopf look."""
 
     calls: list[tuple[str, str, str, str, str]] = attrs.field(factory=list)
+    # Seconds each create of a resource (by plural) takes, to hold a test's window open (a slow API server).
+    create_latency: dict[str, float] = attrs.field(factory=dict)
     _versions: Any = attrs.field(factory=lambda: itertools.count(1))
 
     def __attrs_post_init__(self) -> None:
@@ -115,6 +133,12 @@ class HardenedEmulator(kmock.KubernetesEmulator):
             singular=api_types.SINGULAR,
             shortnames=set(api_types.SHORT_NAMES),
         )
+
+    async def _serve_version(self, request: kmock.Request) -> Any:
+        payload = await super()._serve_version(request)
+        if payload.get("groupVersion") == "/v1":
+            payload["groupVersion"] = "v1"
+        return payload
 
     # -- recording -------------------------------------------------------------------------------------
 
@@ -244,6 +268,8 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         if request.resource is None:
             return await super()._handle(request)
         self._record(request)
+        if request.action == enums.action.CREATE:
+            await asyncio.sleep(self.create_latency.get(request.resource.plural or "", 0.0))
         async with self._lock:
             if request.action == enums.action.CREATE:
                 return await self._create(request)
@@ -257,8 +283,9 @@ class HardenedEmulator(kmock.KubernetesEmulator):
 class EmulatorThread:
     """The hardened emulator on 127.0.0.1:<port> in a background thread, with a kubeconfig for it."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, emulator_class: type[HardenedEmulator] = HardenedEmulator) -> None:
         self.workdir = workdir
+        self.emulator_class = emulator_class
         self.loop = asyncio.new_event_loop()
         self.emulator: HardenedEmulator | None = None
         self.port = 0
@@ -268,13 +295,14 @@ class EmulatorThread:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        async with HardenedEmulator() as emulator, kmock.Server(emulator) as server:
+        async with self.emulator_class() as emulator, kmock.Server(emulator) as server:
             self.emulator = emulator
             self.port = server.url.port
             self._ready.set()
             await self._stop.wait()
 
     def start(self) -> EmulatorThread:
+        kmock_parsing.parse_path = parse_path_with_namespace_lists
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("the Kubernetes emulator did not start")
@@ -285,6 +313,7 @@ class EmulatorThread:
         if self._stop is not None:
             self.loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
+        kmock_parsing.parse_path = KMOCK_PARSE_PATH
 
     @property
     def url(self) -> str:
