@@ -54,13 +54,7 @@ def render_chart_crd(source_text: str) -> str:
     head = {"apiVersion": crd["apiVersion"], "kind": crd["kind"]}
     body = {key: value for key, value in crd.items() if key not in ("apiVersion", "kind", "metadata")}
     dump = lambda obj: yaml.safe_dump(obj, sort_keys=False, width=120)  # noqa: E731 - same style as `paralleljob crd`
-    return (
-        HEADER
-        + dump(head)
-        + METADATA.format(name=crd["metadata"]["name"])
-        + escape_for_helm(dump(body))
-        + FOOTER
-    )
+    return HEADER + dump(head) + METADATA.format(name=crd["metadata"]["name"]) + escape_for_helm(dump(body)) + FOOTER
 
 
 def main(argv: list[str] | None = None) -> int:
