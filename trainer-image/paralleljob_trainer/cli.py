@@ -93,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             training.run(job, options)
         except CheckpointError as error:
+            # Tear the process group down before exiting: left to interpreter exit, gloo can abort (SIGABRT)
+            # on a rank whose peers have already gone, and the launcher would see a crash, not this error.
+            training.abandon()
             return _fail(str(error), EXIT_CHECKPOINT)
     except ConfigError as error:
         return _fail(str(error), EXIT_CONFIG)

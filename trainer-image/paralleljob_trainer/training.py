@@ -193,3 +193,9 @@ def shutdown() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def abandon() -> None:
+    """Leave the process groups after an error every rank has seen, without waiting for the others."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
