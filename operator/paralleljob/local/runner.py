@@ -145,7 +145,8 @@ class LocalRun:
         (self.output / "job.json").write_text(json.dumps(config, indent=2) + "\n")
 
     def launches(self, port: int) -> list[gangs.NodeLaunch]:
-        network = {**(self.plan_network()), "socketInterface": "lo"}
+        # One machine: the TCP fabric's settings on the loopback interface, with the job's own overrides.
+        network = {**self.resolved.resolved_spec().get("network", {}), "socketInterface": "lo"}
         env_nccl = nccl.build_nccl_env(network, "tcp")
         launches = []
         for node in self.plan["nodes"]:
@@ -174,10 +175,6 @@ class LocalRun:
                 )
             )
         return launches
-
-    def plan_network(self) -> dict[str, Any]:
-        network = self.resolved.spec.network
-        return {"timeoutSeconds": network.timeout_seconds, "ncclEnv": network.nccl_env or {}}
 
     def node_lines(self) -> list[progress.NodeLine]:
         lines = []
