@@ -66,6 +66,7 @@ def run_valid(args: argparse.Namespace, doc: documents.Document, console: Consol
     assert resolved is not None
     try:
         shape = runner.choose_shape(resolved, args.nodes, args.gpus_per_node)
+        devices = runner.gpu_slices(shape, runner.visible_gpus())
     except runner.LocalShapeError as exc:
         print(f"{args.job}: {exc}")
         return 1
@@ -74,11 +75,11 @@ def run_valid(args: argparse.Namespace, doc: documents.Document, console: Consol
         print(f"{args.job}: {outcome.problem().render()}")
         return 1
     console.print(
-        f"[bold]{resolved.name}[/]: {shape.nodes} simulated nodes x {shape.gpus_per_node} slots on this machine"
+        f"[bold]{resolved.name}[/]: {shape.nodes} simulated nodes x {shape.gpus_per_node} slots on this machine ({'GPUs' if devices else 'CPU'})"
     )
     console.file.write(plan_command.render_table(resolved.name, outcome))
     output = (args.output or Path("runs") / resolved.name).resolve()
-    local = runner.LocalRun(resolved, shape, outcome.to_dict(), output, console)
+    local = runner.LocalRun(resolved, shape, outcome.to_dict(), output, console, devices)
     local.prepare(Path(args.job).resolve(), resume=args.resume)
     summary = local.execute()
     report.print_summary(console, summary)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -86,6 +88,35 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def visible_gpus() -> int:
+    """GPUs this machine shows (nvidia-smi -L), without importing torch; 0 when there are none."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        listed = [d for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+        return len(listed)
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
+
+
+def gpu_slices(shape: LocalShape, gpus: int) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES of each simulated node: node R sees GPUs R*G..R*G+G-1, as if it were its own
+    machine (torchrun numbers each node's local ranks from 0). None on a machine without GPUs: CPU and gloo."""
+    if gpus == 0:
+        return None
+    world = shape.nodes * shape.gpus_per_node
+    if gpus < world:
+        raise LocalShapeError(
+            f"the job needs {world} GPUs and this machine shows {gpus}; run it on the CPU with "
+            "CUDA_VISIBLE_DEVICES= (empty), or shrink the job."
+        )
+    g = shape.gpus_per_node
+    return [",".join(str(d) for d in range(r * g, (r + 1) * g)) for r in range(shape.nodes)]
+
+
 def resolve_data_path(config: dict[str, Any], job_file: Path) -> None:
     """A relative data path in a local job is relative to the job file's folder."""
     data = config["spec"]["training"].get("data", {})
@@ -127,6 +158,8 @@ class LocalRun:
     plan: dict[str, Any]
     output: Path
     console: Console
+    # CUDA_VISIBLE_DEVICES per node rank (see gpu_slices); None runs on the CPU.
+    devices: list[str] | None = None
 
     @property
     def checkpoint_dir(self) -> Path | None:
@@ -144,7 +177,7 @@ class LocalRun:
         resolve_data_path(config, job_file)
         (self.output / "job.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    def launches(self, port: int) -> list[gangs.NodeLaunch]:
+    def launches(self, port: int, devices: list[str] | None = None) -> list[gangs.NodeLaunch]:
         # One machine: the TCP fabric's settings on the loopback interface, with the job's own overrides.
         network = {**self.resolved.resolved_spec().get("network", {}), "socketInterface": "lo"}
         env_nccl = nccl.build_nccl_env(network, "tcp")
@@ -165,6 +198,8 @@ class LocalRun:
             )
             # gloo's own interface variable: the loopback device for a single machine.
             env["GLOO_SOCKET_IFNAME"] = "lo"
+            if devices is not None:
+                env["CUDA_VISIBLE_DEVICES"] = devices[rank]
             launches.append(
                 gangs.NodeLaunch(
                     rank,
@@ -200,7 +235,7 @@ class LocalRun:
         with signals_stop_the_gang(), view:
             while True:
                 view.attempt = restarts + 1
-                gang = gangs.Gang(self.launches(free_port()), marker=uuid.uuid4().hex)
+                gang = gangs.Gang(self.launches(free_port(), self.devices), marker=uuid.uuid4().hex)
                 outcome = gangs.supervise(gang, lambda states: view.update(tail.poll(), tail.latest(), states))
                 view.update(tail.poll(), tail.latest(), gang.states())
                 if outcome.succeeded or restarts >= backoff:

@@ -1,0 +1,60 @@
+"""How `paralleljob run` sizes its simulated nodes and shares this machine's GPUs among them."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import yaml
+
+from paralleljob.api import validate_document
+from paralleljob.local import runner
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def quickstart():
+    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    resolved = validate_document(doc).resolved
+    assert resolved is not None
+    return resolved
+
+
+def test_the_quickstart_becomes_two_nodes_of_four() -> None:
+    assert runner.choose_shape(quickstart(), None, None) == runner.LocalShape(2, 4)
+
+
+def test_without_gpus_per_node_each_node_holds_one_pipeline_stage() -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    del doc["spec"]["gpusPerNode"]
+    resolved = validate_document(doc).resolved
+    assert resolved is not None
+    assert runner.choose_shape(resolved, None, None) == runner.LocalShape(2, 4)
+    assert runner.choose_shape(resolved, 1, None) == runner.LocalShape(1, 8)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gpus", "phrase"),
+    [(None, 3, "does not divide the job's 8 ranks"), (None, 1, "not a multiple of tensor 2"), (3, 4, "use --nodes 2")],
+    ids=["not-a-divisor", "splits-tensor-group", "wrong-node-count"],
+)
+def test_shapes_that_cannot_hold_the_job_say_what_to_use(nodes, gpus, phrase) -> None:
+    with pytest.raises(runner.LocalShapeError, match=phrase):
+        runner.choose_shape(quickstart(), nodes, gpus)
+
+
+def test_on_a_gpu_machine_each_simulated_node_sees_its_own_gpus() -> None:
+    assert runner.gpu_slices(runner.LocalShape(2, 4), 8) == ["0,1,2,3", "4,5,6,7"]
+    assert runner.gpu_slices(runner.LocalShape(2, 4), 0) is None
+
+
+def test_too_few_gpus_is_refused_with_the_cpu_fallback_named() -> None:
+    with pytest.raises(runner.LocalShapeError, match="CUDA_VISIBLE_DEVICES="):
+        runner.gpu_slices(runner.LocalShape(2, 4), 1)
+
+
+def test_cuda_visible_devices_decides_how_many_gpus_are_visible(monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert runner.visible_gpus() == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    assert runner.visible_gpus() == 3
