@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
+from paralleljob.api import rules
 from paralleljob.api.validation import ResolvedJob
 
 GIB = 1024**3
@@ -55,7 +56,7 @@ class Workload:
             pipeline=job.pipeline,
             tensor=job.tensor,
             data=job.data,
-            zero_stage=_zero_stage(zero),
+            zero_stage=rules._zero_stage(job.spec),
             offload_optimizer=_offloads(zero),
             precision=model.precision,
             recompute=model.activation_checkpoint_interval > 0,
@@ -159,11 +160,6 @@ def bubble_fraction(work: Workload) -> float:
     """Share of a 1F1B step the pipeline idles: (p-1)/(m+p-1)."""
     p, m = work.pipeline, work.micro_batches
     return (p - 1) / (m + p - 1)
-
-
-def _zero_stage(zero: Any) -> int:
-    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
-    return stage if isinstance(stage, int) and not isinstance(stage, bool) else 0
 
 
 def _offloads(zero: Any) -> bool:

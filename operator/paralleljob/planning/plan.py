@@ -218,7 +218,6 @@ class Unschedulable:
     qualifying: int
     shortfalls: tuple[Shortfall, ...]
     message: str
-    estimates: Estimates | None = None
 
     def problem(self) -> Problem:
         """As a Problem, so the CLI and the operator's conditions print it like validation errors."""
@@ -233,5 +232,4 @@ class Unschedulable:
             "gpuProduct": self.gpu_product,
             "qualifying": self.qualifying,
             "shortfalls": [s.render() for s in self.shortfalls],
-            "estimates": None if self.estimates is None else self.estimates.to_dict(),
         }
