@@ -223,19 +223,25 @@ def summary_lines(plan: planning.Plan) -> list[str]:
     by_group = ", ".join(f"{k} {v:.3g} s over {cost.levels[k]}" for k, v in cost.by_group.items())
     lines = [
         f"GPU product: {plan.gpu_product or 'unlabelled'}; network levels: {', '.join(plan.levels) or 'none (flat)'}",
-        f"memory per GPU (model): {memory['total'] / GIB:.1f} GiB {fits} = weights {memory['weights'] / GIB:.1f} + "
+        f"memory per GPU (model, {_stage_words(e.memory_stage)}): {memory['total'] / GIB:.1f} GiB {fits} = "
+        f"weights {memory['weights'] / GIB:.1f} + "
         f"gradients {memory['gradients'] / GIB:.1f} + optimizer {memory['optimizer'] / GIB:.1f} + activations "
         f"{memory['activations'] / GIB:.1f} + reserve {memory['reserve'] / GIB:.1f}",
         f"pipeline bubble: {e.bubble_fraction:.1%} of each step (1F1B)",
         "bytes per GPU per step: "
         + ", ".join(f"{k} {_bytes(v)}" for k, v in e.bytes_per_step.items())
-        + f"; {e.flops_per_step:.3g} FLOPs per step",
-        f"modeled step time {e.step_seconds:.3g} s, MFU {e.mfu:.0%} (at {e.assumptions['peakTFLOPS']:.0f} TFLOP/s "
-        f"peak, {e.assumptions['kernelEfficiency']:.0%} kernel efficiency)",
+        + f"; FLOPs per step {e.model_flops_per_step:.3g} model, {e.flops_per_step:.3g} executed",
+        f"modeled step time {e.step_seconds:.3g} s, MFU {e.mfu:.0%} of model FLOPs (at "
+        f"{e.assumptions['peakTFLOPS']:.0f} TFLOP/s peak, {e.assumptions['kernelEfficiency']:.0%} kernel efficiency)",
         f"modeled communication per step: planned {cost.seconds:.3g} s ({by_group})"
         + (f"; naive (free nodes in name order) {naive.seconds:.3g} s" if naive else ""),
     ]
     return lines + [f"warning: {w}" for w in plan.warnings]
+
+
+def _stage_words(stage: str) -> str:
+    """ "first pipeline stage", "last pipeline stage" or "one stage"."""
+    return "one stage" if stage == "only" else f"{stage} pipeline stage, the fuller end"
 
 
 def _bytes(value: float) -> str:

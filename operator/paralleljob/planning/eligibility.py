@@ -99,17 +99,18 @@ def other_products(groups: Mapping[str, list[NodeInfo]], chosen: str) -> Tally:
     return tally
 
 
-def with_memory(nodes: Iterable[NodeInfo], needed_bytes: float) -> tuple[list[NodeInfo], Tally]:
-    """Nodes whose GPUs (nvidia.com/gpu.memory, when labelled) hold the estimated bytes per GPU."""
+def with_memory(nodes: Iterable[NodeInfo], needed_bytes: float, stage: str = "only") -> tuple[list[NodeInfo], Tally]:
+    """Nodes whose GPUs (nvidia.com/gpu.memory, when labelled) hold the estimated bytes per GPU of `stage`."""
     kept: list[NodeInfo] = []
     tally = Tally()
     needed_mib = needed_bytes / MIB
+    where = "" if stage == "only" else f" on the {stage} pipeline stage"
     for node in nodes:
         memory = node.gpu_memory_mib
         if memory is None or memory >= needed_mib:
             kept.append(node)
         else:
-            detail = f"too little GPU memory ({memory} MiB < {needed_mib:.0f} MiB estimated per GPU)"
+            detail = f"too little GPU memory ({memory} MiB < {needed_mib:.0f} MiB estimated per GPU{where})"
             tally.add(f"has {detail}", f"have {detail}")
     return kept, tally
 

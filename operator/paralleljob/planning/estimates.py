@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Literal
 
 from paralleljob.api import rules
 from paralleljob.api.validation import ResolvedJob
@@ -75,29 +75,81 @@ class Workload:
         return 4 if self.precision == "fp32" else 2
 
     @property
-    def parameters(self) -> float:
-        """P = l(4h^2 + 2h*ffn) + 13lh + (V+s)h; with ffn = 4h this is Megatron's 12lh^2(1 + 13/12h + (V+s)/12lh)."""
-        layers, h = self.layers, self.hidden
-        return layers * (4 * h * h + 2 * h * self.ffn) + 13 * layers * h + (self.vocab + self.sequence) * h
+    def parameters(self) -> int:
+        """P of the bundled trainer's GPT (`parameter_count`)."""
+        return parameter_count(self.layers, self.hidden, self.sequence, self.vocab, self.ffn)
 
     @property
     def parameters_per_gpu(self) -> float:
-        """Psi: the parameters one GPU holds before ZeRO sharding, P / (tp * pp)."""
-        return self.parameters / (self.tensor * self.pipeline)
+        """Psi: the parameters one GPU of the fuller end stage holds before ZeRO sharding."""
+        return max(stage_parameters(self, stage) for stage in end_stages(self))
 
     @property
     def layers_per_stage(self) -> int:
         return math.ceil(self.layers / self.pipeline)
 
 
+Stage = Literal["first", "last", "only"]
+
+
+def parameter_count(layers: int, hidden: int, sequence: int, vocab: int, ffn: int) -> int:
+    """Parameters of the bundled trainer's GPT (trainer-image/paralleljob_trainer/model.py), unsharded.
+
+    Per block 4h^2 + 2h*ffn weights, 3h + ffn + 2h biases and two LayerNorms (4h); token and position
+    embeddings (V+s)h; a final LayerNorm 2h; an untied LM head Vh. With ffn = 4h this is Megatron's
+    12lh^2(1 + 13/12h + (V+s)/12lh) plus the untied head Vh and the final LayerNorm 2h.
+    """
+    h = hidden
+    per_block = 4 * h * h + 2 * h * ffn + 9 * h + ffn
+    return layers * per_block + (vocab + sequence) * h + 2 * h + vocab * h
+
+
+def training_flops(
+    layers: int, hidden: int, sequence: int, vocab: int, ffn: int, tokens: int, recompute: bool
+) -> float:
+    """Matmul FLOPs of one training pass over `tokens` tokens: k*T*l*(8h^2 + 4h*ffn + 4sh) + 6*T*h*V.
+
+    The forward pass of a block costs 2 FLOPs per multiply-add: QKV 6h^2, attention 4sh, output 2h^2, MLP
+    4h*ffn per token. Backward costs twice the forward, so k = 3; full activation recomputation runs the
+    forward again, k = 4. The LM head (2hV forward, 4hV backward per token) is never recomputed. With
+    ffn = 4h and k = 4 this is Narayanan et al.'s 96*B*s*l*h^2(1 + s/6h + V/16lh) exactly.
+    """
+    h, s = hidden, sequence
+    k = 4 if recompute else 3
+    return k * tokens * layers * (8 * h * h + 4 * h * ffn + 4 * s * h) + 6 * tokens * h * vocab
+
+
+def end_stages(work: Workload) -> tuple[Stage, ...]:
+    """The pipeline stages whose memory bounds the job: the first and the last (one stage when p = 1)."""
+    return ("only",) if work.pipeline == 1 else ("first", "last")
+
+
+def stage_parameters(work: Workload, stage: Stage) -> float:
+    """Parameters one GPU of `stage` holds before ZeRO sharding.
+
+    A block's weight matrices, QKV and MLP-up biases are split over TP; its LayerNorms and the biases added
+    after an all-reduce are whole on every TP rank. The trainer keeps the embeddings (first stage) and the
+    final LayerNorm and untied LM head (last stage) whole on every TP rank (see model.py).
+    """
+    h, f, t = work.hidden, work.ffn, work.tensor
+    per_block = (4 * h * h + 2 * h * f + 3 * h + f) / t + 6 * h
+    held = work.layers_per_stage * per_block
+    if stage in ("first", "only"):
+        held += (work.vocab + work.sequence) * h
+    if stage in ("last", "only"):
+        held += work.vocab * h + 2 * h
+    return held
+
+
 @dataclasses.dataclass(frozen=True)
 class Memory:
-    """Bytes per GPU on the first pipeline stage (the fullest one under 1F1B)."""
+    """Bytes per GPU on one pipeline stage: `stage` is first, last, or only (when p = 1)."""
 
     weights: float
     gradients: float
     optimizer: float
     activations: float
+    stage: Stage = "only"
     reserve: float = RUNTIME_RESERVE_BYTES
 
     @property
@@ -115,25 +167,35 @@ class CommBytes:
 
 
 def memory_per_gpu(work: Workload) -> Memory:
-    """Model states by ZeRO stage (16 bytes/param mixed precision) plus 1F1B activations in flight."""
-    psi, nd, e = work.parameters_per_gpu, work.data, work.element_bytes
+    """The fuller of the first and the last stage (`Memory.stage` says which); ties go to the first."""
+    return max((stage_memory(work, stage) for stage in end_stages(work)), key=lambda memory: memory.total)
+
+
+def stage_memory(work: Workload, stage: Stage) -> Memory:
+    """Model states by ZeRO stage (16 bytes/param mixed precision) plus the stage's 1F1B activations."""
+    psi, nd, e = stage_parameters(work, stage), work.data, work.element_bytes
     optimizer_bytes = 12 if e == 2 else 8  # fp32 master + Adam moments, or just the moments in fp32
     weights = e * psi / (nd if work.zero_stage >= 3 else 1)
     gradients = e * psi / (nd if work.zero_stage >= 2 else 1)
     optimizer = 0.0 if work.offload_optimizer else optimizer_bytes * psi / (nd if work.zero_stage >= 1 else 1)
-    return Memory(weights, gradients, optimizer, activation_bytes(work))
+    return Memory(weights, gradients, optimizer, activation_bytes(work, stage), stage)
 
 
-def activation_bytes(work: Workload) -> float:
-    """Korthikanti et al.: per layer sbh(10 + 24/t + 5as/ht) with TP; 2sbh when only layer inputs are kept."""
+def activation_bytes(work: Workload, stage: Stage = "first") -> float:
+    """Korthikanti et al.: per layer sbh(10 + 24/t + 5as/ht) with TP; 2sbh when only layer inputs are kept.
+
+    Under 1F1B the first stage holds min(p, m) micro-batches in flight, the last one; the last stage also
+    keeps the fp32 logits (4sbV bytes, whole on every TP rank) that cross-entropy saves for backward.
+    """
     s, b, h, a, t = work.sequence, work.micro_batch, work.hidden, work.heads, work.tensor
     scale = work.element_bytes / 2  # the published figures assume 16-bit activations
     full_layer = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * scale
-    in_flight = min(work.pipeline, work.micro_batches)
+    in_flight = min(work.pipeline, work.micro_batches) if stage == "first" else 1
+    logits = 4 * s * b * work.vocab if stage in ("last", "only") else 0.0
     if work.recompute:
         # Each kept input is 2sbh; one layer's full activations exist while it is recomputed.
-        return 2 * s * b * h * scale * work.layers_per_stage * in_flight + full_layer
-    return full_layer * work.layers_per_stage * in_flight
+        return 2 * s * b * h * scale * work.layers_per_stage * in_flight + full_layer + logits
+    return full_layer * work.layers_per_stage * in_flight + logits
 
 
 def comm_bytes(work: Workload) -> CommBytes:
@@ -150,10 +212,18 @@ def comm_bytes(work: Workload) -> CommBytes:
 
 
 def flops_per_step(work: Workload) -> float:
-    """Megatron: 96 B s l h^2 (1 + s/6h + V/16lh) with recomputation, 72 without."""
-    s, layers, h, v = work.sequence, work.layers, work.hidden, work.vocab
-    factor = 96 if work.recompute else 72
-    return factor * work.train_batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    """Hardware FLOPs per step: what the GPUs execute, with the recomputed forward when recomputing (k = 4)."""
+    return _flops(work, work.recompute)
+
+
+def model_flops_per_step(work: Workload) -> float:
+    """Model FLOPs per step (k = 3, no recomputation counted): the numerator of MFU."""
+    return _flops(work, False)
+
+
+def _flops(work: Workload, recompute: bool) -> float:
+    tokens = work.train_batch * work.sequence
+    return training_flops(work.layers, work.hidden, work.sequence, work.vocab, work.ffn, tokens, recompute)
 
 
 def bubble_fraction(work: Workload) -> float:

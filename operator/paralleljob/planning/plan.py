@@ -73,10 +73,13 @@ class Estimates:
     gpu_memory: float | None  # bytes per GPU from nvidia.com/gpu.memory, None when unlabelled
     bubble_fraction: float
     bytes_per_step: Mapping[str, float]  # tensor, pipeline, data
-    flops_per_step: float
+    flops_per_step: float  # hardware FLOPs: with the recomputed forward when activations are recomputed
     step_seconds: float
-    mfu: float
+    mfu: float  # model FLOPs (no recomputation) / (step seconds x GPUs x peak)
     assumptions: Mapping[str, Any]
+    memory_stage: str = "only"  # the pipeline stage `memory` describes: first, last or only
+    memory_by_stage: Mapping[str, float] = dataclasses.field(default_factory=dict)  # stage -> total bytes
+    model_flops_per_step: float = 0.0
 
     @property
     def fits(self) -> bool | None:
@@ -86,10 +89,17 @@ class Estimates:
         return {
             "note": ESTIMATES_NOTE,
             "parameters": self.parameters,
-            "memoryPerGPU": {**self.memory, "gpuMemory": self.gpu_memory, "fits": self.fits},
+            "memoryPerGPU": {
+                **self.memory,
+                "gpuMemory": self.gpu_memory,
+                "fits": self.fits,
+                "stage": self.memory_stage,
+                "byStage": dict(self.memory_by_stage),
+            },
             "bubbleFraction": self.bubble_fraction,
             "bytesPerStep": dict(self.bytes_per_step),
             "flopsPerStep": self.flops_per_step,
+            "modelFlopsPerStep": self.model_flops_per_step,
             "stepSeconds": self.step_seconds,
             "mfu": self.mfu,
             "assumptions": dict(self.assumptions),
@@ -97,8 +107,9 @@ class Estimates:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Estimates:
-        memory = {k: float(v) for k, v in raw["memoryPerGPU"].items() if k not in ("gpuMemory", "fits")}
-        gpu_memory = raw["memoryPerGPU"].get("gpuMemory")
+        raw_memory = raw["memoryPerGPU"]
+        memory = {k: float(v) for k, v in raw_memory.items() if k not in ("gpuMemory", "fits", "stage", "byStage")}
+        gpu_memory = raw_memory.get("gpuMemory")
         return cls(
             parameters=float(raw["parameters"]),
             memory=memory,
@@ -109,6 +120,9 @@ class Estimates:
             step_seconds=float(raw["stepSeconds"]),
             mfu=float(raw["mfu"]),
             assumptions=dict(raw.get("assumptions") or {}),
+            memory_stage=str(raw_memory.get("stage") or "only"),
+            memory_by_stage={str(k): float(v) for k, v in (raw_memory.get("byStage") or {}).items()},
+            model_flops_per_step=float(raw.get("modelFlopsPerStep") or 0.0),
         )
 
 

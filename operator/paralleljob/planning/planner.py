@@ -63,7 +63,7 @@ def plan_job(job: ResolvedJob, cluster: Cluster, options: PlanningOptions | None
     plans: list[Plan] = []
     misses: list[_Miss] = []
     for product, members in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
-        fitting, memory_tally = eligibility.with_memory(members, memory.total)
+        fitting, memory_tally = eligibility.with_memory(members, memory.total, memory.stage)
         rejected = tally.merged(memory_tally).merged(eligibility.other_products(groups, product))
         outcome = _first_fit(ctx, product, fitting, candidates, rejected)
         if isinstance(outcome, Plan):
@@ -224,8 +224,12 @@ def _placement_cost(cost: CommCost) -> PlacementCost:
 def _estimates(ctx: _Context, product: str, cost: CommCost, gpu_memory: float | None) -> Estimates:
     work, model = ctx.work, ctx.model
     memory = estimates.memory_per_gpu(work)
+    by_stage: dict[str, float] = {
+        stage: estimates.stage_memory(work, stage).total for stage in estimates.end_stages(work)
+    }
     volume = estimates.comm_bytes(work)
     flops = estimates.flops_per_step(work)
+    model_flops = estimates.model_flops_per_step(work)
     peak = model.peak_flops(product)
     compute = flops / (work.world_size * peak * model.kernel_efficiency)
     stretch = (work.micro_batches + work.pipeline - 1) / work.micro_batches  # 1F1B: m + p - 1 slots for m
@@ -246,7 +250,7 @@ def _estimates(ctx: _Context, product: str, cost: CommCost, gpu_memory: float | 
         bytes_per_step={"tensor": volume.tensor, "pipeline": volume.pipeline, "data": volume.data},
         flops_per_step=flops,
         step_seconds=step,
-        mfu=flops / (step * work.world_size * peak),
+        mfu=model_flops / (step * work.world_size * peak),
         assumptions={
             "gpuProduct": product,
             "peakTFLOPS": peak / 1e12,
@@ -255,6 +259,9 @@ def _estimates(ctx: _Context, product: str, cost: CommCost, gpu_memory: float | 
             "zeroStage": work.zero_stage,
             "activationRecomputation": work.recompute,
         },
+        memory_stage=memory.stage,
+        memory_by_stage=by_stage,
+        model_flops_per_step=model_flops,
     )
 
 
