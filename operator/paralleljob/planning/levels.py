@@ -2,7 +2,8 @@
 nodes are in the fabric.
 
 `detect_levels()` applies the documented rule (docs/planning.md, "Network levels") when spec.topology.levels
-is unset; `link_level()` classifies the link between nodes for the cost model. Called by the planner.
+is unset, and `detect_nvlink_label()` the one for spec.topology.nvlinkDomainLabel; `path_of()` gives a node's
+domains, `level_of_depth()` classifies the link between nodes for the cost model. Called by the planner.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ EKS = (
     "topology.k8s.aws/network-node-layer-3",
 )
 NVIDIA_PREFIX = "network.topology.nvidia.com/"
-NVIDIA = tuple(f"{NVIDIA_PREFIX}{name}" for name in ("core", "spine", "block", "leaf", "accelerator"))
+NVIDIA = tuple(f"{NVIDIA_PREFIX}{name}" for name in ("core", "spine", "block", "leaf"))
+# Topograph's accelerator label names the multi-node NVLink domain (e.g. a GB200 NVL72 rack), not a switch.
+TOPOGRAPH_NVLINK = f"{NVIDIA_PREFIX}accelerator"
 # Label families in the order they are tried; the first family with a label on any node wins.
 FAMILIES = (GKE, EKS, NVIDIA)
 
@@ -47,15 +50,29 @@ def detect_levels(nodes: Iterable[NodeInfo]) -> tuple[str, ...]:
     return (ZONE,) if ZONE in present else ()
 
 
+def detect_nvlink_label(nodes: Iterable[NodeInfo]) -> str | None:
+    """The NVLink domain label when spec.topology.nvlinkDomainLabel is unset: Topograph's, if any node has it."""
+    return TOPOGRAPH_NVLINK if any(TOPOGRAPH_NVLINK in node.labels for node in nodes) else None
+
+
 def _with_zone(found: tuple[str, ...], present: set[str]) -> tuple[str, ...]:
     # A job should not straddle zones either, so the zone stays the coarsest level when nodes carry it.
     return (ZONE, *found) if ZONE in present else found
 
 
 def path_of(node: NodeInfo, levels: Sequence[str]) -> tuple[str, ...]:
-    """The node's domain at each level, coarse to fine ("" where the label is missing)."""
+    """The node's domain at each level, coarse to fine.
+
+    Where a label is missing the node is a domain of its own (`unlabelled()`): nothing says it shares a switch
+    with the other unlabelled nodes, so they must not look like one domain.
+    """
     labels = node.labels
-    return tuple(labels.get(level, "") for level in levels)
+    return tuple(labels.get(level) or unlabelled(node.name) for level in levels)
+
+
+def unlabelled(node_name: str) -> str:
+    """The domain of a node that lacks a level's label; ':' cannot occur in a label value, so it never clashes."""
+    return f"node:{node_name}"
 
 
 def common_depth(a: tuple[str, ...], b: tuple[str, ...]) -> int:

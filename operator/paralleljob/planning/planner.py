@@ -18,7 +18,7 @@ from paralleljob.planning.eligibility import MIB, Tally
 from paralleljob.planning.estimates import GIB, Workload
 from paralleljob.planning.inventory import GPU_RESOURCE, Cluster, NodeInfo
 from paralleljob.planning.layout import AXIS_ORDERS, PIPE_DATA_MODEL, AxisOrder, Layout, node_ranks
-from paralleljob.planning.levels import LinkLevel, detect_levels, path_of
+from paralleljob.planning.levels import LinkLevel, detect_levels, detect_nvlink_label, path_of
 from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, Unschedulable
 
 
@@ -58,7 +58,7 @@ def plan_job(job: ResolvedJob, cluster: Cluster, options: PlanningOptions | None
     spec = job.spec
     screened, tally = eligibility.screen(cluster.nodes, spec.template.node_selector, spec.template.tolerations)
     groups = eligibility.by_product(screened, spec.topology.allow_mixed_gpu_products)
-    candidates = ranks_per_node_candidates(job, cluster.nodes)
+    candidates = ranks_per_node_candidates(job, cluster.nodes, ctx.nvlink_label)
     memory = estimates.memory_per_gpu(ctx.work)
     plans: list[Plan] = []
     misses: list[_Miss] = []
@@ -77,12 +77,18 @@ def plan_job(job: ResolvedJob, cluster: Cluster, options: PlanningOptions | None
     return _unschedulable(ctx, misses)
 
 
-def ranks_per_node_candidates(job: ResolvedJob, nodes: Sequence[NodeInfo]) -> list[int]:
-    """spec.gpusPerNode, or every size that divides the world, fits a node and lines up with TP, largest first."""
+def ranks_per_node_candidates(
+    job: ResolvedJob, nodes: Sequence[NodeInfo], nvlink_label: str | None = None
+) -> list[int]:
+    """spec.gpusPerNode, or every size that divides the world, fits a node and lines up with TP, largest first.
+
+    With an NVLink domain label (the spec's, or Topograph's found on the nodes) a size may divide TP too.
+    """
     if job.spec.gpus_per_node:
         return [job.spec.gpus_per_node]
     largest = max((node.allocatable_gpus for node in nodes), default=0)
-    world, tp, clique = job.world_size, job.tensor, job.spec.topology.nvlink_domain_label is not None
+    clique = nvlink_label is not None or job.spec.topology.nvlink_domain_label is not None
+    world, tp = job.world_size, job.tensor
     fits = [
         g for g in range(min(largest, world), 0, -1) if world % g == 0 and (g % tp == 0 or (clique and tp % g == 0))
     ]
@@ -94,7 +100,8 @@ def _context(job: ResolvedJob, cluster: Cluster, options: PlanningOptions) -> _C
     levels = tuple(topology.levels) if topology.levels else detect_levels(cluster.nodes)
     orders = tuple(AXIS_ORDERS.values()) if topology.axis_order == "auto" else (AXIS_ORDERS[topology.axis_order],)
     work = Workload.from_job(job)
-    return _Context(job, work, levels, topology.nvlink_domain_label, orders, options.cost_model)
+    nvlink_label = topology.nvlink_domain_label or detect_nvlink_label(cluster.nodes)
+    return _Context(job, work, levels, nvlink_label, orders, options.cost_model)
 
 
 def _first_fit(
