@@ -50,7 +50,7 @@ def measure(size: int, job, repeat: int) -> str:  # type: ignore[no-untyped-def]
     nodes, pods = synth.synth_cluster(spec)
     text = yaml.dump_all([synth.node_list(nodes), synth.pod_list(pods)], Dumper=yaml.CSafeDumper)
     load, docs = best_of(1, lambda: list(yaml.load_all(text, Loader=yaml.CSafeLoader)))
-    node_dicts, pod_dicts = planning.inventory.split_objects(docs)
+    node_dicts, pod_dicts, _ = planning.inventory.split_objects(docs)
     build, cluster = best_of(repeat, lambda: planning.build_cluster(node_dicts, pod_dicts))
     plan_s, plan = best_of(repeat, lambda: planning.plan_job(job, cluster))
     result = f"{len(plan.nodes)} nodes, cost {plan.cost.seconds:.3f} s vs naive {plan.naive_cost.seconds:.3f} s"

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from paralleljob import cli, planning
+from tests.planning import clusters
 
 EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
 JOB_175B = str(EXAMPLES / "gpt-175b-64xa100.yaml")
@@ -80,3 +81,128 @@ def test_cluster_synth_with_busy_prints_nodes_then_bound_pods(capsys: pytest.Cap
     node_list, pods = yaml.safe_load_all(capsys.readouterr().out)
     assert node_list["kind"] == "NodeList" and len(node_list["items"]) == 20
     assert pods["kind"] == "List" and all(p["spec"]["nodeName"] for p in pods["items"])
+
+
+def write_yaml(path: pathlib.Path, *documents: object) -> str:
+    path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
+    return str(path)
+
+
+def node_list(*names: str) -> dict[str, object]:
+    return {"apiVersion": "v1", "kind": "NodeList", "items": [clusters.node(name) for name in names]}
+
+
+def placed_job(name: str, node: str, pod_name: str) -> dict[str, object]:
+    """Another ParallelJob as `kubectl get paralleljobs -o yaml` prints it: placed on `node`, pod not bound yet."""
+    return {
+        "apiVersion": "paralleljob.io/v1alpha1",
+        "kind": "ParallelJob",
+        "metadata": {"name": name, "namespace": "research"},
+        "status": {
+            "phase": "Pending",
+            "gpusPerNode": 8,
+            "placement": [{"nodeRank": 0, "node": node, "ranks": "0-7", "stages": [0], "pod": pod_name}],
+        },
+    }
+
+
+SMALL_JOB = """apiVersion: paralleljob.io/v1alpha1
+kind: ParallelJob
+metadata: {name: small, namespace: research}
+spec:
+  parallelism: {pipeline: 2, tensor: 8, data: 1}
+  model: {layers: 8, hiddenSize: 512, attentionHeads: 8, sequenceLength: 512, vocabSize: 1024}
+  deepspeed: {train_micro_batch_size_per_gpu: 1, gradient_accumulation_steps: 16}
+  training: {steps: 10}
+  checkpoint: {intervalSteps: 5}
+"""
+
+
+def four_gpu_pods_job(tmp_path: pathlib.Path) -> pathlib.Path:
+    """PP 2 x TP 4 in two pods of 4 GPUs."""
+    job = tmp_path / "four-gpu-pods.yaml"
+    job.write_text(SMALL_JOB.replace("tensor: 8", "tensor: 4").replace("spec:\n", "spec:\n  gpusPerNode: 4\n"))
+    return job
+
+
+@pytest.fixture
+def small_job(tmp_path: pathlib.Path) -> str:
+    path = tmp_path / "small-job.yaml"
+    path.write_text(SMALL_JOB)
+    return str(path)
+
+
+def test_a_pod_in_both_the_cluster_file_and_the_pods_file_counts_once(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = four_gpu_pods_job(tmp_path)
+    pods = {"apiVersion": "v1", "kind": "List", "items": [clusters.pod("other", "n0", 4)]}
+    cluster = write_yaml(tmp_path / "cluster.yaml", node_list("n0", "n1"), pods)
+    pods_file = write_yaml(tmp_path / "pods.yaml", pods)
+    # n0 has 4 of 8 GPUs free; counted twice it would have none and the 2-node job would not fit.
+    assert cli.main(["plan", str(job), "--cluster", cluster, "--pods", pods_file, "-o", "json"]) == 0
+    assert sorted(node["node"] for node in json.loads(capsys.readouterr().out)["nodes"]) == ["n0", "n1"]
+
+
+def test_an_unschedulable_job_with_json_output_keeps_stdout_empty_and_says_why_on_stderr(
+    tmp_path: pathlib.Path, small_job: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = write_yaml(tmp_path / "cluster.yaml", node_list("n0"))
+    assert cli.main(["plan", small_job, "--cluster", cluster, "-o", "json"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "spec: unschedulable: needs 2 nodes with 8 free nvidia.com/gpu" in err
+
+
+def test_with_two_jobs_of_which_one_fits_stdout_is_the_json_of_the_one(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(SMALL_JOB + "---\n" + SMALL_JOB.replace("name: small,", "name: second,"))
+    cluster = write_yaml(tmp_path / "cluster.yaml", node_list("n0", "n1", "n2"))
+    assert cli.main(["plan", str(jobs), "--cluster", cluster, "-o", "yaml"]) == 1
+    out, err = capsys.readouterr()
+    assert [doc["worldSize"] for doc in yaml.safe_load_all(out)] == [16]
+    assert "(document 2): spec: unschedulable: needs 2 nodes" in err
+
+
+def test_an_invalid_job_with_svg_output_reports_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    job = str(EXAMPLES / "deepspeed-zero2-pipeline.yaml")
+    assert cli.main(["plan", job, "--cluster", CLUSTER_8X8, "-o", "svg"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "ZeRO" in err
+
+
+def test_an_unwritable_out_path_is_one_line_and_exit_2(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "no-such-directory" / "plan.json"
+    assert cli.main(["plan", JOB_175B, "--cluster", CLUSTER_8X8, "-o", "json", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"paralleljob plan: cannot write --out {out}: ") and err.count("\n") == 1
+
+
+def test_another_parallel_jobs_placement_not_yet_bound_holds_its_gpus(
+    tmp_path: pathlib.Path, small_job: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = write_yaml(tmp_path / "cluster.yaml", node_list("n0", "n1"))
+    others = write_yaml(
+        tmp_path / "jobs.yaml", {"kind": "ParallelJobList", "items": [placed_job("gpt", "n0", "gpt-0")]}
+    )
+    assert cli.main(["plan", small_job, "--cluster", cluster, "--pods", others]) == 1
+    assert "1 has GPUs in use by ParallelJob research/gpt" in capsys.readouterr().out
+
+
+def test_a_parallel_job_whose_pod_is_bound_counts_through_the_pod_only(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pods = {"kind": "List", "items": [clusters.pod("gpt-0", "n0", 4)]}
+    cluster = write_yaml(tmp_path / "cluster.yaml", node_list("n0", "n1"), pods, placed_job("gpt", "n0", "gpt-0"))
+    assert cli.main(["plan", str(four_gpu_pods_job(tmp_path)), "--cluster", cluster, "-o", "json"]) == 0
+    assert sorted(node["node"] for node in json.loads(capsys.readouterr().out)["nodes"]) == ["n0", "n1"]
+
+
+def test_the_job_being_planned_does_not_reserve_against_itself(tmp_path: pathlib.Path, small_job: str) -> None:
+    itself = placed_job("small", "n0", "small-0")
+    cluster = write_yaml(tmp_path / "cluster.yaml", node_list("n0", "n1"), itself)
+    assert cli.main(["plan", small_job, "--cluster", cluster, "-o", "json", "--out", str(tmp_path / "p.json")]) == 0

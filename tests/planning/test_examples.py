@@ -21,7 +21,7 @@ def example(name: str) -> planning.Plan | planning.Unschedulable:
 
 
 def cluster_file(name: str) -> planning.Cluster:
-    nodes, pods = planning.inventory.split_objects(yaml.safe_load_all((EXAMPLES / name).read_text()))
+    nodes, pods, _ = planning.inventory.split_objects(yaml.safe_load_all((EXAMPLES / name).read_text()))
     return planning.build_cluster(nodes, pods)
 
 

@@ -1,8 +1,13 @@
 """`paralleljob plan JOB.yaml [--cluster NODES.yaml] [--pods PODS.yaml] [-o table|json|yaml|svg] [--out FILE]`.
 
 Validates the job, reads the cluster (files, or the live cluster through the kubeconfig when --cluster is
-absent: the only place the planner's inputs come from the Kubernetes API), calls
+absent: the only place the planner's inputs come from the Kubernetes API): Nodes, bound Pods and other
+ParallelJobs, whose placements not yet bound are subtracted (`planning.job_reservations`); calls
 `paralleljob.planning.plan_job()` and prints the plan. Exit 0 planned, 1 invalid or unschedulable, 2 usage.
+
+Reasons (validation errors, unschedulable messages) go to standard output in table mode, as
+`paralleljob validate` prints them, and to standard error with -o json|yaml|svg, so that standard output
+holds only the machine-readable document.
 """
 
 from __future__ import annotations
@@ -12,12 +17,13 @@ import io
 import json
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
 from paralleljob import planning
 from paralleljob.api import documents
+from paralleljob.api import types as api_types
 from paralleljob.api.problems import errors_of, warnings_of
 from paralleljob.api.validation import validate_document
 from paralleljob.commands import validate
@@ -42,9 +48,15 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--cluster",
         metavar="NODES.yaml",
-        help="Nodes as `kubectl get nodes -o yaml` prints them (may also hold Pods); default: the live cluster",
+        help="Nodes as `kubectl get nodes -o yaml` prints them (may also hold Pods and ParallelJobs); "
+        "default: the live cluster",
     )
-    parser.add_argument("--pods", metavar="PODS.yaml", help="bound Pods (`kubectl get pods -A -o yaml`)")
+    parser.add_argument(
+        "--pods",
+        metavar="PODS.yaml",
+        help="bound Pods (`kubectl get pods -A -o yaml`) and ParallelJobs (`kubectl get paralleljobs -A -o yaml`), "
+        "added to the cluster's; an object listed in both counts once",
+    )
     parser.add_argument("-o", "--output", choices=FORMATS, default="table", help="output format (default table)")
     parser.add_argument("--out", metavar="FILE", help="write the output to FILE instead of standard output")
     parser.add_argument(
@@ -58,26 +70,34 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    reasons = sys.stdout if args.output == "table" else sys.stderr
     try:
         options = planning.PlanningOptions(costmodel.CostModel(bandwidths=_bandwidths(args.bandwidth)))
-        jobs = _load_jobs(args.job)
+        jobs = _load_jobs(args.job, reasons)
         if jobs is None:
             return 1
-        nodes, pods = _load_cluster(args.cluster, args.pods)
+        found = _load_cluster(args.cluster, args.pods)
     except UsageError as exc:
         print(f"paralleljob plan: {exc}", file=sys.stderr)
         return 2
-    outcomes, ok = _plan_all(jobs, nodes, pods, options)
-    cluster = planning.build_cluster(nodes, pods)
+    outcomes, ok = _plan_all(jobs, found, options, reasons)
     if not outcomes:
         return 1
-    text = render(outcomes, cluster, args.output)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    else:
-        sys.stdout.write(text)
+    text = render(outcomes, planning.build_cluster(found.nodes, found.pods), args.output)
+    try:
+        _write(text, args.out)
+    except OSError as exc:
+        print(f"paralleljob plan: cannot write --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     return 0 if ok else 1
+
+
+def _write(text: str, path: str | None) -> None:
+    if path is None:
+        sys.stdout.write(text)
+        return
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 def _bandwidths(pairs: list[str]) -> dict[str, float]:
@@ -93,11 +113,11 @@ def _bandwidths(pairs: list[str]) -> dict[str, float]:
     return found
 
 
-def _load_jobs(path: str) -> list[tuple[str, Any]] | None:
-    """(label, resolved job) for each document, or None after printing why one is invalid."""
+def _load_jobs(path: str, reasons: TextIO) -> list[tuple[str, Any]] | None:
+    """(label, resolved job) for each document, or None after printing to `reasons` why one is invalid."""
     docs, problems = documents.load_path(path)
     for problem in errors_of(problems):
-        print(f"{path}: {problem.render()}")
+        print(f"{path}: {problem.render()}", file=reasons)
     if errors_of(problems):
         return None
     jobs: list[tuple[str, Any]] = []
@@ -108,7 +128,7 @@ def _load_jobs(path: str) -> list[tuple[str, Any]] | None:
         if not result.ok:
             valid = False
             _, lines = validate.report(doc, label)
-            print("\n".join(lines))
+            print("\n".join(lines), file=reasons)
             continue
         for problem in warnings_of(result.problems):
             print(f"{label}: {problem.render()}", file=sys.stderr)
@@ -116,16 +136,19 @@ def _load_jobs(path: str) -> list[tuple[str, Any]] | None:
     return jobs if valid else None
 
 
-def _load_cluster(cluster_path: str | None, pods_path: str | None) -> tuple[list[Any], list[Any]]:
+def _load_cluster(cluster_path: str | None, pods_path: str | None) -> inventory.ClusterObjects:
+    """Nodes, Pods and ParallelJobs: from --cluster or the live cluster, plus --pods; repeats count once."""
     if cluster_path is None:
-        nodes, pods = _live_cluster()
+        found = _live_cluster()
     else:
-        nodes, pods = inventory.split_objects(_read_yaml(cluster_path))
-        if not nodes:
+        found = inventory.split_objects(_read_yaml(cluster_path))
+        if not found.nodes:
             raise UsageError(f"{cluster_path}: contains no Node objects (write `kubectl get nodes -o yaml` to it)")
     if pods_path is not None:
-        pods += inventory.split_objects(_read_yaml(pods_path))[1]
-    return nodes, pods
+        extra = inventory.split_objects(_read_yaml(pods_path))
+        found = found._replace(pods=found.pods + extra.pods, jobs=found.jobs + extra.jobs)
+    unique = inventory.unique_objects
+    return inventory.ClusterObjects(found.nodes, unique(found.pods), unique(found.jobs))
 
 
 def _read_yaml(path: str) -> list[Any]:
@@ -135,8 +158,8 @@ def _read_yaml(path: str) -> list[Any]:
     return [doc.body for doc in docs]
 
 
-def _live_cluster() -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
-    """Nodes and bound pods through the kubeconfig (or in-cluster config), as camelCase dicts."""
+def _live_cluster() -> inventory.ClusterObjects:
+    """Nodes, bound pods and ParallelJobs through the kubeconfig (or in-cluster config), as camelCase dicts."""
     try:
         import kubernetes  # lazy: only this path talks to a cluster
     except ImportError:  # pragma: no cover - kubernetes is a dependency
@@ -151,25 +174,45 @@ def _live_cluster() -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
         nodes = [serialise(node) for node in api.list_node().items]
         selector = "status.phase!=Succeeded,status.phase!=Failed"
         pods = [serialise(pod) for pod in api.list_pod_for_all_namespaces(field_selector=selector).items]
+        jobs = _live_jobs(kubernetes)
+    except UsageError:
+        raise
     except Exception as exc:  # any failure to reach the cluster is one line, never a traceback
         raise UsageError(
             f"cannot read the live cluster ({exc.__class__.__name__}: {exc}); pass --cluster FILE"
         ) from None
-    return nodes, pods
+    return inventory.ClusterObjects(nodes, pods, jobs)
+
+
+def _live_jobs(kubernetes: Any) -> list[Mapping[str, Any]]:
+    """Every ParallelJob; none when the CRD is not installed. Others' placements not yet bound hold GPUs."""
+    custom = kubernetes.client.CustomObjectsApi()
+    try:
+        listed = custom.list_cluster_custom_object(api_types.GROUP, api_types.VERSION, api_types.PLURAL)
+    except kubernetes.client.exceptions.ApiException as exc:
+        if exc.status == 404:
+            return []
+        raise
+    return list(listed.get("items") or [])
 
 
 def _plan_all(
-    jobs: list[tuple[str, Any]], nodes: list[Any], pods: list[Any], options: planning.PlanningOptions
+    jobs: list[tuple[str, Any]],
+    found: inventory.ClusterObjects,
+    options: planning.PlanningOptions,
+    reasons: TextIO,
 ) -> tuple[list[tuple[str, planning.Plan]], bool]:
-    """Plan each job in turn; later jobs see the GPUs the earlier plans hold (as reservations)."""
+    """Plan each job in turn; later jobs see the GPUs the earlier plans hold (as reservations), and every job
+    sees the GPUs that other ParallelJobs' placements not yet bound hold (the job itself excepted)."""
     outcomes: list[tuple[str, planning.Plan]] = []
     reservations: list[planning.Reservation] = []
     ok = True
     for label, job in jobs:
-        cluster = planning.build_cluster(nodes, pods, reservations)
+        held = planning.job_reservations(found.jobs, found.pods, exclude=(job.namespace, job.name))
+        cluster = planning.build_cluster(found.nodes, found.pods, [*held, *reservations])
         outcome = planning.plan_job(job, cluster, options)
         if isinstance(outcome, planning.Unschedulable):
-            print(f"{label}: {outcome.problem().render()}")
+            print(f"{label}: {outcome.problem().render()}", file=reasons)
             ok = False
             continue
         outcomes.append((job.name, outcome))

@@ -2,6 +2,7 @@
 
 Pure code (no kubernetes, kopf or torch): callers pass Kubernetes objects as dicts and get frozen outcomes.
 
+    reservations = planning.job_reservations(job_dicts, pod_dicts, exclude=(namespace, name))
     cluster = planning.build_cluster(node_dicts, pod_dicts, reservations)
     outcome = planning.plan_job(resolved_job, cluster)      # Plan | Unschedulable
     job_json["plan"] = outcome.to_dict()                    # the trainer's and operator's view
@@ -11,7 +12,14 @@ documents the rules, the cost model and the JSON schema.
 """
 
 from paralleljob.planning.costmodel import CostModel
-from paralleljob.planning.inventory import Cluster, NodeInfo, Reservation, build_cluster, local_cluster_nodes
+from paralleljob.planning.inventory import (
+    Cluster,
+    NodeInfo,
+    Reservation,
+    build_cluster,
+    job_reservations,
+    local_cluster_nodes,
+)
 from paralleljob.planning.layout import Coord, Layout
 from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, Unschedulable
 from paralleljob.planning.planner import PlanningOptions, plan_job
@@ -36,6 +44,7 @@ __all__ = [
     "Reservation",
     "Unschedulable",
     "build_cluster",
+    "job_reservations",
     "local_cluster_nodes",
     "plan_job",
     "reservations_of",

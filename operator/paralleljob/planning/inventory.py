@@ -1,8 +1,9 @@
 """The cluster as the planner sees it: nodes, the GPUs already held on them, and their labels.
 
 `build_cluster()` turns Kubernetes objects (Node dicts as `kubectl get nodes -o yaml` prints them, bound Pod
-dicts, and the reservations of other ParallelJobs not yet bound) into a `Cluster` of `NodeInfo`. This is the
-parsing step; everything after it (`paralleljob.planning.planner`) reads only these frozen records.
+dicts, and the reservations of other ParallelJobs not yet bound, which `job_reservations()` reads from
+ParallelJob dicts) into a `Cluster` of `NodeInfo`. This is the parsing step; everything after it
+(`paralleljob.planning.planner`) reads only these frozen records.
 The CLI, the operator and the local runner build clusters here; `local_cluster_nodes()` makes the Node dicts
 the local runner simulates.
 """
@@ -12,14 +13,16 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as NVIDIA GPU Feature Discovery writes it
 TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
+TERMINAL_JOB_PHASES = frozenset({"Succeeded", "Failed"})
 BLOCKING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 _DIGITS = re.compile(r"(\d+)")
+_TYPED_LISTS = frozenset({"NodeList", "PodList", "ParallelJobList"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +66,14 @@ class NodeInfo:
         object.__setattr__(self, "free_gpus", max(0, self.allocatable_gpus - self.used_gpus))
 
 
+class ClusterObjects(NamedTuple):
+    """Node, Pod and ParallelJob dicts found in YAML documents (`split_objects`)."""
+
+    nodes: list[Mapping[str, Any]]
+    pods: list[Mapping[str, Any]]
+    jobs: list[Mapping[str, Any]]
+
+
 @dataclasses.dataclass(frozen=True)
 class Cluster:
     """Every node, in natural name order (the order a topology-oblivious scheduler would fill them in)."""
@@ -81,10 +92,13 @@ def build_cluster(
     pods: Iterable[Mapping[str, Any]] = (),
     reservations: Iterable[Reservation] = (),
 ) -> Cluster:
-    """A Cluster from Node dicts, bound Pod dicts and other jobs' reservations (camelCase, as kubectl prints)."""
+    """A Cluster from Node dicts, bound Pod dicts and other jobs' reservations (camelCase, as kubectl prints).
+
+    A pod listed twice (same namespace and name, e.g. read live and from a file) counts once: the last copy.
+    """
     held: dict[str, list[tuple[str, int]]] = {}
     reserved: dict[str, list[tuple[str, int]]] = {}
-    for pod in pods:
+    for pod in unique_objects(pods):
         node, gpus = pod_gpu_claim(pod)
         if node and gpus:
             held.setdefault(node, []).append((_name(pod), gpus))
@@ -99,17 +113,57 @@ def natural_key(name: str) -> tuple[tuple[int, str], ...]:
     return tuple((int(part), "") if part.isdigit() else (-1, part) for part in _DIGITS.split(name) if part)
 
 
-def split_objects(documents: Iterable[Any]) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
-    """(Nodes, Pods) found in YAML documents: single objects, NodeList, PodList or List, in any mix."""
-    nodes: list[Mapping[str, Any]] = []
-    pods: list[Mapping[str, Any]] = []
+def split_objects(documents: Iterable[Any]) -> ClusterObjects:
+    """Nodes, Pods and ParallelJobs in YAML documents: single objects, NodeList, PodList, ParallelJobList or
+    List, in any mix."""
+    found = ClusterObjects([], [], [])
     for obj in _flatten(documents, ""):
         kind = obj.get("kind")
         if kind == "Node":
-            nodes.append(obj)
+            found.nodes.append(obj)
         elif kind == "Pod":
-            pods.append(obj)
-    return nodes, pods
+            found.pods.append(obj)
+        elif kind == "ParallelJob":
+            found.jobs.append(obj)
+    return found
+
+
+def unique_objects(objects: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Objects without repeats of one (namespace, name): the last copy wins; objects without a name all stay."""
+    named: dict[tuple[str, str], Mapping[str, Any]] = {}
+    anonymous: list[Mapping[str, Any]] = []
+    for obj in objects:
+        metadata = obj.get("metadata") or {}
+        if metadata.get("name"):
+            key = (str(metadata.get("namespace") or ""), str(metadata["name"]))
+            named.pop(key, None)  # a later copy takes the place of the earlier one
+            named[key] = obj
+        else:
+            anonymous.append(obj)
+    return [*named.values(), *anonymous]
+
+
+def job_reservations(
+    jobs: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], exclude: tuple[str, str] | None = None
+) -> list[Reservation]:
+    """GPUs that placed, unfinished ParallelJobs hold on nodes where their pod is not bound yet.
+
+    Reads each ParallelJob dict's status (`placement[].node`, `placement[].pod`, `gpusPerNode`, `phase`), as
+    the operator writes it; `exclude` is the (namespace, name) of the job being planned. A bound pod counts
+    through its own GPU requests instead (`build_cluster` subtracts it), so it reserves nothing here.
+    """
+    bound = {_key(pod) for pod in pods if pod_gpu_claim(pod)[1]}
+    found: list[Reservation] = []
+    for job in unique_objects(jobs):
+        key, status = _key(job), job.get("status") or {}
+        placement = status.get("placement")
+        if key == exclude or status.get("phase") in TERMINAL_JOB_PHASES or not isinstance(placement, list):
+            continue
+        gpus = _int_or_none(status.get("gpusPerNode")) or 0
+        for entry in placement:
+            if isinstance(entry, Mapping) and entry.get("node") and (key[0], str(entry.get("pod") or "")) not in bound:
+                found.append(Reservation(str(entry["node"]), gpus, f"{key[0]}/{key[1]}"))
+    return found
 
 
 def _flatten(documents: Iterable[Any], item_kind: str) -> Iterable[Mapping[str, Any]]:
@@ -118,8 +172,8 @@ def _flatten(documents: Iterable[Any], item_kind: str) -> Iterable[Mapping[str, 
             continue
         kind = str(obj.get("kind") or item_kind)
         if kind.endswith("List") or (not kind and "items" in obj):
-            # Items of a NodeList or PodList may omit their own kind (the API client drops it).
-            yield from _flatten(obj.get("items") or (), kind[: -len("List")] if kind in ("NodeList", "PodList") else "")
+            # Items of a NodeList, PodList or ParallelJobList may omit their own kind (the API client drops it).
+            yield from _flatten(obj.get("items") or (), kind[: -len("List")] if kind in _TYPED_LISTS else "")
         elif kind == obj.get("kind"):
             yield obj
         else:
@@ -212,6 +266,11 @@ def _is_ready(conditions: Any) -> bool:
 
 def _taint(raw: Mapping[str, Any]) -> Taint:
     return Taint(str(raw.get("key", "")), str(raw.get("value") or ""), str(raw.get("effect", "")))
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    metadata = obj.get("metadata") or {}
+    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
 
 
 def _name(obj: Mapping[str, Any]) -> str:
