@@ -11,8 +11,9 @@ ACCELERATOR = "network.topology.nvidia.com/accelerator"
 
 def test_topographs_accelerator_label_is_not_a_network_level() -> None:
     cluster = planning.build_cluster([node("n0", leaf="a", labels={ACCELERATOR: "rack-0"})])
-    assert levels.detect_levels(cluster.nodes) == (LEAF,)
-    assert levels.detect_nvlink_label(cluster.nodes) == ACCELERATOR
+    present = levels.label_keys(cluster.nodes)
+    assert levels.detect_levels(present) == (LEAF,)
+    assert levels.detect_nvlink_label(present) == ACCELERATOR
 
 
 def test_topographs_accelerator_label_is_the_nvlink_domain_when_the_spec_names_none() -> None:

@@ -119,14 +119,16 @@ def price(
     sites: Sequence[Site],
     volume: estimates.CommBytes,
     bw: Mapping[LinkLevel, float],
+    groups: Mapping[str, list[list[int]]] | None = None,
 ) -> CommCost:
-    """Cost of one step's communication with node rank i on sites[i].
+    """Cost of one step's communication with node rank i on sites[i]; `groups` are `rank_groups(layout, ...)`,
+    passed in when the caller prices several node orders of one layout.
 
     A kind of group costs what its slowest link level costs. Above the leaf, links are oversubscribed and
     shared: when a fraction f of a kind's groups reach a level, each gets min(1, factor / f) of the leaf
     bandwidth there (factor = bw[level] / bw[LEAF]), so fewer crossing groups cost less.
     """
-    groups = _groups(layout, ranks_per_node)
+    groups = groups or rank_groups(layout, ranks_per_node)
     found: dict[str, tuple[float, LinkLevel]] = {}
     total, count = 0.0, 0
     for kind, nbytes in (("tensor", volume.tensor), ("pipeline", volume.pipeline), ("data", volume.data)):
@@ -160,7 +162,7 @@ def _kind_seconds(reached: list[LinkLevel], nbytes: float, bw: Mapping[LinkLevel
     return worst, max(reached)
 
 
-def _groups(layout: Layout, ranks_per_node: int) -> dict[str, list[list[int]]]:
+def rank_groups(layout: Layout, ranks_per_node: int) -> dict[str, list[list[int]]]:
     """Representative rank groups: one per tensor group, per pipeline neighbour pair and per data group.
 
     Ranks of one tensor group that share a node see the same partners, so only the first rank of each

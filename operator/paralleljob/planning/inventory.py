@@ -44,7 +44,7 @@ class Reservation:
     holder: str = "another ParallelJob"  # the ParallelJob's name, shown in unschedulable messages
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class NodeInfo:
     """What the planner reads from one Node, with the GPUs already held on it subtracted."""
 
@@ -104,8 +104,9 @@ def build_cluster(
             held.setdefault(node, []).append((_name(pod), gpus))
     for reservation in reservations:
         reserved.setdefault(reservation.node, []).append((reservation.holder, reservation.gpus))
-    infos = (node_info(node, held.get(_name(node), []), reserved.get(_name(node), [])) for node in nodes)
-    return Cluster(tuple(sorted(infos, key=lambda info: natural_key(info.name))))
+    # Sorted before they are built, so that the planner's passes over the nodes read memory in order.
+    ordered = sorted(((natural_key(_name(node)), _name(node), node) for node in nodes), key=lambda item: item[0])
+    return Cluster(tuple(node_info(node, held.get(name, []), reserved.get(name, [])) for _, name, node in ordered))
 
 
 def natural_key(name: str) -> tuple[tuple[int, str], ...]:

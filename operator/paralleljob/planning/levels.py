@@ -9,7 +9,7 @@ domains, `level_of_depth()` classifies the link between nodes for the cost model
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from paralleljob.planning.inventory import NodeInfo
 
@@ -38,11 +38,16 @@ class LinkLevel(enum.IntEnum):
     TOP = 4  # different top-level domains
 
 
-def detect_levels(nodes: Iterable[NodeInfo]) -> tuple[str, ...]:
-    """Label keys naming the network domains, coarse to fine, recognised from the labels present."""
+def label_keys(nodes: Iterable[NodeInfo]) -> set[str]:
+    """Every label key on any node: what `detect_levels` and `detect_nvlink_label` read, gathered in one pass."""
     present: set[str] = set()
     for node in nodes:
         present.update(node.labels)
+    return present
+
+
+def detect_levels(present: Collection[str]) -> tuple[str, ...]:
+    """Label keys naming the network domains, coarse to fine, recognised among the label keys present."""
     for family in FAMILIES:
         found = tuple(key for key in family if key in present)
         if found:
@@ -50,12 +55,12 @@ def detect_levels(nodes: Iterable[NodeInfo]) -> tuple[str, ...]:
     return (ZONE,) if ZONE in present else ()
 
 
-def detect_nvlink_label(nodes: Iterable[NodeInfo]) -> str | None:
+def detect_nvlink_label(present: Collection[str]) -> str | None:
     """The NVLink domain label when spec.topology.nvlinkDomainLabel is unset: Topograph's, if any node has it."""
-    return TOPOGRAPH_NVLINK if any(TOPOGRAPH_NVLINK in node.labels for node in nodes) else None
+    return TOPOGRAPH_NVLINK if TOPOGRAPH_NVLINK in present else None
 
 
-def _with_zone(found: tuple[str, ...], present: set[str]) -> tuple[str, ...]:
+def _with_zone(found: tuple[str, ...], present: Collection[str]) -> tuple[str, ...]:
     # A job should not straddle zones either, so the zone stays the coarsest level when nodes carry it.
     return (ZONE, *found) if ZONE in present else found
 
@@ -66,8 +71,10 @@ def path_of(node: NodeInfo, levels: Sequence[str]) -> tuple[str, ...]:
     Where a label is missing the node is a domain of its own (`unlabelled()`): nothing says it shares a switch
     with the other unlabelled nodes, so they must not look like one domain.
     """
-    labels = node.labels
-    return tuple(labels.get(level) or unlabelled(node.name) for level in levels)
+    path = tuple(map(node.labels.get, levels))
+    if None in path or "" in path:
+        return tuple(value or unlabelled(node.name) for value in path)
+    return path  # type: ignore[return-value]  # no None left
 
 
 def unlabelled(node_name: str) -> str:

@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 
 from paralleljob.api.validation import ResolvedJob
 from paralleljob.planning import eligibility, estimates, placement
-from paralleljob.planning.costmodel import CommCost, CostModel, Site, price
+from paralleljob.planning.costmodel import CommCost, CostModel, Site, price, rank_groups
 from paralleljob.planning.eligibility import MIB, Tally
 from paralleljob.planning.estimates import GIB, Workload
 from paralleljob.planning.inventory import GPU_RESOURCE, Cluster, NodeInfo
 from paralleljob.planning.layout import AXIS_ORDERS, PIPE_DATA_MODEL, AxisOrder, Layout, node_ranks
-from paralleljob.planning.levels import LinkLevel, detect_levels, detect_nvlink_label, path_of
+from paralleljob.planning.levels import LinkLevel, detect_levels, detect_nvlink_label, label_keys, path_of
 from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, Unschedulable
 
 
@@ -97,10 +97,11 @@ def ranks_per_node_candidates(
 
 def _context(job: ResolvedJob, cluster: Cluster, options: PlanningOptions) -> _Context:
     topology = job.spec.topology
-    levels = tuple(topology.levels) if topology.levels else detect_levels(cluster.nodes)
+    present = label_keys(cluster.nodes) if not (topology.levels and topology.nvlink_domain_label) else set()
+    levels = tuple(topology.levels) if topology.levels else detect_levels(present)
     orders = tuple(AXIS_ORDERS.values()) if topology.axis_order == "auto" else (AXIS_ORDERS[topology.axis_order],)
     work = Workload.from_job(job)
-    nvlink_label = topology.nvlink_domain_label or detect_nvlink_label(cluster.nodes)
+    nvlink_label = topology.nvlink_domain_label or detect_nvlink_label(present)
     return _Context(job, work, levels, nvlink_label, orders, options.cost_model)
 
 
@@ -138,19 +139,21 @@ def _best_plan(
     bandwidth = ctx.model.link_bandwidths(product)
     volume = estimates.comm_bytes(ctx.work)
     base = Layout(ctx.job.pipeline, ctx.job.tensor, ctx.job.data)
+    layouts = {order: base.with_order(order) for order in (*ctx.axis_orders, PIPE_DATA_MODEL)}
+    groups = {order: rank_groups(layout, gpus) for order, layout in layouts.items()}
     best: tuple[tuple[float, float, int], list[NodeInfo], Layout, CommCost] | None = None
     for index, order in enumerate(placement.orderings(chosen)):
         nodes = [node for member in order for node in member.nodes]
         sites = [_site(node, ctx) for node in nodes]
         for axis_order in ctx.axis_orders:
-            layout = base.with_order(axis_order)
-            cost = price(layout, gpus, sites, volume, bandwidth)
+            layout = layouts[axis_order]
+            cost = price(layout, gpus, sites, volume, bandwidth, groups[axis_order])
             key = (round(cost.total, 12), round(cost.spread, 12), index)
             if best is None or key < best[0]:
                 best = (key, nodes, layout, cost)
     assert best is not None
     _, nodes, layout, cost = best
-    naive = _naive_cost(ctx, gpus, qualifying, volume, bandwidth)
+    naive = _naive_cost(ctx, gpus, qualifying, volume, bandwidth, groups)
     return _build_plan(ctx, product, gpus, nodes, layout, cost, naive)
 
 
@@ -160,6 +163,7 @@ def _naive_cost(
     qualifying: list[NodeInfo],
     volume: estimates.CommBytes,
     bandwidth: Mapping[LinkLevel, float],
+    groups: Mapping[AxisOrder, Mapping[str, list[list[int]]]],
 ) -> CommCost | None:
     """A topology-oblivious scheduler's placement: the first free nodes by name, the default axis order."""
     count = ctx.job.world_size // gpus
@@ -168,7 +172,7 @@ def _naive_cost(
     order = ctx.axis_orders[0] if len(ctx.axis_orders) == 1 else PIPE_DATA_MODEL
     layout = Layout(ctx.job.pipeline, ctx.job.tensor, ctx.job.data, order)
     sites = [_site(node, ctx) for node in qualifying[:count]]  # qualifying nodes keep the cluster's name order
-    return price(layout, gpus, sites, volume, bandwidth)
+    return price(layout, gpus, sites, volume, bandwidth, groups[order])
 
 
 def _site(node: NodeInfo, ctx: _Context) -> Site:
