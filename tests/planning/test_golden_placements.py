@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from tests.planning.clusters import node, plan, pod, small_job
 
+CLIQUE = "nvidia.com/gpu.clique"
+
 
 def test_consecutive_stages_share_a_leaf_even_when_name_order_alternates_leaves() -> None:
     nodes = [node("n1", leaf="a"), node("n2", leaf="b"), node("n3", leaf="a"), node("n4", leaf="b")]
@@ -47,3 +49,23 @@ def test_node_ranks_number_ranks_as_torchrun_does() -> None:
         {"pipe": 0, "data": 0, "model": 1},
         {"pipe": 0, "data": 1, "model": 0},
     ]
+
+
+def test_a_tensor_group_of_8_spans_two_4_gpu_nodes_of_one_nvl72_clique() -> None:
+    # GB200 NVL72-style: 4 GPUs per Kubernetes node, racks are NVLink cliques under their own leaf. Rack a has
+    # one node busy, so only rack b can give the job's 4 nodes as two pairs in one NVLink domain.
+    gb200 = {"nvidia.com/gpu.product": "NVIDIA-GB200", "nvidia.com/gpu.memory": "189471"}
+    nodes = [node(f"a{i}", gpus=4, leaf="la", labels={**gb200, CLIQUE: "rack-a.0"}) for i in range(4)]
+    nodes += [node(f"b{i}", gpus=4, leaf="lb", labels={**gb200, CLIQUE: "rack-b.0"}) for i in range(4)]
+    extra = f"  topology: {{nvlinkDomainLabel: {CLIQUE}}}\n"
+    placed = plan(small_job(pipeline=2, tensor=8, data=1, extra=extra), nodes, [pod("other", "a1", 4)])
+    assert placed.ranks_per_node == 4
+    assert sorted(placed.node_names()) == ["b0", "b1", "b2", "b3"]
+    by_rank = {entry.node_rank: entry for entry in placed.nodes}
+    for first in (0, 2):  # node ranks 0-1 hold stage 0's tensor group, 2-3 stage 1's
+        pair = [by_rank[first], by_rank[first + 1]]
+        assert [c.model for entry in pair for c in entry.coords] == list(range(8))
+        assert {c.pipe for entry in pair for c in entry.coords} == {first // 2}
+        assert {entry.domains[CLIQUE] for entry in pair} == {"rack-b.0"}
+    assert placed.cost.levels == {"tensor": "nvlink", "pipeline": "nvlink", "data": "node"}
+    assert placed.gpu_product == "NVIDIA-GB200"
