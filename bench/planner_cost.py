@@ -13,6 +13,7 @@ import argparse
 import pathlib
 import statistics
 
+import planner_jobs
 import yaml
 
 from paralleljob import planning
@@ -20,32 +21,20 @@ from paralleljob.api import validate_document
 from paralleljob.planning import synth
 
 EXAMPLES = pathlib.Path(__file__).parents[1] / "examples"
-BIG = """
-apiVersion: paralleljob.io/v1alpha1
-kind: ParallelJob
-metadata: {name: gpt-175b-512}
-spec:
-  parallelism: {pipeline: 8, tensor: 8, data: 8}
-  model: {layers: 96, hiddenSize: 12288, attentionHeads: 96, sequenceLength: 2048, vocabSize: 51200,
-          activationCheckpointInterval: 1}
-  deepspeed: {train_micro_batch_size_per_gpu: 1, gradient_accumulation_steps: 192, zero_optimization: {stage: 1}}
-  training: {steps: 10}
-  checkpoint: {intervalSteps: 5}
-"""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=5)
     args = parser.parse_args()
+    example = validate_document(yaml.safe_load((EXAMPLES / "gpt-13b-fragmented.yaml").read_text())).resolved
+    assert example is not None
     jobs = {
-        "gpt-13b (16 nodes)": yaml.safe_load((EXAMPLES / "gpt-13b-fragmented.yaml").read_text()),
-        "gpt-175b 8x8x8 (64 nodes)": yaml.safe_load(BIG),
+        "gpt-13b (16 nodes)": example,
+        "gpt-175b 8x8x8 (64 nodes)": planner_jobs.gpt_175b_job("gpt-175b-512", 8, 8, 8, micro_batches=192),
     }
     print(f"{'job':<28}{'busy':>6}{'planned s':>11}{'naive s':>10}{'naive/planned':>15}")
-    for label, doc in jobs.items():
-        job = validate_document(doc).resolved
-        assert job is not None
+    for label, job in jobs.items():
         for busy in (0.0, 0.2, 0.4, 0.6):
             planned, naive = [], []
             for seed in range(args.seeds):

@@ -14,24 +14,11 @@ from __future__ import annotations
 import argparse
 import time
 
+import planner_jobs
 import yaml
 
 from paralleljob import planning
-from paralleljob.api import validate_document
 from paralleljob.planning import synth
-
-JOB = """
-apiVersion: paralleljob.io/v1alpha1
-kind: ParallelJob
-metadata: {name: bench-128-nodes}
-spec:
-  parallelism: {pipeline: 8, tensor: 8, data: 16}
-  model: {layers: 96, hiddenSize: 12288, attentionHeads: 96, sequenceLength: 2048, vocabSize: 51200,
-          activationCheckpointInterval: 1}
-  deepspeed: {train_micro_batch_size_per_gpu: 1, gradient_accumulation_steps: 64, zero_optimization: {stage: 1}}
-  training: {steps: 10}
-  checkpoint: {intervalSteps: 5}
-"""
 
 
 def best_of(repeat: int, action):  # type: ignore[no-untyped-def]
@@ -65,8 +52,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    job = validate_document(yaml.safe_load(JOB)).resolved
-    assert job is not None
+    job = planner_jobs.gpt_175b_job("bench-128-nodes", 8, 8, 16, micro_batches=64)
     print(f"{'nodes':>8} {'load YAML':>10} {'build':>8} {'plan':>9} {'plan/load':>9} {'per node':>9}  result")
     for size in (int(s) for s in args.sizes.split(",")):
         print(measure(size, job, args.repeat), flush=True)
