@@ -1,9 +1,11 @@
-"""Builders and launchers for the trainer tests: job.json files, torchrun process gangs, metrics readers.
+"""Builders and launchers for the trainer tests and benchmarks: job.json files, torchrun gangs, metrics readers.
 
 Job files follow docs/architecture.md: spec, the resolved DeepSpeed config and the plan, with the plan's
-coordinates computed here from the row-major rule (rank = pipe * dp * tp + data * tp + model), independently
-of the trainer. torchrun starts each rank in a session of its own, so `Gang.stop` kills the launched processes
-with all their descendants, and `Gang.wait` then fails the test if any rank of its job is still alive.
+coordinates computed here from the row-major rule in the plan's axis order (the last axis varies fastest;
+for pipe, data, model: rank = pipe * dp * tp + data * tp + model), independently of the trainer. torchrun
+starts each rank in a session of its own, so `Gang.stop` kills the launched processes with all their
+descendants, and `Gang.wait` then fails the test if any rank of its job is still alive. `bench/` imports this
+module too.
 """
 
 from __future__ import annotations
@@ -22,31 +24,25 @@ from typing import Any
 
 import psutil
 
+from paralleljob_trainer.config import AXES, Layout
+
 REPO = Path(__file__).resolve().parents[2]
 TORCH_EXTENSIONS_CACHE = Path.home() / ".cache" / "paralleljob" / "torch_extensions"
 
 
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    pipeline: int
-    tensor: int
-    data: int
-
-    @property
-    def world(self) -> int:
-        return self.pipeline * self.tensor * self.data
-
-    @property
-    def name(self) -> str:
-        return f"PP{self.pipeline}xTP{self.tensor}xDP{self.data}"
+def coords_of(layout: Layout, axis_order: tuple[str, ...], rank: int) -> dict[str, int]:
+    """Row-major coordinates of `rank`: the last axis of `axis_order` varies fastest."""
+    coords = {}
+    for axis in reversed(axis_order):
+        rank, coords[axis] = divmod(rank, layout.size_of(axis))
+    return coords
 
 
-def plan(layout: Layout, ranks_per_node: int) -> dict[str, Any]:
-    pp, tp, dp = layout.pipeline, layout.tensor, layout.data
+def plan(layout: Layout, ranks_per_node: int, axis_order: tuple[str, ...] = AXES) -> dict[str, Any]:
     nodes = []
-    for node_rank in range(layout.world // ranks_per_node):
+    for node_rank in range(layout.world_size // ranks_per_node):
         ranks = list(range(node_rank * ranks_per_node, (node_rank + 1) * ranks_per_node))
-        coords = [{"pipe": r // (dp * tp), "data": (r // tp) % dp, "model": r % tp} for r in ranks]
+        coords = [coords_of(layout, axis_order, r) for r in ranks]
         nodes.append(
             {
                 "nodeRank": node_rank,
@@ -59,10 +55,10 @@ def plan(layout: Layout, ranks_per_node: int) -> dict[str, Any]:
             }
         )
     return {
-        "layout": {"pipeline": pp, "tensor": tp, "data": dp},
-        "worldSize": layout.world,
+        "layout": {"pipeline": layout.pipeline, "tensor": layout.tensor, "data": layout.data},
+        "worldSize": layout.world_size,
         "ranksPerNode": ranks_per_node,
-        "axisOrder": ["pipe", "data", "model"],
+        "axisOrder": list(axis_order),
         "nodes": nodes,
     }
 
@@ -79,8 +75,15 @@ def job_document(
     train_batch_size: int = 8,
     micro_batch_size: int = 2,
     ranks_per_node: int | None = None,
+    axis_order: tuple[str, ...] = AXES,
+    seed: int = 7,
+    warmup_steps: int | None = 2,
+    deepspeed_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A job.json for a tiny fp32 GPT: 4 layers, hidden 64, 4 heads, sequence 32, byte vocabulary."""
+    """A job.json for a tiny fp32 GPT (4 layers, hidden 64, 4 heads, sequence 32, byte vocabulary) by default.
+
+    `warmup_steps=None` leaves the trainer's default; `deepspeed_extra` adds DeepSpeed config sections.
+    """
     model_spec = {
         "layers": 4,
         "hiddenSize": 64,
@@ -97,7 +100,11 @@ def job_document(
         "optimizer": optimizer,
         # Always explicit: DeepSpeed clips at 1.0 when the key is absent.
         "gradient_clipping": gradient_clipping,
+        **(deepspeed_extra or {}),
     }
+    training: dict[str, Any] = {"steps": steps, "seed": seed, "logInterval": 1, "data": data or {"source": "synthetic"}}
+    if warmup_steps is not None:
+        training["warmupSteps"] = warmup_steps
     return {
         "apiVersion": "paralleljob.io/v1alpha1",
         "kind": "ParallelJob",
@@ -105,17 +112,11 @@ def job_document(
         "spec": {
             "parallelism": {"pipeline": layout.pipeline, "tensor": layout.tensor, "data": layout.data},
             "model": model_spec,
-            "training": {
-                "steps": steps,
-                "seed": 7,
-                "logInterval": 1,
-                "warmupSteps": 2,
-                "data": data or {"source": "synthetic"},
-            },
+            "training": training,
             "checkpoint": {"intervalSteps": checkpoint_interval},
         },
         "deepspeed": deepspeed,
-        "plan": plan(layout, ranks_per_node or layout.world),
+        "plan": plan(layout, ranks_per_node or layout.world_size, axis_order),
     }
 
 
@@ -193,6 +194,7 @@ class Gang:
         self.jobs.append(str(job))
         env = trainer_env(job, output, checkpoint_dir, extra_env or {})
         for node_rank in range(nnodes):
+            env = {**env, "PARALLELJOB_NODE_RANK": str(node_rank)}
             command = [
                 sys.executable, "-m", "torch.distributed.run",
                 f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
@@ -208,13 +210,21 @@ class Gang:
             )
             self.log_paths.append(log_path)
 
-    def start_ranks(self, job: Path, output: Path, *, world: int, checkpoint_dir: Path | None = None) -> None:
+    def start_ranks(
+        self,
+        job: Path,
+        output: Path,
+        *,
+        world: int,
+        checkpoint_dir: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         """Start every rank directly, with the environment torchrun would give it, to watch each one exit."""
         port = free_port()
         output.mkdir(parents=True, exist_ok=True)
         self.jobs.append(str(job))
         for rank in range(world):
-            env = trainer_env(job, output, checkpoint_dir, {})
+            env = trainer_env(job, output, checkpoint_dir, extra_env or {})
             env.update(
                 {
                     "RANK": str(rank),
@@ -223,6 +233,7 @@ class Gang:
                     "LOCAL_WORLD_SIZE": str(world),
                     "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(port),
+                    **(extra_env or {}),
                 }
             )
             log_path = output / f"rank-{rank}.log"

@@ -10,10 +10,11 @@ from typing import Any
 
 
 class RecordingHook:
-    """Appends every call as a JSON line to $TEST_HOOK_LOG."""
+    """Appends its creation (with the rank that built it) and every call as a JSON line to $TEST_HOOK_LOG."""
 
     def __init__(self) -> None:
         self.path = os.environ["TEST_HOOK_LOG"]
+        self._write("created", {"rank": int(os.environ["RANK"])})
 
     def _write(self, method: str, record: Mapping[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as log:

@@ -76,7 +76,7 @@ class ReferenceStep:
 
 def _optimizer(job: JobConfig, model: nn.Module) -> torch.optim.Optimizer:
     section = job.deepspeed["optimizer"]
-    params = dict(section["params"])
+    params = {key: value for key, value in section["params"].items() if key != "torch_adam"}
     if section["type"].lower() == "sgd":
         return torch.optim.SGD(model.parameters(), **params)
     params["betas"] = tuple(params.get("betas", (0.9, 0.999)))

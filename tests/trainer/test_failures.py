@@ -3,20 +3,30 @@
 Ranks are started directly (as torchrun would start them) so that each rank's own exit code and message can
 be checked; torchrun would tear down the others as soon as the first one failed. The wall-time bound is far
 below the process-group timeout (60 s here), so a rank that waited for a dead peer would fail the test.
+Those failures are all found before any process group exists; a rank frozen in the middle of training shows
+that its peers, blocked in collectives and pipeline transfers, give up within the process-group timeout. (A
+frozen rank rather than a killed one: gloo notices a killed peer's closed sockets within seconds, while a
+frozen peer, like a hung GPU, keeps them open and only the timeout of every group it belongs to helps.)
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from paralleljob_trainer.config import Layout
 from tests.trainer import harness
 
 SGD = {"type": "SGD", "params": {"lr": 0.1}}
 NO_HANG_S = 45
+PG_TIMEOUT_S = 20
+# Start-up of the survivors' error handling and exit, on a loaded 2-core machine.
+EXIT_MARGIN_S = 25
 
 
 def _run_ranks(tmp_path: Path, document: dict[str, Any], checkpoint_dir: Path | None = None) -> harness.Result:
@@ -34,20 +44,35 @@ def _error_lines(log: str) -> list[str]:
 
 
 def _bad_layers() -> dict[str, Any]:
-    return harness.job_document(harness.Layout(2, 1, 1), optimizer=SGD, model={"layers": 1})
+    return harness.job_document(Layout(2, 1, 1), optimizer=SGD, model={"layers": 1})
 
 
 def _bad_heads() -> dict[str, Any]:
-    return harness.job_document(harness.Layout(1, 2, 1), optimizer=SGD, model={"hiddenSize": 48, "attentionHeads": 3})
+    return harness.job_document(Layout(1, 2, 1), optimizer=SGD, model={"hiddenSize": 48, "attentionHeads": 3})
 
 
 def _missing_data() -> dict[str, Any]:
     data = {"source": "tokens", "path": "/nonexistent/train.bin", "tokenDtype": "uint16"}
-    return harness.job_document(harness.Layout(2, 1, 1), optimizer=SGD, data=data)
+    return harness.job_document(Layout(2, 1, 1), optimizer=SGD, data=data)
+
+
+def _token_outside_vocabulary(tmp_path: Path) -> dict[str, Any]:
+    # At PP3 only the first and last stages read tokens: the middle one must stop as well, at once.
+    tokens = tmp_path / "train.bin"
+    ids = np.arange(5000, dtype=np.uint16) % 256
+    ids[-1] = 4000
+    ids.tofile(tokens)
+    data = {"source": "tokens", "path": str(tokens), "tokenDtype": "uint16"}
+    return harness.job_document(Layout(3, 1, 1), optimizer=SGD, model={"layers": 3}, data=data)
+
+
+def _fewer_ranks_per_node_than_launched() -> dict[str, Any]:
+    # The plan puts one rank on each of two nodes; the launcher runs both on one (LOCAL_WORLD_SIZE 2).
+    return harness.job_document(Layout(1, 2, 1), optimizer=SGD, ranks_per_node=1)
 
 
 def _wrong_plan() -> dict[str, Any]:
-    document = harness.job_document(harness.Layout(1, 2, 1), optimizer=SGD)
+    document = harness.job_document(Layout(1, 2, 1), optimizer=SGD)
     coords = document["plan"]["nodes"][0]["coords"]
     coords[0], coords[1] = coords[1], coords[0]
     return document
@@ -57,7 +82,12 @@ BAD_JOBS = {
     "layers-below-pipeline": (_bad_layers, "spec.model.layers (1) is smaller than parallelism.pipeline (2)"),
     "heads-not-divisible-by-tensor": (_bad_heads, "attentionHeads (3) is not divisible by parallelism.tensor (2)"),
     "missing-data-file": (_missing_data, "/nonexistent/train.bin does not exist"),
+    "token-outside-vocabulary": (_token_outside_vocabulary, "holds token id 4000, outside spec.model.vocabSize"),
     "plan-disagrees-with-topology": (_wrong_plan, "rank layout mismatch: plan puts rank 0"),
+    "plan-disagrees-with-launcher": (
+        _fewer_ranks_per_node_than_launched,
+        "LOCAL_WORLD_SIZE is 2 but plan.ranksPerNode is 1",
+    ),
 }
 
 
@@ -65,7 +95,8 @@ BAD_JOBS = {
 @pytest.mark.parametrize("case", list(BAD_JOBS))
 def test_bad_job_stops_every_rank_with_one_line(tmp_path: Path, case: str) -> None:
     build, message = BAD_JOBS[case]
-    result = _run_ranks(tmp_path, build())
+    document = build(tmp_path) if case == "token-outside-vocabulary" else build()
+    result = _run_ranks(tmp_path, document)
     assert result.returncodes == [2] * len(result.returncodes)
     for rank, log in enumerate(result.logs):
         errors = _error_lines(log)
@@ -75,16 +106,48 @@ def test_bad_job_stops_every_rank_with_one_line(tmp_path: Path, case: str) -> No
 
 @pytest.mark.slow
 def test_corrupted_checkpoint_stops_every_rank_with_one_line(tmp_path: Path) -> None:
-    layout = harness.Layout(2, 1, 1)
+    layout = Layout(2, 1, 1)
     checkpoints = tmp_path / "ckpt"
     first = harness.job_document(layout, optimizer=SGD, steps=2, checkpoint_interval=2)
-    assert _run_ranks(tmp_path / "first", first, checkpoints).returncodes == [0] * layout.world
+    assert _run_ranks(tmp_path / "first", first, checkpoints).returncodes == [0] * layout.world_size
     victim = sorted((checkpoints / "global_step2").glob("layer_03-*.pt"))[0]
     victim.write_bytes(b"not a checkpoint" * 64)
 
     again = harness.job_document(layout, optimizer=SGD, steps=4, checkpoint_interval=2)
     result = _run_ranks(tmp_path / "again", again, checkpoints)
-    assert result.returncodes == [3] * layout.world
+    assert result.returncodes == [3] * layout.world_size
     for log in result.logs:
         errors = _error_lines(log)
         assert len(errors) == 1 and f"corrupted checkpoint: {victim} is unreadable" in errors[0], log[-1500:]
+
+
+def _wait_for_step(output: Path, step: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while max(harness.steps_by_number(output), default=0) < step:
+        assert time.monotonic() < deadline, f"no step {step} within {timeout} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_every_peer_of_a_rank_frozen_during_training_exits_within_the_timeout(tmp_path: Path) -> None:
+    layout = Layout(2, 1, 2)
+    job = harness.write_job(tmp_path, harness.job_document(layout, optimizer=SGD, steps=100_000))
+    gang = harness.Gang()
+    timeout_env = {"PARALLELJOB_PG_TIMEOUT_SECONDS": str(PG_TIMEOUT_S)}
+    gang.start_ranks(job, tmp_path / "out", world=layout.world_size, extra_env=timeout_env)
+    peers, victim = gang.processes[:-1], gang.processes[-1]  # the victim: last stage of replica 1
+    try:
+        _wait_for_step(tmp_path / "out", 2, timeout=120)
+        victim.send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        while any(p.poll() is None for p in peers) and time.monotonic() < frozen + PG_TIMEOUT_S + EXIT_MARGIN_S:
+            time.sleep(0.2)
+        still_running = [rank for rank, p in enumerate(peers) if p.poll() is None]
+    finally:
+        victim.send_signal(signal.SIGCONT)
+        gang.stop()
+    logs = "\n".join(f"rank {rank}: {path.read_text()[-600:]}" for rank, path in enumerate(gang.log_paths))
+    assert not still_running, (
+        f"ranks {still_running} outlived a frozen peer by {PG_TIMEOUT_S + EXIT_MARGIN_S} s\n{logs}"
+    )
+    assert all(p.returncode != 0 for p in peers), logs

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from paralleljob_trainer.config import ConfigError, load_job_config, parse_job_config
+from paralleljob_trainer.config import ConfigError, Layout, load_job_config, parse_job_config
 from tests.trainer import harness
 
 SGD = {"type": "SGD", "params": {"lr": 0.1}}
 
 
 def _job(**changes: Any) -> dict[str, Any]:
-    document = harness.job_document(harness.Layout(2, 2, 2), optimizer=SGD)
+    document = harness.job_document(Layout(2, 2, 2), optimizer=SGD)
     for dotted, value in changes.items():
         *parents, leaf = dotted.split("__")
         target = document
@@ -36,6 +36,7 @@ def test_defaults_fill_what_the_spec_leaves_out() -> None:
     assert job.model.precision == "bf16"
     assert job.model.activation_checkpoint_interval == 0
     assert job.plan.axis_order == ("pipe", "data", "model")
+    assert job.plan.ranks_per_node == 8
     assert job.train_batch_size == 8 and job.gradient_accumulation_steps == 2
 
 
@@ -58,6 +59,7 @@ BAD = {
     "zero-steps": (_job(spec__training__steps=0), "spec.training.steps: must be at least 1"),
     "axis-order": (_job(plan__axisOrder=["pipe", "model"]), "plan.axisOrder: must order exactly"),
     "world-size": (_job(plan__worldSize=4), "plan.worldSize: 4 is not pipeline x tensor x data = 8"),
+    "ranks-per-node": (_job(plan__ranksPerNode=3), "plan.ranksPerNode: 3 does not divide worldSize 8"),
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from paralleljob_trainer.config import parse_job_config
+from paralleljob_trainer.config import Layout, parse_job_config
 from tests.trainer import harness
 from tests.trainer.reference import ReferenceStep, train_reference
 
@@ -23,20 +23,34 @@ SGD = {"type": "SGD", "params": {"lr": 0.3}}
 ADAMW = {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}
 # A clip threshold below the natural gradient norm (~1.3 at the start), so clipping changes every step.
 CLIP = 0.5
+BF16_NORM_TOLERANCE = 0.05
 
 LAYOUTS = [
-    harness.Layout(pipeline=2, tensor=2, data=2),
-    harness.Layout(pipeline=2, tensor=1, data=2),
-    harness.Layout(pipeline=1, tensor=2, data=2),
-    harness.Layout(pipeline=2, tensor=2, data=1),
+    Layout(pipeline=2, tensor=2, data=2),
+    Layout(pipeline=2, tensor=1, data=2),
+    Layout(pipeline=1, tensor=2, data=2),
+    Layout(pipeline=2, tensor=2, data=1),
 ]
-OPTIMIZERS = {"sgd": (SGD, 0.0), "adamw-clip": (ADAMW, CLIP)}
+# ZeRO-1 with the optimizer offloaded: DeepSpeed, not the trainer, builds the optimizer (torch's AdamW, so
+# nothing is compiled), wraps it in its ZeRO optimizer, and the warmup-cosine schedule must still apply.
+ZERO1_OFFLOAD = {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}}
+OPTIMIZERS = {
+    "sgd": (SGD, 0.0, {}),
+    "adamw-clip": (ADAMW, CLIP, {}),
+    "adamw-zero1-offload": ({**ADAMW, "params": {**ADAMW["params"], "torch_adam": True}}, 0.0, ZERO1_OFFLOAD),
+}
+CASES = [
+    *((layout, optimizer) for optimizer in ("sgd", "adamw-clip") for layout in LAYOUTS),
+    (Layout(pipeline=2, tensor=1, data=2), "adamw-zero1-offload"),
+]
 
 
-def _document(layout: harness.Layout, optimizer: str, **overrides: Any) -> dict[str, Any]:
-    section, clip = OPTIMIZERS[optimizer]
+def _document(layout: Layout, optimizer: str, **overrides: Any) -> dict[str, Any]:
+    section, clip, extra = OPTIMIZERS[optimizer]
     data = {"source": "text", "path": str(harness.text_corpus())}
-    return harness.job_document(layout, optimizer=section, gradient_clipping=clip, steps=STEPS, data=data, **overrides)
+    return harness.job_document(
+        layout, optimizer=section, gradient_clipping=clip, steps=STEPS, data=data, deepspeed_extra=extra, **overrides
+    )
 
 
 @functools.cache
@@ -62,23 +76,26 @@ def _assert_matches_reference(output: Path, optimizer: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
-def test_layout_reproduces_single_process_losses(tmp_path: Path, layout: harness.Layout, optimizer: str) -> None:
+@pytest.mark.parametrize(
+    ("layout", "optimizer"), CASES, ids=[f"{layout.name}-{optimizer}" for layout, optimizer in CASES]
+)
+def test_layout_reproduces_single_process_losses(tmp_path: Path, layout: Layout, optimizer: str) -> None:
     job = harness.write_job(tmp_path, _document(layout, optimizer))
     gang = harness.Gang()
-    gang.start(job, tmp_path / "out", nproc=layout.world)
+    gang.start(job, tmp_path / "out", nproc=layout.world_size)
     result = gang.wait(timeout=180)
     assert result.returncodes == [0], result.logs[0][-3000:]
     _assert_matches_reference(tmp_path / "out", optimizer)
 
 
 @pytest.mark.slow
-def test_two_nodes_of_four_ranks_reproduce_single_process_losses(tmp_path: Path) -> None:
-    layout = harness.Layout(pipeline=2, tensor=2, data=2)
-    job = harness.write_job(tmp_path, _document(layout, "adamw-clip", ranks_per_node=4))
+def test_two_nodes_in_data_pipe_model_order_reproduce_single_process_losses(tmp_path: Path) -> None:
+    # Axis order data, pipe, model (a planner choice): each node of 4 holds both stages of one replica.
+    layout = Layout(pipeline=2, tensor=2, data=2)
+    document = _document(layout, "adamw-clip", ranks_per_node=4, axis_order=("data", "pipe", "model"))
+    assert document["plan"]["nodes"][0]["coords"][2] == {"data": 0, "pipe": 1, "model": 0}
     gang = harness.Gang()
-    gang.start(job, tmp_path / "out", nproc=4, nnodes=2)
+    gang.start(harness.write_job(tmp_path, document), tmp_path / "out", nproc=4, nnodes=2)
     result = gang.wait(timeout=180)
     assert result.returncodes == [0, 0], "\n".join(log[-2000:] for log in result.logs)
     _assert_matches_reference(tmp_path / "out", "adamw-clip")
@@ -86,10 +103,10 @@ def test_two_nodes_of_four_ranks_reproduce_single_process_losses(tmp_path: Path)
 
 @pytest.mark.slow
 def test_activation_checkpointing_does_not_change_the_losses(tmp_path: Path) -> None:
-    layout = harness.Layout(pipeline=2, tensor=2, data=1)
+    layout = Layout(pipeline=2, tensor=2, data=1)
     document = _document(layout, "sgd", model={"activationCheckpointInterval": 1})
     gang = harness.Gang()
-    gang.start(harness.write_job(tmp_path, document), tmp_path / "out", nproc=layout.world)
+    gang.start(harness.write_job(tmp_path, document), tmp_path / "out", nproc=layout.world_size)
     result = gang.wait(timeout=180)
     assert result.returncodes == [0], result.logs[0][-3000:]
     _assert_matches_reference(tmp_path / "out", "sgd")
@@ -97,13 +114,16 @@ def test_activation_checkpointing_does_not_change_the_losses(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_bf16_follows_the_fp32_reference_within_bf16_precision(tmp_path: Path) -> None:
-    layout = harness.Layout(pipeline=2, tensor=2, data=1)
+    layout = Layout(pipeline=2, tensor=2, data=1)
     document = _document(layout, "adamw-clip", model={"precision": "bf16"})
     gang = harness.Gang()
-    gang.start(harness.write_job(tmp_path, document), tmp_path / "out", nproc=layout.world)
+    gang.start(harness.write_job(tmp_path, document), tmp_path / "out", nproc=layout.world_size)
     result = gang.wait(timeout=180)
     assert result.returncodes == [0], result.logs[0][-3000:]
     reference, logged = _reference("adamw-clip"), harness.steps_by_number(tmp_path / "out")
     # bf16 keeps 8 bits of mantissa: a few 1e-3 of loss is its noise, a layout or scale bug is far more.
     assert max(abs(logged[s]["loss"] - reference[s].loss) for s in reference) < 3e-2
-    assert all(record["grad_norm"] > 0 for record in logged.values())
+    # The norm (before clipping) of bf16 gradients: measured within 2.5% of the reference; with the replicated
+    # parameters counted on both TP ranks it is 41% off.
+    norm_diff = max(abs(logged[s]["grad_norm"] - reference[s].grad_norm) / reference[s].grad_norm for s in reference)
+    assert norm_diff < BF16_NORM_TOLERANCE, f"grad norm differs by {norm_diff:.2%}"

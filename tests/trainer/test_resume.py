@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from paralleljob_trainer.config import Layout
 from tests.trainer import harness
 
-LAYOUT = harness.Layout(pipeline=2, tensor=2, data=2)
+LAYOUT = Layout(pipeline=2, tensor=2, data=2)
 ADAMW = {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "weight_decay": 0.1}}
 STEPS, CHECKPOINT_EVERY, KILL_AT = 12, 6, 8
 
@@ -18,7 +19,9 @@ def _run(tmp_path: Path, name: str, job: Path, hook: str, extra: dict[str, str] 
     gang = harness.Gang()
     env = {"PARALLELJOB_PROGRESS_HOOK": f"tests.trainer.progress_hooks:{hook}"}
     env["TEST_HOOK_LOG"] = str(tmp_path / f"{name}-hook.jsonl")
-    gang.start(job, tmp_path / "out", nproc=LAYOUT.world, checkpoint_dir=tmp_path / name, extra_env=env | (extra or {}))
+    gang.start(
+        job, tmp_path / "out", nproc=LAYOUT.world_size, checkpoint_dir=tmp_path / name, extra_env=env | (extra or {})
+    )
     return gang.wait(timeout=180)
 
 
@@ -56,6 +59,7 @@ def test_killed_run_resumes_from_checkpoint_on_the_same_loss_curve(tmp_path: Pat
     assert summary["resumed_from"] == CHECKPOINT_EVERY
 
     calls = _hook_calls(tmp_path / "straight" / "ckpt-hook.jsonl")
+    assert [c for c in calls if c["method"] == "created"] == [{"method": "created", "rank": 0}], "rank 0 only"
     assert [c["step"] for c in calls if c["method"] == "on_step"] == list(range(1, STEPS + 1))
     assert [c["step"] for c in calls if c["method"] == "on_checkpoint"] == [6, 12]
     assert [c["method"] for c in calls][-1] == "on_finish"

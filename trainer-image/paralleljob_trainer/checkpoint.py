@@ -3,8 +3,10 @@
 DeepSpeed's own `save_latest` lets rank 0 write `latest` as soon as rank 0 has saved, while other ranks may
 still be writing; a kill in that window leaves `latest` naming a half-written checkpoint. Here every rank
 saves with `save_latest=False`, all ranks meet at a barrier, and rank 0 then replaces `latest` atomically
-(write a temporary file, rename). Before loading, the ranks check the tag's files together and agree on one
-error, so a corrupted checkpoint stops every rank with the same message instead of leaving some waiting.
+(write a temporary file, rename). On resume rank 0 alone reads `latest` and broadcasts the tag, so every rank
+takes the same path even when one of them sees a different folder (storage not mounted on its node). Before
+loading, the ranks check the tag's files together and agree on one error, so a corrupted checkpoint stops
+every rank with the same message instead of leaving some waiting.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ def _agreed_problem(checkpoint_dir: Path, tag: str) -> str | None:
     """Every rank checks a share of the tag's files; all ranks return the first problem any rank found."""
     folder = checkpoint_dir / tag
     if not folder.is_dir():
-        local: str | None = f"{checkpoint_dir / LATEST} names {tag} but {folder} does not exist"
+        local: str | None = (
+            f"{checkpoint_dir / LATEST} names {tag} but {folder} does not exist on rank {dist.get_rank()}"
+        )
     else:
         files = sorted(folder.glob("*.pt"))
         local = f"{folder} holds no checkpoint files" if not files else None
@@ -81,9 +85,28 @@ def _agreed_problem(checkpoint_dir: Path, tag: str) -> str | None:
     return next((problem for problem in found if problem), None)
 
 
+def agreed_latest(checkpoint_dir: Path) -> str | None:
+    """The tag rank 0 finds in `latest`, on every rank (None everywhere when rank 0 finds no checkpoint).
+
+    Each rank reading the marker itself could let one rank start from scratch while the others wait in the
+    collective check of the files: a hang until the process-group timeout.
+    """
+    answer: list[tuple[str | None, str | None]] = [(None, None)]
+    if dist.get_rank() == 0:
+        try:
+            answer[0] = (read_latest(checkpoint_dir), None)
+        except CheckpointError as error:
+            answer[0] = (None, str(error))
+    dist.broadcast_object_list(answer, src=0)
+    tag, problem = answer[0]
+    if problem:
+        raise CheckpointError(problem)
+    return tag
+
+
 def resume(engine: Any, checkpoint_dir: Path) -> int:
     """Load the latest checkpoint into `engine`; returns the step it holds (0 when there is none)."""
-    tag = read_latest(checkpoint_dir)
+    tag = agreed_latest(checkpoint_dir)
     if tag is None:
         return 0
     problem = _agreed_problem(checkpoint_dir, tag)

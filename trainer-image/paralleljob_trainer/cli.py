@@ -83,7 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from paralleljob_trainer.checkpoint import CheckpointError
         from paralleljob_trainer.hooks import load_hook
 
-        hooks = (load_hook(arguments.progress_hook),) if arguments.progress_hook else ()
+        # Only rank 0 reports progress, so only rank 0 builds the hook (a status hook may open API clients).
+        rank_zero = os.environ.get("RANK", "0") == "0"
+        hooks = (load_hook(arguments.progress_hook),) if arguments.progress_hook and rank_zero else ()
         options = training.RunOptions(
             output_dir=arguments.output,
             checkpoint_dir=arguments.checkpoint_dir,

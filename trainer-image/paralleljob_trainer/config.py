@@ -37,6 +37,10 @@ class Layout:
     def world_size(self) -> int:
         return self.pipeline * self.tensor * self.data
 
+    @property
+    def name(self) -> str:
+        return f"PP{self.pipeline}xTP{self.tensor}xDP{self.data}"
+
     def size_of(self, axis: str) -> int:
         return {"pipe": self.pipeline, "data": self.data, "model": self.tensor}[axis]
 
@@ -95,6 +99,7 @@ class Plan:
 
     layout: Layout
     world_size: int
+    ranks_per_node: int
     axis_order: tuple[str, ...]
     ranks: tuple[PlanRank, ...]
 
@@ -240,7 +245,16 @@ def _parse_plan(section: Mapping[str, Any]) -> Plan:
     world_size = _int(section, "worldSize", "plan", default=layout.world_size)
     if world_size != layout.world_size:
         raise ConfigError(f"plan.worldSize: {world_size} is not pipeline x tensor x data = {layout.world_size}")
-    return Plan(layout=layout, world_size=world_size, axis_order=axis_order, ranks=_parse_plan_ranks(section))
+    ranks_per_node = _int(section, "ranksPerNode", "plan", default=world_size)
+    if world_size % ranks_per_node:
+        raise ConfigError(f"plan.ranksPerNode: {ranks_per_node} does not divide worldSize {world_size}")
+    return Plan(
+        layout=layout,
+        world_size=world_size,
+        ranks_per_node=ranks_per_node,
+        axis_order=axis_order,
+        ranks=_parse_plan_ranks(section),
+    )
 
 
 def _parse_plan_ranks(section: Mapping[str, Any]) -> tuple[PlanRank, ...]:
@@ -307,7 +321,19 @@ def parameter_count(model: ModelConfig) -> int:
 
 
 def flops_per_step(model: ModelConfig, tokens: int) -> float:
-    """Training FLOPs for `tokens` tokens: Narayanan et al. (SC21), with 96 instead of 72 under recompute."""
-    h, s, layers, v = model.hidden_size, model.sequence_length, model.layers, model.vocab_size
-    factor = 96 if model.activation_checkpoint_interval > 0 else 72
-    return factor * tokens * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    """Model FLOPs of one training step over `tokens` tokens (forward + backward, no recomputation).
+
+    Per token and block the forward pass does 2 FLOPs per weight of its matmuls, 2 (4h^2 + 2hf), and 4sh in
+    attention (QK^T and AV): 8h^2 + 4hf + 4sh. Backward costs twice the forward, hence the 3. The LM head
+    adds 2hV forward, 6hV in all: about 6 FLOPs per parameter and token, plus attention. With f = 4h this is Narayanan et al.'s (SC21)
+    72 B s l h^2 (1 + s/6h), plus 6 B s h V for the logits. Activation recomputation is hardware work, not
+    model work, so it is deliberately not counted: MFU compares model FLOPs with the peak.
+    """
+    h, f, s, layers, v = (
+        model.hidden_size,
+        model.ffn_hidden_size,
+        model.sequence_length,
+        model.layers,
+        model.vocab_size,
+    )
+    return 3 * tokens * layers * (8 * h * h + 4 * h * f + 4 * s * h) + 6 * tokens * h * v

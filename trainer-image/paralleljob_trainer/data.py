@@ -18,6 +18,8 @@ import torch
 from paralleljob_trainer.config import ConfigError, DataConfig
 
 _SYNTHETIC = "synthetic"
+# Token ids checked per slice of a memory-mapped file: bounds the memory the check touches at once.
+_VOCAB_CHECK_CHUNK = 1 << 24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,16 +40,8 @@ class TokenStream:
         else:
             starts = generator.integers(0, len(self.tokens) - window + 1, size=batch_size)[rows]
             sample = np.stack([np.asarray(self.tokens[s : s + window], dtype=np.int64) for s in starts])
-            self._check_vocab(sample)
         windows = torch.from_numpy(np.ascontiguousarray(sample, dtype=np.int64))
         return windows[:, :-1], windows[:, 1:]
-
-    def _check_vocab(self, sample: np.ndarray) -> None:
-        largest = int(sample.max())
-        if largest >= self.vocab_size:
-            raise ConfigError(
-                f"spec.training.data: token id {largest} is outside spec.model.vocabSize ({self.vocab_size})"
-            )
 
 
 def open_stream(data: DataConfig, vocab_size: int, sequence_length: int, seed: int) -> TokenStream:
@@ -58,6 +52,8 @@ def open_stream(data: DataConfig, vocab_size: int, sequence_length: int, seed: i
             f"spec.training.data.path: {data.path} holds {len(tokens)} tokens, fewer than "
             f"sequenceLength + 1 ({sequence_length + 1})"
         )
+    if tokens is not None:
+        _check_vocabulary(tokens, vocab_size, data.path)
     return TokenStream(tokens=tokens, vocab_size=vocab_size, sequence_length=sequence_length, seed=seed)
 
 
@@ -70,6 +66,24 @@ def _read_tokens(data: DataConfig) -> np.ndarray:
     if not data.path.is_file():
         raise ConfigError(f"spec.training.data.path: {data.path} must be a file for source tokens")
     return np.memmap(data.path, dtype=np.dtype(data.token_dtype), mode="r")
+
+
+def _check_vocabulary(tokens: np.ndarray, vocab_size: int, path: Path | None) -> None:
+    """Every token id must be below vocab_size; checked over the whole file, once, before training.
+
+    Checking here rather than on the windows a step samples means every rank finds a bad id at start-up, before
+    any process group exists: otherwise only the stages that read tokens (first and last) would fail, late,
+    and the middle stages would wait for them until the process-group timeout.
+    """
+    if np.iinfo(tokens.dtype).max < vocab_size:
+        return
+    largest = max(
+        int(tokens[start : start + _VOCAB_CHECK_CHUNK].max()) for start in range(0, len(tokens), _VOCAB_CHECK_CHUNK)
+    )
+    if largest >= vocab_size:
+        raise ConfigError(
+            f"spec.training.data.path: {path} holds token id {largest}, outside spec.model.vocabSize ({vocab_size})"
+        )
 
 
 def _read_text_bytes(path: Path) -> bytes:

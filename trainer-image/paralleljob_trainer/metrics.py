@@ -28,7 +28,7 @@ def peak_tflops_for(device_name: str) -> float | None:
 
 
 def mfu(flops: float, seconds: float, devices: int, peak_tflops: float | None) -> float | None:
-    """Model FLOPs utilisation: achieved FLOP/s over the peak of all devices; None without a peak."""
+    """Model FLOPs utilisation: model FLOP/s (recomputation not counted) over the peak of all devices, or None."""
     if not peak_tflops or seconds <= 0:
         return None
     return flops / seconds / (devices * peak_tflops * 1e12)

@@ -1,10 +1,12 @@
-"""Optimizer and learning-rate schedule from the DeepSpeed config, and honest gradient-norm reporting.
+"""Optimizer and learning-rate schedule from the DeepSpeed config, gradients the optimizer sees, their norm.
 
 The optimizer is whatever the DeepSpeed config's `optimizer` section names. Adam, AdamW and SGD are built here
 as plain torch optimizers (so no DeepSpeed op is JIT-compiled on CPU); any other type, and any optimizer under
 ZeRO offload, is left to DeepSpeed.
 Without an `optimizer` section the trainer uses AdamW. Without a `scheduler` section the learning rate warms
-up linearly for `warmupSteps` and then follows a cosine down to `minLrRatio` x lr at the last step.
+up linearly for `warmupSteps` and then follows a cosine down to `minLrRatio` x lr at the last step, whoever
+built the optimizer. Once per step, before DeepSpeed's data-parallel reduction, the gradients of replicated
+tensor-parallel parameters are averaged over the TP group so that their copies cannot drift apart.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
+from deepspeed.runtime.pipe.schedule import ReduceGrads
 from deepspeed.runtime.utils import clip_grad_norm_
+
+from paralleljob_trainer import tensor_parallel
+from paralleljob_trainer.config import TrainingConfig
 
 DEFAULT_OPTIMIZER = {
     "type": "AdamW",
@@ -68,14 +74,61 @@ def build_scheduler(
     )
 
 
+def default_schedule(
+    ds_config: Mapping[str, Any], training: TrainingConfig
+) -> Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LambdaLR] | None:
+    """The `lr_scheduler` callable for deepspeed.initialize: warmup and cosine, unless the config has its own.
+
+    A callable rather than a scheduler object, because DeepSpeed calls it with the optimizer it ends up with:
+    also the one it builds itself (offload, other types), which does not exist before initialize.
+    """
+    if "scheduler" in ds_config:
+        return None
+
+    def build(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        return build_scheduler(optimizer, training.warmup_steps, training.steps, training.min_lr_ratio)
+
+    return build
+
+
+def average_replicated_gradients_each_step(engine: Any, tp: tensor_parallel.TensorParallel) -> None:
+    """Average the gradients of TP-replicated parameters over the TP group, once per step, before DP reduction.
+
+    The pipeline engine runs the ReduceGrads instruction once per step, after the last micro-batch's backward;
+    this wraps it. The gradient the optimizer will use is the fp32 accumulation buffer under the bf16
+    optimizer (`_hp_grad`, as DeepSpeed's own tied-weight reduction uses), else the parameter's gradient.
+    Cost: one all-reduce of the replicated parameters (embeddings, head, LayerNorms, biases) per step.
+    """
+    if tp.size == 1:
+        return
+    replicated = [p for p in engine.module.parameters() if tensor_parallel.is_replicated(p)]
+    reduce_grads = type(engine)._INSTRUCTION_MAP[ReduceGrads]
+
+    def average_then_reduce(self: Any, *args: Any, **kwargs: Any) -> Any:
+        gradients = [_gradient_to_reduce(self, parameter) for parameter in replicated]
+        tensor_parallel.average_over_tensor_parallel([g for g in gradients if g is not None], tp)
+        return reduce_grads(self, *args, **kwargs)
+
+    engine._INSTRUCTION_MAP = {**type(engine)._INSTRUCTION_MAP, ReduceGrads: average_then_reduce}
+
+
+def _gradient_to_reduce(engine: Any, parameter: torch.Tensor) -> torch.Tensor | None:
+    if engine.using_bf16_optimizer:
+        return getattr(parameter, "_hp_grad", None)
+    if hasattr(engine.optimizer, "get_gradient_for_reduction"):  # ZeRO-1 may accumulate in `grad_accum`
+        return engine.optimizer.get_gradient_for_reduction(parameter)
+    return parameter.grad
+
+
 def record_fp32_grad_norm(engine: Any) -> None:
     """Make the fp32 path keep the gradient norm, for `engine.get_global_grad_norm()` and the metrics.
 
     In fp32 DeepSpeed clips with `clip_grad_norm_` and throws the norm away (the bf16/fp16 optimizer wrappers
     keep it). This replaces the engine's clip method by the same call that also stores the result; with
     clipping off, the norm is measured the same way (max_norm infinite) just before the optimizer step.
+    Under ZeRO the optimizer is DeepSpeed's ZeRO optimizer, which computes and keeps its own norm.
     """
-    if engine.bfloat16_enabled() or engine.fp16_enabled():
+    if engine.bfloat16_enabled() or engine.fp16_enabled() or engine.zero_optimization_stage() > 0:
         return
 
     def measure(max_norm: float) -> None:

@@ -14,7 +14,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn import functional
+
+# Set on parameters every tensor-parallel rank holds whole (LayerNorms, row-parallel biases, embeddings, head).
+REPLICATED = "tensor_parallel_replicated"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +90,30 @@ def mark_replicated(parameter: torch.Tensor, tp: TensorParallel) -> torch.Tensor
     after the first would be dropped from the norm; marked on all TP ranks they would be counted TP times.
     """
     parameter.model_parallel = tp.rank == 0  # type: ignore[attr-defined]
+    setattr(parameter, REPLICATED, True)
     return parameter
+
+
+def is_replicated(parameter: torch.Tensor) -> bool:
+    return bool(getattr(parameter, REPLICATED, False))
+
+
+def average_over_tensor_parallel(tensors: list[torch.Tensor], tp: TensorParallel) -> None:
+    """Replace each tensor, in place, by its mean over the TP group: one all-reduce per dtype.
+
+    Used on the gradients of replicated parameters. Every TP rank computes them from the same inputs, but
+    non-deterministic GPU kernels (atomics in LayerNorm and embedding backward) can make the copies differ
+    in the last bits, and then the replicas' weights would drift apart step after step.
+    """
+    if tp.size == 1:
+        return
+    for dtype in sorted({t.dtype for t in tensors}, key=str):
+        same = [t for t in tensors if t.dtype == dtype]
+        flat = _flatten_dense_tensors(same)
+        dist.all_reduce(flat, group=tp.group)
+        flat.div_(tp.size)
+        for tensor, mean in zip(same, _unflatten_dense_tensors(flat, same), strict=True):
+            tensor.copy_(mean)
 
 
 class ColumnParallelLinear(nn.Module):

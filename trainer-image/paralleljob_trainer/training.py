@@ -1,8 +1,8 @@
 """One training run: process groups, the pipelined GPT under DeepSpeed, the step loop, checkpoints, metrics.
 
 `run` is called by the CLI on every rank after the job file has been validated. It owns the order of
-start-up (distributed init with a timeout, topology check, model, engine, resume) and the loop; the pieces it
-calls own the details.
+start-up (topology and launcher checks and the data file, all before any process group exists; distributed
+init with a timeout; model, engine, resume) and the loop; the pieces it calls own the details.
 """
 
 from __future__ import annotations
@@ -18,13 +18,21 @@ import deepspeed
 import torch
 import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import ProcessTopology
+from torch.distributed import distributed_c10d
 
 from paralleljob_trainer import checkpoint, data, metrics, optimization
 from paralleljob_trainer.config import JobConfig, flops_per_step
 from paralleljob_trainer.hooks import HookCaller, ProgressHook
 from paralleljob_trainer.model import build_pipeline
 from paralleljob_trainer.tensor_parallel import TensorParallel
-from paralleljob_trainer.topology import RankCoords, build_topology, check_plan_matches, coords_of
+from paralleljob_trainer.topology import (
+    RankCoords,
+    build_topology,
+    check_launch_matches,
+    check_plan_matches,
+    coords_of,
+    launch_from_environment,
+)
 
 DEFAULT_PG_TIMEOUT_SECONDS = 600
 
@@ -59,7 +67,12 @@ def process_group_timeout() -> datetime.timedelta:
 def init_distributed() -> None:
     """gloo on CPU, NCCL on GPU, with a timeout so no rank waits forever for a dead peer."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    deepspeed.init_distributed(dist_backend=backend, timeout=process_group_timeout())
+    timeout = process_group_timeout()
+    # torch gives each later new_group() its backend's default timeout (gloo 30 min, NCCL 10 min), not the
+    # default group's, and DeepSpeed builds its pipe and data groups without one: set the defaults first.
+    distributed_c10d.default_pg_timeout = timeout
+    distributed_c10d.default_pg_nccl_timeout = timeout
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
@@ -89,29 +102,31 @@ def deepspeed_config(job: JobConfig) -> tuple[dict[str, Any], dict[str, Any] | N
 def build_engine(job: JobConfig, topology: ProcessTopology, tp: TensorParallel) -> Any:
     module = build_pipeline(job.model, job.training.seed, topology, tp)
     config, optimizer_section = deepspeed_config(job)
-    optimizer = scheduler = None
+    optimizer = None
     if optimizer_section is not None:
         optimizer = optimization.build_optimizer(optimizer_section, module.parameters())
-    if "scheduler" not in config and optimizer is not None:
-        training = job.training
-        scheduler = optimization.build_scheduler(
-            optimizer, training.warmup_steps, training.steps, training.min_lr_ratio
-        )
     engine, _, _, _ = deepspeed.initialize(
-        model=module, model_parameters=module.parameters(), optimizer=optimizer, lr_scheduler=scheduler, config=config
+        model=module,
+        model_parameters=module.parameters(),
+        optimizer=optimizer,
+        lr_scheduler=optimization.default_schedule(config, job.training),
+        config=config,
     )
     optimization.record_fp32_grad_norm(engine)
+    optimization.average_replicated_gradients_each_step(engine, tp)
     return engine
 
 
 def run(job: JobConfig, options: RunOptions) -> None:
     """Train `job` on this rank to spec.training.steps, resuming from the latest checkpoint if there is one."""
     topology = build_topology(job.plan)
-    check_plan_matches(topology, job.plan, int(os.environ["WORLD_SIZE"]))
+    launch = launch_from_environment(os.environ)
+    check_plan_matches(topology, job.plan, launch.world_size)
+    check_launch_matches(job.plan, launch)
+    stream = data.open_stream(job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed)
     init_distributed()
     coords = coords_of(topology, dist.get_rank())
     tp = tensor_parallel_group(topology, coords)
-    stream = data.open_stream(job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed)
     engine = build_engine(job, topology, tp)
     writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, HookCaller(list(options.hooks)))
     try:

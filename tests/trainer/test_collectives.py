@@ -1,0 +1,37 @@
+"""Collective code paths on a real two-rank gloo group, without a model: resume agreement and TP gradient sync."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.trainer.collective_workers import average_replicated_gradients, resume_from_own_folder, run_on_ranks
+
+
+def test_ranks_resume_from_the_tag_rank_0_reads_even_when_their_folder_differs(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "rank-0" / "global_step6"
+    checkpoint.mkdir(parents=True)
+    torch.save({"step": 6}, checkpoint / "mp_rank_00_model_states.pt")
+    (tmp_path / "rank-0" / "latest").write_text("global_step6\n")
+    (tmp_path / "rank-1").mkdir()
+
+    results = run_on_ranks(resume_from_own_folder, 2, tmp_path)
+
+    # Rank 1 must not start from scratch while rank 0 waits for it: both stop on the same agreed problem.
+    assert [outcome for outcome, _ in results] == ["ok", "ok"], results
+    (kind0, message0), (kind1, message1) = (value for _, value in results)
+    assert kind0 == kind1 == "error" and message0 == message1
+    assert f"{tmp_path / 'rank-1' / 'global_step6'} does not exist on rank 1" in message0
+
+
+def test_replicated_gradients_are_averaged_over_tensor_parallel_before_the_data_parallel_reduction() -> None:
+    results = run_on_ranks(average_replicated_gradients, 2)
+
+    assert [outcome for outcome, _ in results] == ["ok", "ok"], results
+    for rank, (_, by_precision) in enumerate(results):
+        for precision, value in by_precision.items():
+            where = f"rank {rank}, {precision}"
+            assert value["replicated"] == [1.5] * 3, where
+            assert value["sharded"] == [float(rank + 1)] * 2, f"{where}: a sharded gradient must stay local"
+            assert value["reduced_after"] == [1.5], f"{where}: DeepSpeed's reduction must run after averaging"
