@@ -4,9 +4,9 @@
 
 Model: 16 layers, hidden 2048, 16 heads, FFN 8192, sequence 2048, vocabulary 50304 (1.03B parameters with the
 untied LM head), bf16, AdamW, no activation recomputation; PP1 x TP1 x DP1 (one rank), synthetic tokens.
-MFU is the trainer's own estimate (Narayanan et al.: 72 * B * s * l * h^2 * (1 + s/6h + V/16lh) FLOPs per
-step) over the bf16 dense peak of the GPU, read from its name (A100 312, H100/H200 989 TFLOP/s) or given
-with --peak-tflops. Prints the medians after 10 warm-up steps. Needs a CUDA GPU.
+MFU is the trainer's own estimate: model FLOPs per step, 3 * B * s * l * (8h^2 + 4hf + 4sh) + 6 * B * s * h * V
+(6 per weight and token plus attention, no recomputation; config.flops_per_step), over the bf16 dense peak of
+the GPU, read from its name (A100 312, H100/H200 989 TFLOP/s) or given with --peak-tflops. Prints the medians after 10 warm-up steps. Needs a CUDA GPU.
 """
 
 from __future__ import annotations

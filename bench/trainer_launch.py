@@ -1,14 +1,11 @@
 """Shared by the trainer benchmarks: a job.json for a GPT shape and layout, a torchrun of the trainer, its metrics.
 
-Not a benchmark itself. The job files follow docs/architecture.md, with the plan's coordinates from the
-row-major rule (rank = pipe * dp * tp + data * tp + model).
+Not a benchmark itself. Job files, ports and torchrun gangs come from the trainer tests' harness
+(`tests/trainer/harness.py`), so benchmarks and tests run the trainer the same way.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -17,58 +14,38 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from paralleljob_trainer.config import Layout  # noqa: E402
+from tests.trainer import harness  # noqa: E402
+
+ADAMW = {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.1}}
 
 
 def job_document(
     pp: int, tp: int, dp: int, model: dict[str, Any], *, steps: int, batch: int, micro: int, data: dict[str, Any]
 ) -> dict[str, Any]:
-    world = pp * tp * dp
-    ranks = list(range(world))
-    coords = [{"pipe": r // (dp * tp), "data": (r // tp) % dp, "model": r % tp} for r in ranks]
-    return {
-        "apiVersion": "paralleljob.io/v1alpha1",
-        "kind": "ParallelJob",
-        "metadata": {"name": "bench", "namespace": "default"},
-        "spec": {
-            "parallelism": {"pipeline": pp, "tensor": tp, "data": dp},
-            "model": model,
-            "training": {"steps": steps, "seed": 1, "logInterval": 1, "data": data},
-            "checkpoint": {"intervalSteps": 0},
-        },
-        "deepspeed": {
-            "train_batch_size": batch,
-            "train_micro_batch_size_per_gpu": micro,
-            "gradient_accumulation_steps": batch // (micro * dp),
-            "gradient_clipping": 1.0,
-            "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.1}},
-        },
-        "plan": {
-            "layout": {"pipeline": pp, "tensor": tp, "data": dp},
-            "worldSize": world,
-            "ranksPerNode": world,
-            "axisOrder": ["pipe", "data", "model"],
-            "nodes": [{"nodeRank": 0, "node": "local-0", "gpus": world, "ranks": ranks, "coords": coords}],
-        },
-    }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """The benchmarks' job: AdamW (lr 3e-4), clipping 1.0, seed 1, the trainer's default warmup."""
+    return harness.job_document(
+        Layout(pipeline=pp, tensor=tp, data=dp),
+        optimizer=ADAMW,
+        gradient_clipping=1.0,
+        steps=steps,
+        model=model,
+        data=data,
+        train_batch_size=batch,
+        micro_batch_size=micro,
+        seed=1,
+        warmup_steps=None,
+    )
 
 
 def torchrun(nproc: int, module_args: list[str], env: dict[str, str] | None = None, timeout: int = 900) -> str:
-    """Run `torchrun --nproc-per-node nproc -m ...` on 127.0.0.1; returns its output, raising on failure."""
-    full_env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "trainer-image"), str(REPO), os.environ.get("PYTHONPATH", "")]),
-        **(env or {}),
-    }
+    """Run `torchrun --nproc-per-node nproc ...` on 127.0.0.1 (for scripts that are not the trainer)."""
+    full_env = {**harness.trainer_env(Path("unused"), Path("unused"), None, {}), **(env or {})}
     command = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-        "--master-addr=127.0.0.1", f"--master-port={free_port()}", *module_args,
+        "--master-addr=127.0.0.1", f"--master-port={harness.free_port()}", *module_args,
     ]  # fmt: skip
     done = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=timeout)
     if done.returncode:
@@ -77,15 +54,15 @@ def torchrun(nproc: int, module_args: list[str], env: dict[str, str] | None = No
 
 
 def run_trainer(document: dict[str, Any], env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Train `document` with the real trainer; returns its metrics.jsonl records."""
+    """Train `document` with the real trainer on one node; returns its metrics.jsonl records."""
     with tempfile.TemporaryDirectory() as folder:
-        job = Path(folder) / "job.json"
-        job.write_text(json.dumps(document))
-        world = document["plan"]["worldSize"]
-        args = ["-m", "paralleljob_trainer", "--config", str(job), "--output", folder]
-        torchrun(world, args, env)
-        lines = (Path(folder) / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+        job = harness.write_job(Path(folder), document)
+        gang = harness.Gang()
+        gang.start(job, Path(folder) / "out", nproc=document["plan"]["worldSize"], extra_env=env)
+        result = gang.wait(timeout=900)
+        if any(result.returncodes):
+            raise SystemExit(f"trainer failed ({result.returncodes}):\n{result.logs[0][-3000:]}")
+        return [record for event in ("step", "summary") for record in harness.records(Path(folder) / "out", event)]
 
 
 def median_after_warmup(records: list[dict[str, Any]], field: str, warmup: int) -> float:
