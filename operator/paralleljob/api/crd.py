@@ -101,7 +101,10 @@ def object_schema(cls: type) -> dict[str, Any]:
 
 def spec_schema() -> dict[str, Any]:
     schema = object_schema(t.ParallelJobSpec)
-    schema["x-kubernetes-validations"] = [rule.x_kubernetes_validation() for rule in rules.RULES]
+    schema["x-kubernetes-validations"] = [
+        *(rule.x_kubernetes_validation() for rule in rules.RULES),
+        {"rule": rules.SPEC_IMMUTABLE_CEL, "message": rules.SPEC_IMMUTABLE_MESSAGE, "reason": "FieldValueForbidden"},
+    ]
     return schema
 
 

@@ -318,6 +318,15 @@ NAME_RULE_MESSAGE = (
     f"metadata.name must be a DNS-1123 label of at most {t.MAX_NAME_LENGTH} characters (pods are <name>-<nodeRank>)"
 )
 
+# A transition rule on spec (evaluated on updates only, with oldSelf the stored spec): a job's spec cannot
+# change after creation. The operator plans, builds its ConfigMap and pods, and counts restarts from the
+# spec it admitted; an edit would leave the running gang and the status describing different jobs.
+SPEC_IMMUTABLE_CEL = "self == oldSelf"
+SPEC_IMMUTABLE_MESSAGE = (
+    "spec is immutable after creation: delete the ParallelJob and create it again with the new spec "
+    "(training resumes from the checkpoint volume)"
+)
+
 
 def check_rules(spec: t.ParallelJobSpec) -> list[Problem]:
     """Run every cross-field rule; all problems, not only the first."""

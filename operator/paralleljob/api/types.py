@@ -413,6 +413,11 @@ class ParallelJobStatus:
     axis_order: str | None = api_field("Rank axis order the trainer uses.", default=None)
     placement: list[NodePlacement] | None = api_field("Per node rank: node, ranks and stages.", default=None)
     pods_ready: int | None = api_field("Pods running.", default=None, minimum=0)
+    excluded_nodes: list[str] | None = api_field(
+        "Nodes that broke an earlier attempt; re-planning leaves them out while the job fits without them.",
+        default=None,
+        json_name="excludedNodes",
+    )
     restarts: int | None = api_field("Gang restarts so far.", default=None, minimum=0)
     last_checkpoint_step: int | None = api_field("Step of the latest checkpoint.", default=None, minimum=0)
     progress: Progress | None = api_field("Training progress.", default=None)
