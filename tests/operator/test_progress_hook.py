@@ -1,9 +1,10 @@
-"""Rank 0's progress hook against the emulated API over HTTP: progress reaches status, rate-limited,
-and API failures never reach training."""
+"""Rank 0's progress hook against the emulated API over HTTP: progress reaches status, rate-limited, sent
+from a background thread so a slow API never holds up a step, and API failures never reach training."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -35,6 +36,7 @@ def step(n, loss=2.5):
 
 def test_progress_and_checkpoints_reach_the_status(cluster, reporter):
     reporter.on_step(step(10, 3.0))
+    assert reporter.wait_sent(5)
     progress = cluster.status()["progress"]
     assert (progress["step"], progress["totalSteps"], progress["loss"], progress["tokensPerSecond"]) == (
         10,
@@ -43,22 +45,41 @@ def test_progress_and_checkpoints_reach_the_status(cluster, reporter):
         10000.0,
     )
     reporter.on_checkpoint({"event": "checkpoint", "step": 10, "path": "/checkpoints/10"})
+    assert reporter.wait_sent(5)
     assert cluster.status()["lastCheckpointStep"] == 10
 
 
 def test_steps_are_rate_limited_and_the_last_one_is_flushed(cluster, reporter, emulator):
     for n in range(1, 6):
         reporter.on_step(step(n))
+    assert reporter.wait_sent(5)
     assert reporter.patches == 1
     assert cluster.status()["progress"]["step"] == 1
     reporter.clock.now = 11
     reporter.on_step(step(6))
+    assert reporter.wait_sent(5)
     assert cluster.status()["progress"]["step"] == 6
     reporter.on_step(step(7))
     reporter.on_finish({"event": "summary"})
     assert cluster.status()["progress"]["step"] == 7
     assert reporter.patches == 3
     assert all(c[2] == "paralleljobs/status" for c in emulator.emulator.calls if c[0] == "patch")
+
+
+def test_a_slow_api_never_holds_up_a_step_and_the_latest_report_wins(cluster, reporter, emulator):
+    emulator.emulator.latency[("patch", "paralleljobs/status")] = 1.0
+    started = time.monotonic()
+    reporter.on_step(step(1))
+    for n in range(2, 20):
+        reporter.clock.now += 11
+        reporter.on_step(step(n))
+    reporter.on_checkpoint({"event": "checkpoint", "step": 18})
+    assert time.monotonic() - started < 0.5, "reports must not wait for the API"
+    reporter.on_finish({"event": "summary"})
+    status = cluster.status()
+    assert (status["progress"]["step"], status["lastCheckpointStep"]) == (19, 18)
+    # One request in flight while the rest fold into one pending patch: far fewer than 20 requests.
+    assert reporter.patches <= 3
 
 
 def test_the_hook_only_touches_status(cluster, reporter):
@@ -69,6 +90,7 @@ def test_the_hook_only_touches_status(cluster, reporter):
 def test_api_errors_never_reach_training(tmp_path, capsys):
     dead = k8s_status.StatusReporter("http://127.0.0.1:9", "ns", "gone", token_path=None, ca_path=None, interval=0)
     dead.on_step(step(1))
+    assert dead.wait_sent(5)
     dead.on_checkpoint({"step": 1})
     dead.on_finish({})
     assert dead.patches == 0
@@ -78,6 +100,7 @@ def test_api_errors_never_reach_training(tmp_path, capsys):
 def test_missing_job_is_reported_not_raised(emulator, capsys):
     reporter = k8s_status.StatusReporter(emulator.url, "ns", "absent", token_path=None, ca_path=None)
     reporter.on_step(step(1))
+    assert reporter.wait_sent(5)
     assert "404" in capsys.readouterr().err
 
 

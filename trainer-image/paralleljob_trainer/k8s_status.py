@@ -7,8 +7,11 @@ operator's per-job `<job>-progress` account may only get/patch this one job's st
 
 Standard library only (urllib): the trainer image does not ship the kubernetes client. Step reports are
 rate-limited (at most one PATCH per `PARALLELJOB_STATUS_INTERVAL` seconds, default 10; the latest record
-wins and the final one is flushed at the end); checkpoints are reported at once. No API error ever reaches
-training: failures are reported on stderr (once per kind) and the next report tries again.
+wins and the final one is flushed at the end); checkpoints are reported at once. Requests are sent by a
+background thread, so a slow or unreachable API server never holds up a training step: the hook only
+merges the report into one pending patch (bounded: the latest value of each field wins) and wakes the
+sender. `on_finish` flushes and waits for the sender a bounded time. No API error ever reaches training:
+failures are reported on stderr (once per kind) and the next report tries again.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import os
 import ssl
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +33,8 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 GROUP, VERSION, PLURAL = "paralleljob.io", "v1alpha1", "paralleljobs"
 DEFAULT_INTERVAL_SECONDS = 10.0
 REQUEST_TIMEOUT_SECONDS = 5.0
+# How long on_finish waits for the last report to go out: the request timeout and a margin.
+FINISH_WAIT_SECONDS = 2 * REQUEST_TIMEOUT_SECONDS
 
 
 def _now() -> str:
@@ -57,6 +63,11 @@ class StatusReporter:
         self.pending: dict[str, Any] | None = None
         self.reported_errors: set[str] = set()
         self.patches = 0
+        self._outbox: dict[str, Any] = {}
+        self._sending = False
+        self._changed = threading.Condition()
+        self._sender = threading.Thread(target=self._send_forever, name="paralleljob-status", daemon=True)
+        self._sender.start()
 
     # -- the ProgressHook protocol -----------------------------------------------------------------------
 
@@ -67,14 +78,15 @@ class StatusReporter:
             self.flush()
 
     def on_checkpoint(self, record: Mapping[str, Any]) -> None:
-        patch: dict[str, Any] = {"lastCheckpointStep": int(record["step"])}
+        patch: dict[str, Any] = {"lastCheckpointStep": int(record.get("step", 0))}
         if self.pending is not None:
             patch["progress"] = self.pending
             self.pending = None
-        self._send(patch)
+        self._submit(patch)
 
     def on_finish(self, record: Mapping[str, Any]) -> None:
         self.flush()
+        self.wait_sent(FINISH_WAIT_SECONDS)
 
     # -- internals ---------------------------------------------------------------------------------------
 
@@ -92,7 +104,40 @@ class StatusReporter:
     def flush(self) -> None:
         if self.pending is not None:
             progress, self.pending = self.pending, None
-            self._send({"progress": progress})
+            self._submit({"progress": progress})
+
+    def wait_sent(self, timeout: float) -> bool:
+        """Wait until every submitted report has been sent (or has failed); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._outbox or self._sending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
+
+    def _submit(self, status: Mapping[str, Any]) -> None:
+        """Merge into the one pending patch (latest value per field wins) and wake the sender."""
+        self.last_sent = self.clock()
+        with self._changed:
+            self._outbox.update(status)
+            self._changed.notify_all()
+
+    def _send_forever(self) -> None:
+        while True:
+            with self._changed:
+                while not self._outbox:
+                    self._changed.wait()
+                status, self._outbox, self._sending = self._outbox, {}, True
+            try:
+                self._send(status)
+            except Exception as error:
+                self._report(type(error).__name__, str(error))
+            finally:
+                with self._changed:
+                    self._sending = False
+                    self._changed.notify_all()
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/merge-patch+json", "Accept": "application/json"}
@@ -102,7 +147,6 @@ class StatusReporter:
         return headers
 
     def _send(self, status: Mapping[str, Any]) -> bool:
-        self.last_sent = self.clock()
         body = json.dumps({"status": dict(status)}).encode()
         request = urllib.request.Request(self.url, data=body, method="PATCH", headers=self._headers())
         try:
