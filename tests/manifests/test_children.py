@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 
 from paralleljob.manifests import children, configmap, labels
+from paralleljob.manifests import pods as pod_manifests
 from tests.manifests.conftest import make_node, make_plan, resolve
 
 OWNER = {"metadata": {"name": "gpt", "namespace": "research", "uid": "u-1"}}
@@ -14,8 +16,14 @@ IB_NODES = [make_node(f"node-{i}", {}, {"nvidia.com/gpu": "4", "rdma/ib": "1"}) 
 PLAIN_NODES = [make_node(f"node-{i}", {}, {"nvidia.com/gpu": "4"}) for i in range(4)]
 
 
-def build(nodes=PLAIN_NODES, attempt=0, **spec_patch):
-    return children.build_children(OWNER, resolve(**spec_patch), make_plan(), nodes, image="trainer:1", attempt=attempt)
+def build(nodes=PLAIN_NODES, attempt=0, plan=None, default_nccl_env=None, **spec_patch):
+    """Both steps, as the operator takes them: the attempt's ConfigMap, then the children built from it."""
+    resolved = resolve(**spec_patch)
+    made = children.build_attempt(
+        OWNER, resolved, plan or make_plan(), nodes, attempt=attempt, default_nccl_env=default_nccl_env
+    )
+    built = children.build_children(OWNER, resolved, made.config_map, image="trainer:1")
+    return types.SimpleNamespace(attempt=made, config_map=made.config_map, **vars(built))
 
 
 def env_of(pod):
@@ -27,6 +35,8 @@ def test_every_child_is_owned_by_the_job_and_labelled():
     for obj in [built.config_map, built.service, *built.rbac, *built.pods]:
         assert obj["metadata"]["ownerReferences"][0]["uid"] == "u-1"
         assert obj["metadata"]["ownerReferences"][0]["controller"] is True
+        # blockOwnerDeletion needs `update` on paralleljobs/finalizers, which the operator does not hold.
+        assert "blockOwnerDeletion" not in obj["metadata"]["ownerReferences"][0]
         assert obj["metadata"]["labels"][labels.JOB_LABEL] == "gpt"
         assert obj["metadata"]["namespace"] == "research"
 
@@ -90,13 +100,21 @@ def test_volumes_shm_in_memory_config_and_checkpoint():
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert volumes["checkpoint"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
     assert volumes["job-config"]["configMap"]["name"] == "gpt-config"
-    assert mounts == {
-        "job-config": "/etc/paralleljob",
-        "dshm": "/dev/shm",
-        "output": "/var/run/paralleljob/output",
-        "checkpoint": "/checkpoints",
-    }
+    assert mounts == {"job-config": "/etc/paralleljob", "dshm": "/dev/shm", "checkpoint": "/checkpoints"}
     assert env_of(pod)["PARALLELJOB_CHECKPOINT_DIR"] == "/checkpoints"
+
+
+def test_metrics_are_written_under_the_checkpoint_path_so_they_survive_gang_restarts():
+    pod = build().pods[0]
+    assert env_of(pod)["PARALLELJOB_OUTPUT_DIR"] == "/checkpoints/metrics"
+    assert "output" not in {v["name"] for v in pod["spec"]["volumes"]}
+
+
+def test_without_a_checkpoint_metrics_go_to_an_empty_dir():
+    pod = build(checkpoint=None).pods[0]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["output"] == {"name": "output", "emptyDir": {}}
+    assert env_of(pod)["PARALLELJOB_OUTPUT_DIR"] == "/var/run/paralleljob/output"
 
 
 def test_only_rank_zero_reports_progress_through_its_own_account():
@@ -109,15 +127,22 @@ def test_only_rank_zero_reports_progress_through_its_own_account():
             "apiGroups": ["paralleljob.io"],
             "resources": ["paralleljobs/status"],
             "resourceNames": ["gpt"],
-            "verbs": ["get", "patch"],
+            "verbs": ["patch"],
         }
     ]
+
+
+def test_only_rank_zero_gets_an_api_token():
+    automount = [p["spec"].get("automountServiceAccountToken", True) for p in build().pods]
+    assert automount == [True, False, False, False]
 
 
 def test_users_own_service_account_replaces_the_progress_rbac():
     built = build(template={"serviceAccountName": "mine"})
     assert built.rbac == []
     assert built.pods[0]["spec"]["serviceAccountName"] == "mine"
+    # The user chose this identity for the pods; the operator does not take its token away from them.
+    assert all("automountServiceAccountToken" not in p["spec"] for p in built.pods)
 
 
 def test_config_map_holds_job_file_deepspeed_plan_and_nccl_for_its_attempt():
@@ -155,21 +180,54 @@ def test_a_1024_node_config_map_fits_the_1_mib_limit():
     for entry in plan["nodes"]:
         entry["coords"] = [{"pipe": 15, "data": 255, "model": 3}] * 4
         entry["domains"] = {"network.topology.nvidia.com/leaf": "leaf-123", "network.topology.nvidia.com/spine": "s-7"}
-    built = children.build_children(OWNER, resolve(), plan, [], image="x", attempt=0)
+    built = build([], plan=plan)
     assert sum(len(value) for value in built.config_map["data"].values()) < 1024 * 1024
 
 
 def test_operator_default_nccl_env_reaches_pods_unless_the_job_sets_the_same_name():
-    built = children.build_children(
-        OWNER,
-        resolve(network={"ncclEnv": {"NCCL_DEBUG": "TRACE"}}),
-        make_plan(),
+    built = build(
         PLAIN_NODES,
-        image="trainer:1",
-        attempt=0,
         default_nccl_env={"NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "=mlx5_0"},
+        network={"ncclEnv": {"NCCL_DEBUG": "TRACE"}},
     )
     env = env_of(built.pods[0])
     assert env["NCCL_IB_HCA"] == "=mlx5_0"
     assert env["NCCL_DEBUG"] == "TRACE"
     assert built.nccl_env["NCCL_IB_HCA"] == "=mlx5_0"
+
+
+def test_pods_run_exactly_the_nccl_env_the_attempt_recorded():
+    """status.ncclEnv is written from the attempt; the pods are built from its ConfigMap alone, so a Node
+    relabelled or an operator restarted in between cannot make them differ."""
+    built = build(IB_NODES)
+    recorded = built.attempt.nccl_env
+    assert recorded["NCCL_IB_DISABLE"] == "0"
+    for pod in built.pods:
+        env = env_of(pod)
+        assert {key: env[key] for key in recorded} == recorded
+    assert built.nccl_env == recorded
+    assert configmap.network_of(built.config_map)["ncclEnv"] == recorded
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("PARALLELJOB_NODE_RANK", "set by the operator"),
+        ("PARALLELJOB_OUTPUT_DIR", "set by the operator"),
+        ("NCCL_IB_HCA", "spec.network.ncclEnv"),
+        ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "spec.network.ncclEnv"),
+        ("FI_PROVIDER", "spec.network.ncclEnv"),
+        ("PARALLELJOB_PEAK_TFLOPS", None),
+        ("HF_HOME", None),
+        ("OMP_NUM_THREADS", None),
+    ],
+    ids=["identity", "output", "nccl", "torch-nccl", "libfabric", "trainer-knob", "user", "threads"],
+)
+def test_template_env_may_not_override_what_the_operator_sets(name, problem):
+    resolved = resolve(template={"env": [{"name": "A", "value": "1"}, {"name": name, "value": "x"}]})
+    problems = pod_manifests.env_problems(resolved)
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1
+        assert problems[0].startswith(f"spec.template.env[1].name: {name}") and problem in problems[0]

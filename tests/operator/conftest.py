@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import kubernetes
 import pytest
 import yaml
 
+from tests.manifests.conftest import JOB_YAML
 from tests.operator.emulator import EmulatorThread
 
 OPERATOR_AGENTS = ("kopf", "paralleljob-operator")  # kopf's own requests, and paralleljob.k8s's
@@ -36,27 +37,15 @@ def operator_calls(emulator: EmulatorThread) -> list[tuple[str, str, str, str]]:
 RECORD = Path(__file__).resolve().parents[2] / ".pytest_cache" / "paralleljob" / "operator-api-calls.json"
 _recorded: collections.Counter[tuple[str, str, str]] = collections.Counter()
 
-JOB_YAML = """
-apiVersion: paralleljob.io/v1alpha1
-kind: ParallelJob
-metadata: {name: gpt, namespace: research}
-spec:
-  parallelism: {pipeline: 4, tensor: 4, data: 4}
-  gpusPerNode: 4
-  model: {layers: 8, hiddenSize: 256, attentionHeads: 8, sequenceLength: 128, vocabSize: 512}
-  deepspeed: {train_micro_batch_size_per_gpu: 1, gradient_accumulation_steps: 16}
-  training: {steps: 100}
-  checkpoint:
-    volume: {persistentVolumeClaim: {claimName: ckpt}}
-    intervalSteps: 10
-  failurePolicy: {backoffLimit: 2}
-"""
+# The operator's scenarios run the manifests tests' job (tests/manifests/conftest.py) at 16 nodes: 4x4x4 on
+# 4-GPU nodes, with two restarts allowed.
+SIXTEEN_NODES = {"parallelism": {"pipeline": 4, "tensor": 4, "data": 4}, "failurePolicy": {"backoffLimit": 2}}
 
 
 def job_doc(name: str = "gpt", namespace: str = "research", **spec: Any) -> dict[str, Any]:
     doc = yaml.safe_load(JOB_YAML)
     doc["metadata"] = {"name": name, "namespace": namespace}
-    doc["spec"].update(spec)
+    doc["spec"].update(SIXTEEN_NODES, **spec)
     return doc
 
 
@@ -126,6 +115,10 @@ class Cluster:
             self.core.patch_namespaced_pod(pod["metadata"]["name"], namespace, {"spec": {"nodeName": node}})
             self.set_pod_phase(pod["metadata"]["name"], phase, namespace)
 
+    def set_node_ready(self, name: str, ready: bool) -> None:
+        status = "True" if ready else "False"
+        self.core.patch_node_status(name, {"status": {"conditions": [{"type": "Ready", "status": status}]}})
+
     def events(self, namespace: str = "research") -> list[dict[str, Any]]:
         client = self.core.api_client
         return [client.sanitize_for_serialization(e) for e in self.core.list_namespaced_event(namespace).items]
@@ -148,8 +141,11 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "con
 class Operator:
     """`paralleljob operator` as a process; `kill()` is SIGKILL, `start()` runs a fresh one."""
 
-    def __init__(self, emulator: EmulatorThread, log: Path) -> None:
-        self.emulator, self.log = emulator, log
+    # Short enough for tests: pods stuck Terminating on a lost node go after a second.
+    ARGS = ("--force-delete-after", "1")
+
+    def __init__(self, emulator: EmulatorThread, log: Path, args: Sequence[str] = ARGS) -> None:
+        self.emulator, self.log, self.args = emulator, log, list(args)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Operator:
@@ -170,6 +166,7 @@ class Operator:
             "warning",
             "--trainer-image",
             "trainer:test",
+            *self.args,
         ]
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -189,6 +186,46 @@ class Operator:
                 self.kill()
 
 
+def generations_overlapping(emulator: EmulatorThread, job: str = "gpt") -> list[str]:
+    """Replays the emulator's history of the job's pods: every moment a pod of one attempt was created while
+    a pod of another attempt still existed (Terminating included)."""
+    assert emulator.emulator is not None
+    live: dict[str, str] = {}
+    overlaps = []
+    for change in emulator.emulator.history:
+        if change.plural != "pods" or change.labels.get("paralleljob.io/job") != job:
+            continue
+        attempt = change.labels.get("paralleljob.io/attempt", "")
+        if change.kind == "DELETED":
+            live.pop(change.name, None)
+            continue
+        if change.kind == "ADDED" and any(other != attempt for other in live.values()):
+            overlaps.append(f"{change.name} (attempt {attempt}) created while {sorted(live.items())} existed")
+        live[change.name] = attempt
+    return overlaps
+
+
+def gpus_oversubscribed(emulator: EmulatorThread, gpus_per_node: int = 4) -> list[str]:
+    """Replays the history of every pod: each moment the pods pinned to a node (label paralleljob.io/node)
+    and not finished requested more GPUs than the node has."""
+    assert emulator.emulator is not None
+    holding: dict[tuple[str, str], tuple[str, int]] = {}
+    found = []
+    for change in emulator.emulator.history:
+        node = change.labels.get("paralleljob.io/node")
+        if change.plural != "pods" or not node:
+            continue
+        key = (change.namespace, change.name)
+        if change.kind == "DELETED" or change.phase in ("Succeeded", "Failed"):
+            holding.pop(key, None)
+            continue
+        holding[key] = (node, change.gpus)
+        used = sum(gpus for held_node, gpus in holding.values() if held_node == node)
+        if used > gpus_per_node:
+            found.append(f"{node}: {used} GPUs requested after {change.kind} {key}")
+    return found
+
+
 @pytest.fixture
 def emulator(tmp_path: Path) -> Iterator[EmulatorThread]:
     thread = EmulatorThread(tmp_path).start()
@@ -204,8 +241,14 @@ def cluster(emulator: EmulatorThread) -> Cluster:
 
 
 @pytest.fixture
-def operator(emulator: EmulatorThread, tmp_path: Path) -> Iterator[Operator]:
-    process = Operator(emulator, tmp_path / "operator.log").start()
+def operator_args() -> Sequence[str]:
+    """Extra `paralleljob operator` flags; a test module overrides this fixture to change them."""
+    return Operator.ARGS
+
+
+@pytest.fixture
+def operator(emulator: EmulatorThread, tmp_path: Path, operator_args: Sequence[str]) -> Iterator[Operator]:
+    process = Operator(emulator, tmp_path / "operator.log", operator_args).start()
     yield process
     process.stop()
     sys.stderr.write((tmp_path / "operator.log").read_text()[-4000:])

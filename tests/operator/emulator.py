@@ -5,9 +5,13 @@ operator relies on (see /work/shared/reference/toolbox.md): server-filled metada
 creationTimestamp, generation), the namespace from the URL, AlreadyExists/NotFound with standard reasons,
 JSON merge patch (null deletes), status-subresource isolation, labelSelector on lists, List kinds,
 `GET /api/v1/namespaces` (kmock's path parser answers 500 to it), core discovery's groupVersion ("v1", not
-"/v1", which kubectl needs), and cascade deletion through ownerReferences (the garbage collector's job).
-It also records every request as (verb, group, resource, namespace, user agent) so tests can count API calls and the
-chart's RBAC can be checked against what the operator really does.
+"/v1", which kubectl needs), cascade deletion through ownerReferences (the garbage collector's job; optionally
+late, as the real one is asynchronous), and graceful pod deletion: deleting a pod bound to a node marks it
+Terminating (deletionTimestamp) and removes it only after `termination_seconds`, the kubelet's job, and never
+while its node is NotReady or gone (a dead kubelet confirms nothing); `gracePeriodSeconds=0` removes it at once.
+It records every request as (verb, group, resource, namespace, user agent) so tests can count API calls and the
+chart's RBAC can be checked against what the operator really does, and every change as a `history` entry so
+tests can check what existed at the same time.
 
 `EmulatorThread` runs it on a real TCP port in a background thread and writes a kubeconfig for it.
 """
@@ -16,14 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import datetime
 import itertools
 import json
 import threading
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp.web
 import attrs
@@ -31,8 +34,8 @@ import kmock
 from kmock._internal import enums
 from kmock._internal import parsing as kmock_parsing
 
-from paralleljob.api import crd as api_crd
 from paralleljob.api import types as api_types
+from paralleljob.k8s import timestamps
 
 CORE = {
     "pods": ("Pod", True, {"status"}),
@@ -92,6 +95,34 @@ def status_response(code: int, reason: str, message: str) -> aiohttp.web.Respons
     return aiohttp.web.json_response(body, status=code)
 
 
+class Change(NamedTuple):
+    """One entry of the emulator's history: what changed, and the fields tests replay."""
+
+    kind: str  # ADDED, MODIFIED, DELETED
+    plural: str
+    namespace: str
+    name: str
+    labels: dict[str, str]
+    phase: str | None
+    gpus: int  # nvidia.com/gpu requested by a pod's containers
+
+    @classmethod
+    def of(cls, kind: str, plural: str, obj: Mapping[str, Any]) -> Change:
+        meta = obj.get("metadata") or {}
+        containers = (obj.get("spec") or {}).get("containers") or []
+        gpus = sum(int(((c.get("resources") or {}).get("requests") or {}).get("nvidia.com/gpu", 0)) for c in containers)
+        phase = (obj.get("status") or {}).get("phase")
+        return cls(
+            kind,
+            plural,
+            meta.get("namespace") or "",
+            meta.get("name") or "",
+            dict(meta.get("labels") or {}),
+            phase,
+            gpus,
+        )
+
+
 KMOCK_PARSE_PATH = kmock_parsing.parse_path
 
 
@@ -111,8 +142,19 @@ class HardenedEmulator(kmock.KubernetesEmulator):
     """A KubernetesEmulator that behaves like an API server where our operator and kopf look."""
 
     calls: list[tuple[str, str, str, str, str]] = attrs.field(factory=list)
-    # Seconds each create of a resource (by plural) takes, to hold a test's window open (a slow API server).
-    create_latency: dict[str, float] = attrs.field(factory=dict)
+    # Every ADDED/MODIFIED/DELETED, in order.
+    history: list[Change] = attrs.field(factory=list)
+    # Names of the pods deleted with gracePeriodSeconds=0 (a force delete: on a real cluster their
+    # containers may still be running).
+    force_deleted: list[str] = attrs.field(factory=list)
+    # Seconds a request takes, by (verb, plural), e.g. ("create", "pods"): a slow API server.
+    latency: dict[tuple[str, str], float] = attrs.field(factory=dict)
+    # Creates refused, by plural: (HTTP status, reason, message), e.g. an admission webhook or a quota.
+    rejects: dict[str, tuple[int, str, str]] = attrs.field(factory=dict)
+    # Seconds the kubelet takes to stop a deleted pod's containers before the pod object goes.
+    termination_seconds: float = 0.2
+    # Seconds before the garbage collector deletes the dependents of a deleted owner (0: at once).
+    gc_delay: float = 0.0
     _versions: Any = attrs.field(factory=lambda: itertools.count(1))
 
     def __attrs_post_init__(self) -> None:
@@ -142,7 +184,7 @@ class HardenedEmulator(kmock.KubernetesEmulator):
 
     # -- recording -------------------------------------------------------------------------------------
 
-    def _record(self, request: kmock.Request) -> None:
+    def _record(self, request: kmock.Request) -> tuple[str, str, str, str, str]:
         assert request.resource is not None
         verb = {
             enums.action.LIST: "list",
@@ -156,7 +198,9 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         if request.subresource:
             plural = f"{plural}/{request.subresource}"
         agent = request.headers.get("User-Agent", "")
-        self.calls.append((verb, request.resource.group or "", plural, request.namespace or "", agent))
+        call = (verb, request.resource.group or "", plural, request.namespace or "", agent)
+        self.calls.append(call)
+        return call
 
     # -- writes ----------------------------------------------------------------------------------------
 
@@ -173,6 +217,7 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         return copy.deepcopy(self.objects[key].raw)
 
     async def _emit(self, resource: Any, kind: str, obj: Mapping[str, Any]) -> None:
+        self.history.append(Change.of(kind, resource.plural or "", obj))
         await self._buses[resource].put({"type": kind, "object": copy.deepcopy(dict(obj))})
 
     def _stamp(self, obj: dict[str, Any]) -> None:
@@ -186,12 +231,14 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         if request.namespace:
             meta["namespace"] = request.namespace
         key = self._key(request, meta.get("name"))
+        if request.resource.plural in self.rejects:
+            return status_response(*self.rejects[request.resource.plural])
         if self._live(key) is not None:
             return status_response(409, "AlreadyExists", f'{request.resource.plural} "{meta["name"]}" already exists')
         meta.update(
             uid=str(uuid.uuid4()),
             generation=1,
-            creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            creationTimestamp=timestamps.now(),
         )
         self._stamp(body)
         if key in self.objects:
@@ -228,20 +275,72 @@ class HardenedEmulator(kmock.KubernetesEmulator):
         current = self._live(key)
         if current is None:
             return status_response(404, "NotFound", f'{request.resource.plural} "{request.name}" not found')
-        await self._remove(key, current)
-        return aiohttp.web.json_response(current)
+        force = str(request.params.get("gracePeriodSeconds", "")) == "0"
+        if force and request.resource.plural == "pods":
+            self.force_deleted.append(str(request.name))
+        return aiohttp.web.json_response(await self._delete_object(key, current, force=force))
+
+    async def _delete_object(self, key: Any, current: dict[str, Any], *, force: bool = False) -> dict[str, Any]:
+        """Delete as the API server does: a pod on a node first turns Terminating, anything else goes."""
+        if key[0].plural != "pods" or not (current.get("spec") or {}).get("nodeName") or force:
+            await self._remove(key, current)
+            return current
+        if current["metadata"].get("deletionTimestamp"):
+            return current  # already terminating: a second graceful delete changes nothing
+        grace = (current.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        current["metadata"]["deletionTimestamp"] = timestamps.now()
+        current["metadata"]["deletionGracePeriodSeconds"] = grace
+        self._stamp(current)
+        self.objects[key].create(current)
+        await self._emit(key[0], "MODIFIED", current)
+        asyncio.get_running_loop().call_later(self.termination_seconds, self._kubelet_confirms, key)
+        return current
+
+    def _kubelet_confirms(self, key: Any) -> None:
+        asyncio.get_running_loop().create_task(self._finish_termination(key))
+
+    async def _finish_termination(self, key: Any) -> None:
+        """The kubelet stopped the containers: the pod object goes, unless its node is dead."""
+        async with self._lock:
+            current = self._live(key)
+            if current is None or not current["metadata"].get("deletionTimestamp"):
+                return
+            if self._kubelet_alive(current["spec"]["nodeName"]):
+                await self._remove(key, current)
+
+    def _kubelet_alive(self, node: str) -> bool:
+        found = next(
+            (obj for (res, _, name), obj in self.objects.items() if res.plural == "nodes" and name == node), None
+        )
+        if found is None or found.deleted:
+            return False
+        conditions = (found.raw.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
     async def _remove(self, key: Any, current: dict[str, Any]) -> None:
         self.objects[key].delete()
         await self._emit(key[0], "DELETED", current)
         uid = current["metadata"].get("uid")
-        # The garbage collector: dependents go with their owner (foreground details aside).
+        if self.gc_delay:
+            asyncio.get_running_loop().call_later(self.gc_delay, self._collect_later, uid)
+        else:
+            await self._collect(uid)
+
+    def _collect_later(self, uid: str) -> None:
+        asyncio.get_running_loop().create_task(self._collect_locked(uid))
+
+    async def _collect_locked(self, uid: str) -> None:
+        async with self._lock:
+            await self._collect(uid)
+
+    async def _collect(self, uid: str | None) -> None:
+        """The garbage collector: dependents go with their owner (foreground details aside)."""
         for other_key, obj in list(self.objects.items()):
             if obj.deleted:
                 continue
             owners = (obj.raw.get("metadata") or {}).get("ownerReferences") or []
             if any(ref.get("uid") == uid for ref in owners):
-                await self._remove(other_key, copy.deepcopy(obj.raw))
+                await self._delete_object(other_key, copy.deepcopy(obj.raw))
 
     # -- reads -----------------------------------------------------------------------------------------
 
@@ -267,9 +366,8 @@ class HardenedEmulator(kmock.KubernetesEmulator):
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if request.resource is None:
             return await super()._handle(request)
-        self._record(request)
-        if request.action == enums.action.CREATE:
-            await asyncio.sleep(self.create_latency.get(request.resource.plural or "", 0.0))
+        verb, _, plural, *_ = self._record(request)
+        await asyncio.sleep(self.latency.get((verb, plural), 0.0))
         async with self._lock:
             if request.action == enums.action.CREATE:
                 return await self._create(request)
@@ -332,7 +430,3 @@ class EmulatorThread:
             "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
             "current-context": "emulator",
         }
-
-    def register_crd(self) -> None:
-        """Nothing to do: the ParallelJob resource is declared by the emulator (kept for readability)."""
-        assert api_crd.build_crd()["spec"]["names"]["plural"] == api_types.PLURAL

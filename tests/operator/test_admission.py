@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.conftest import gpus_oversubscribed, job_doc, wait_for
 
 
 def test_job_that_does_not_fit_waits_with_the_reason_and_starts_when_nodes_arrive(cluster, operator):
@@ -20,7 +20,7 @@ def test_job_that_does_not_fit_waits_with_the_reason_and_starts_when_nodes_arriv
     wait_for(lambda: len(cluster.pods()) == 16, what="pods after nodes were added")
 
 
-def test_two_jobs_competing_never_oversubscribe_and_the_second_waits(cluster, operator):
+def test_two_jobs_competing_never_oversubscribe_and_the_second_waits(cluster, operator, emulator):
     cluster.add_nodes(20)
     cluster.apply(job_doc("first"))
     cluster.apply(job_doc("second"))
@@ -39,3 +39,20 @@ def test_two_jobs_competing_never_oversubscribe_and_the_second_waits(cluster, op
     for pod in cluster.pods(running) + cluster.pods(waiting):
         per_node[pod["metadata"]["labels"]["paralleljob.io/node"]] += 4
     assert max(per_node.values()) <= 4
+    assert gpus_oversubscribed(emulator) == []
+
+
+def test_a_waiting_job_starts_when_the_job_holding_the_gpus_finishes(cluster, operator, emulator):
+    cluster.add_nodes(16)
+    cluster.apply(job_doc("first"))
+    wait_for(lambda: len(cluster.pods("first")) == 16, what="the first job's pods")
+    cluster.bind_all("first")
+    wait_for(lambda: cluster.status("first").get("phase") == "Running", what="the first job running")
+    cluster.apply(job_doc("second"))
+    status = wait_for(lambda: cluster.status("second").get("phase") == "Pending" and cluster.status("second"))
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Scheduled"] == "Unschedulable"
+    # No Node changes from here on: only the first job's pods going away can wake the second.
+    cluster.set_pod_phase("first-0", "Succeeded")
+    wait_for(lambda: cluster.status("first").get("phase") == "Succeeded", what="the first job done")
+    wait_for(lambda: len(cluster.pods("second")) == 16, timeout=20, what="the second job's pods")
+    assert gpus_oversubscribed(emulator) == []

@@ -4,31 +4,46 @@ from __future__ import annotations
 
 import time
 
-from tests.operator.conftest import job_doc, operator_calls, wait_for
+import pytest
+
+from tests.operator.conftest import job_doc, wait_for
+
+ZERO_2_WITH_PIPELINE = {
+    "deepspeed": {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 16,
+        "zero_optimization": {"stage": 2},
+    }
+}
+ENV_OVERRIDES_IDENTITY = {"template": {"env": [{"name": "PARALLELJOB_NODE_RANK", "value": "3"}]}}
 
 
-def test_invalid_job_gets_a_condition_an_event_and_nothing_else(cluster, operator, emulator):
-    bad = job_doc(
-        deepspeed={
-            "train_micro_batch_size_per_gpu": 1,
-            "gradient_accumulation_steps": 16,
-            "zero_optimization": {"stage": 2},
-        }
-    )
-    cluster.apply(bad)
+@pytest.mark.parametrize(
+    ("spec", "mentions"),
+    [(ZERO_2_WITH_PIPELINE, "zero"), (ENV_OVERRIDES_IDENTITY, "spec.template.env[0].name: PARALLELJOB_NODE_RANK")],
+    ids=["api-rule", "template-env-overrides-the-operator"],
+)
+def test_invalid_job_gets_a_condition_an_event_and_nothing_else(cluster, operator, emulator, spec, mentions):
+    cluster.apply(job_doc(**spec))
     status = wait_for(lambda: cluster.status().get("conditions") and cluster.status(), what="a condition")
     valid = status["conditions"][0]
     assert (valid["type"], valid["status"], valid["reason"]) == ("Valid", "False", "InvalidSpec")
-    assert "ZeRO" in valid["message"] or "zero" in valid["message"].lower()
+    assert mentions in valid["message"].lower() or mentions in valid["message"]
     events = wait_for(lambda: [e for e in cluster.events() if e["reason"] == "InvalidSpec"], what="an Event")
     assert len(events) == 1
-    writes_then = _operator_writes(emulator)
+    calls_then = _operator_requests(emulator)
     time.sleep(3)
-    assert _operator_writes(emulator) == writes_then, "an invalid job must not be retried"
-    assert writes_then <= 2  # one status patch and one Event
+    assert _operator_requests(emulator) == calls_then, "an invalid job must not be retried"
+    writes = [c for c in calls_then if c[0] in {"create", "patch", "delete"}]
+    reads = [c for c in calls_then if c[0] in {"get", "list"}]
+    assert len(writes) <= 2  # one status patch and one Event
+    # Our own reads: the job once per pass (its creation, then our status patch), nothing else.
+    assert len(reads) <= 2, reads
     assert cluster.pods() == []
     assert cluster.core.list_namespaced_config_map("research").items == []
 
 
-def _operator_writes(emulator):
-    return sum(1 for verb, *_ in operator_calls(emulator) if verb in {"create", "patch", "delete"})
+def _operator_requests(emulator):
+    """paralleljob.k8s's requests (kopf's list-and-watch is the framework's, made once at startup)."""
+    assert emulator.emulator is not None
+    return [c[:4] for c in emulator.emulator.calls if c[4].startswith("paralleljob-operator") and c[2]]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 
 from paralleljob.handlers import conditions, gang, reservations
+from paralleljob.k8s import timestamps
 
 
 def pod(rank, phase="Running", node=None, **extra):
@@ -28,8 +31,9 @@ def pod(rank, phase="Running", node=None, **extra):
         ([pod(0), pod(1, "Failed", reason="Evicted")], (), "broken", "gpt-1"),
         ([pod(0), pod(1, metadata={"deletionTimestamp": "now"})], (), "broken", "gpt-1"),
         ([pod(0)], (), "broken", None),
-        ([pod(0), pod(1, node="bad")], ("bad",), "broken", "gpt-1"),
-        ([pod(0), pod(1)], ("n1",), "broken", "gpt-1"),
+        ([pod(0), pod(1, node="bad")], {"bad": "is NotReady"}, "broken", "gpt-1"),
+        ([pod(0), pod(1)], {"n1": "is NotReady"}, "broken", "gpt-1"),
+        ([pod(0), pod(1, "Pending")], {"n1": "no longer exists"}, "broken", "gpt-1"),
     ],
     ids=[
         "all-running",
@@ -42,6 +46,7 @@ def pod(rank, phase="Running", node=None, **extra):
         "deleted",
         "node-not-ready",
         "planned-node-not-ready",
+        "planned-node-deleted",
     ],
 )
 def test_gang_verdict(pods, not_ready, verdict, blamed):
@@ -51,6 +56,35 @@ def test_gang_verdict(pods, not_ready, verdict, blamed):
 
 def test_evicted_pods_are_named_as_such():
     assert "evicted" in gang.judge([pod(0), pod(1, "Failed", reason="Evicted")], 2).reason
+
+
+NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
+UNSCHEDULABLE = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "x"}]}
+PULL_BACKOFF = {"containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such"}}}]}
+CREATING = {"containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]}
+
+
+def aged(rank, seconds, **status):
+    created = timestamps.format_time(NOW - datetime.timedelta(seconds=seconds))
+    return pod(rank, "Pending", metadata={"creationTimestamp": created}, **status)
+
+
+@pytest.mark.parametrize(
+    ("stuck", "verdict", "cause", "recheck_in"),
+    [
+        (aged(1, 700, **UNSCHEDULABLE), "broken", gang.START_TIMEOUT, None),
+        (aged(1, 700, **PULL_BACKOFF), "broken", gang.START_TIMEOUT, None),
+        (aged(1, 100, **PULL_BACKOFF), "starting", gang.BROKEN, 500),
+        (aged(1, 700, **CREATING), "starting", gang.BROKEN, None),
+        (aged(1, 700), "starting", gang.BROKEN, None),
+    ],
+    ids=["unschedulable-too-long", "image-pull-too-long", "not-yet", "still-creating", "no-signal"],
+)
+def test_a_gang_that_cannot_start_fails_after_the_start_timeout(stuck, verdict, cause, recheck_in):
+    state = gang.judge([pod(0), stuck], 2, start_timeout=600, at=NOW)
+    assert (state.verdict, state.cause, state.recheck_in) == (verdict, cause, recheck_in)
+    if verdict == "broken":
+        assert "did not start within 600s" in state.reason and state.pod == "gpt-1"
 
 
 def job(name, phase, placement, gpus=4):

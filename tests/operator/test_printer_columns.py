@@ -1,24 +1,64 @@
-"""`kubectl get pj` columns: the CRD's additionalPrinterColumns JSONPaths evaluated on a live job.
+"""`kubectl get pj` columns: the CRD's additionalPrinterColumns evaluated by the real kubectl on a live job.
 
-kubectl evaluates these simple `.a.b` paths client side; `column_value` does the same.
+kubectl evaluates `-o custom-columns` JSONPaths client side, the same evaluator that prints the CRD's columns
+when the API server returns plain objects; the columns are taken from the generated CRD, so a wrong path
+shows up as <none>. kubectl comes from scripts/install-k8s-tools.sh (.tools/bin).
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
 from paralleljob.api import crd
 from tests.operator.conftest import job_doc, wait_for
 
-
-def column_value(obj, path):
-    value = obj
-    for part in path.lstrip(".").split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
+KUBECTL = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
 
 
-def test_printer_columns_show_layout_gpus_phase_step_loss_restarts(cluster, operator):
+def kubectl() -> str:
+    if KUBECTL.is_file() and os.access(KUBECTL, os.X_OK):
+        return str(KUBECTL)
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.fail("kubectl not found: run scripts/install-k8s-tools.sh", pytrace=False)
+    return found
+
+
+def printed_row(kubeconfig: Path, columns: list[dict]) -> dict[str, str]:
+    """One job's row of `kubectl get -o custom-columns`, split at the header's column starts."""
+    spec = ",".join(f"{c['name'].upper()}:{c['jsonPath']}" for c in columns)
+    completed = subprocess.run(
+        [
+            kubectl(),
+            "--kubeconfig",
+            str(kubeconfig),
+            "get",
+            "paralleljobs.paralleljob.io",
+            "gpt",
+            "-n",
+            "research",
+            "-o",
+            f"custom-columns={spec}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    header, row = completed.stdout.splitlines()
+    starts = [match.start() for match in re.finditer(r"\S+", header)]
+    ends = [*starts[1:], None]
+    return {column["name"]: row[start:end].strip() for column, start, end in zip(columns, starts, ends, strict=True)}
+
+
+def test_printer_columns_show_layout_gpus_phase_step_loss_restarts(cluster, operator, emulator):
     cluster.add_nodes(16)
     cluster.apply(job_doc())
     wait_for(lambda: len(cluster.pods()) == 16, what="pods")
@@ -35,17 +75,18 @@ def test_printer_columns_show_layout_gpus_phase_step_loss_restarts(cluster, oper
         "gpt",
         {"status": {"progress": progress, "lastCheckpointStep": 40}},
     )
-    job = cluster.job()
     columns = crd.build_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
-    row = {c["name"]: column_value(job, c["jsonPath"]) for c in columns}
-    assert row["Layout"] == "4x4x4"
-    assert row["GPUs"] == 64
-    assert row["Nodes"] == 16
-    assert row["Phase"] == "Running"
-    assert row["Step"] == 42
-    assert row["Loss"] == 3.25
-    assert row["Restarts"] == 0
-    assert row["Age"]
-    assert row["Tokens/s"] == 1.5e5
-    assert row["Checkpoint"] == 40
-    assert row["Message"] == "all 16 pods running"
+    row = printed_row(emulator.kubeconfig, columns)
+    assert row == row | {
+        "Layout": "4x4x4",
+        "GPUs": "64",
+        "Nodes": "16",
+        "Phase": "Running",
+        "Step": "42",
+        "Loss": "3.25",
+        "Restarts": "0",
+        "Tokens/s": "150000",
+        "Checkpoint": "40",
+        "Message": "all 16 pods running",
+    }
+    assert row["Age"] == cluster.job()["metadata"]["creationTimestamp"]

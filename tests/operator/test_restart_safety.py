@@ -8,12 +8,12 @@ from tests.operator.conftest import job_doc, operator_calls, wait_for
 def test_killed_mid_creation_converges_without_duplicates(cluster, operator, emulator):
     cluster.add_nodes(16)
     # Pods take a quarter second each to create, so the operator is surely killed with some but not all made.
-    emulator.emulator.create_latency["pods"] = 0.25
+    emulator.emulator.latency[("create", "pods")] = 0.25
     cluster.apply(job_doc())
     wait_for(lambda: 1 <= len(cluster.pods()) < 16 and True, timeout=30, what="creation under way")
     operator.kill()
     partial = len(cluster.pods())
-    emulator.emulator.create_latency.clear()
+    emulator.emulator.latency.clear()
     operator.start()
     wait_for(lambda: cluster.status().get("message", "").startswith("16 pods"), timeout=30, what="placed")
     pods = cluster.pods()

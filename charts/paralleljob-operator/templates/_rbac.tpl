@@ -34,35 +34,37 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-# Application: watching ParallelJobs, and the operator's notes on them (the nodes a gang restart excludes).
+# Application: watching ParallelJobs. The operator never writes a job's spec or metadata: the nodes a gang
+# restart excludes are kept in its status.
 - apiGroups: [paralleljob.io]
   resources: [paralleljobs]
-  verbs: [get, list, watch, patch]
-# Application: phase, conditions, placement and progress. `get` is not called by the operator, but it grants
-# get and patch on its own job's status to each job's progress account, and Kubernetes lets it grant only
-# what it holds.
+  verbs: [get, list, watch]
+# Application: phase, conditions, placement and excluded nodes. Each job's progress account is granted the
+# same `patch` on its own job's status, and Kubernetes lets the operator grant only what it holds.
 - apiGroups: [paralleljob.io]
   resources: [paralleljobs/status]
-  verbs: [get, patch]
-# Application: one pod per node rank, watched for phase changes; deleted on gang restarts and after completion.
+  verbs: [patch]
+# Application: one pod per node rank, watched for phase changes; deleted on gang restarts and after completion
+# (gracefully; a pod stuck Terminating on a lost node is force-deleted, which is also `delete`).
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, create, delete]
 # Application: the job's headless Service (rank-0 DNS). It is owned by the ParallelJob, so the garbage
-# collector deletes it with the job.
+# collector deletes it with the job. `get` reads an existing one to check that it is this job's and not a
+# deleted namesake's, which the collector has not removed yet.
 - apiGroups: [""]
   resources: [services]
-  verbs: [create]
-# Application: the job's ConfigMap (job.json, DeepSpeed config, NCCL env), replaced on each attempt.
+  verbs: [get, create]
+# Application: the job's ConfigMap (job.json, DeepSpeed config, plan, network), replaced on each attempt.
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, delete]
 # Application: the per-job progress account: rank 0 patches its own job's status through a ServiceAccount
-# whose Role allows exactly that (see the paralleljobs/status rule above).
+# whose Role allows exactly that (see the paralleljobs/status rule above). `get` as for the Service.
 - apiGroups: [""]
   resources: [serviceaccounts]
-  verbs: [create]
+  verbs: [get, create]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [create]
+  verbs: [get, create]
 {{- end }}

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from typing import Any
 
 from paralleljob.manifests.nccl import FABRICS
 
 DEFAULT_IMAGE = "ghcr.io/paralleljob/trainer:0.1.0"
+NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def register(sub: Any) -> None:
@@ -24,7 +26,8 @@ def register(sub: Any) -> None:
         action="append",
         dest="namespaces",
         metavar="NS",
-        help="watch this namespace (repeatable; globs allowed as in kopf)",
+        type=namespace_name,
+        help="watch this namespace (repeatable; exact names, no globs)",
     )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (default)")
     parser.add_argument(
@@ -51,6 +54,20 @@ def register(sub: Any) -> None:
         metavar="NAME=VALUE",
         help="NCCL variable for every job (repeatable); a job's spec.network.ncclEnv overrides it",
     )
+    parser.add_argument(
+        "--start-timeout",
+        type=positive_seconds,
+        default=600.0,
+        metavar="SECONDS",
+        help="fail an attempt whose pod stays unschedulable or cannot create its container this long",
+    )
+    parser.add_argument(
+        "--force-delete-after",
+        type=positive_seconds,
+        default=120.0,
+        metavar="SECONDS",
+        help="force-delete a pod stuck Terminating on a NotReady or deleted node this long past its deadline",
+    )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
     parser.add_argument(
         "--peering", default=None, metavar="NAME", help="kopf peering object for several replicas (default: standalone)"
@@ -66,6 +83,27 @@ def nccl_pair(text: str) -> tuple[str, str]:
     return name, value
 
 
+def namespace_name(text: str) -> str:
+    """An exact namespace name. Globs are refused: the operator lists jobs by namespace name, so a pattern
+    would silently match nothing."""
+    if not NAMESPACE_NAME.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a namespace name (a DNS-1123 label); globs and negations are not supported: "
+            "repeat --namespace for each namespace, or use --all-namespaces"
+        )
+    return text
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     import kopf  # imported here: other subcommands must not pay for kopf
 
@@ -77,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         default_fabric=args.default_fabric,
         default_nccl_env=tuple(args.default_nccl_env),
         namespaces=namespaces,
+        start_timeout_seconds=args.start_timeout,
+        force_delete_after_seconds=args.force_delete_after,
     )
     registry.configure(settings, metrics_port=args.metrics_port, kubeconfig=args.kubeconfig)
     kopf.configure(

@@ -3,8 +3,10 @@
 The kopf handlers only *request* a reconcile of a key (namespace, name). The first request starts a worker
 that runs the blocking reconcile in a thread; requests that arrive meanwhile mark the key dirty and return,
 so 1,024 pod events cost a handful of passes, not 1,024. A pass that raises is retried with exponential
-backoff (event handlers are not retried by kopf). Only this scheduling lives in memory: every pass reads
-the job and its pods from the API afresh.
+backoff (event handlers are not retried by kopf). A pass may also name other keys to request now (a freed
+GPU wakes the waiting jobs) and ask to be run again after a delay (a starting gang whose start timeout
+falls due): one timer per key, the latest pass's wish replacing earlier ones. Only this scheduling lives in
+memory: every pass reads the job and its pods from the API afresh.
 """
 
 from __future__ import annotations
@@ -20,17 +22,26 @@ FIRST_RETRY_SECONDS = 1.0
 MAX_RETRY_SECONDS = 60.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Next:
+    """What a pass asks for: these keys requested now, and its own key again after `after` seconds."""
+
+    keys: tuple[Hashable, ...] = ()
+    after: float | None = None
+
+
 @dataclasses.dataclass
 class _Worker:
     dirty: bool = True
 
 
 class Coalescer:
-    """Runs `action(key)` in a thread, never twice at once for one key; a list it returns is requested."""
+    """Runs `action(key)` in a thread, never twice at once for one key, and does what its `Next` asks."""
 
-    def __init__(self, action: Callable[[Hashable], object]) -> None:
+    def __init__(self, action: Callable[[Hashable], Next]) -> None:
         self._action = action
         self._workers: dict[Hashable, _Worker] = {}
+        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def request(self, key: Hashable) -> None:
@@ -44,8 +55,12 @@ class Coalescer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def busy(self) -> bool:
-        return bool(self._workers)
+    def _schedule(self, key: Hashable, after: float | None) -> None:
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        if after is not None:
+            self._timers[key] = asyncio.get_running_loop().call_later(max(after, 0.0), self.request, key)
 
     async def _run(self, key: Hashable) -> None:
         worker = self._workers[key]
@@ -54,11 +69,11 @@ class Coalescer:
             while worker.dirty:
                 worker.dirty = False
                 try:
-                    follow_ups = await asyncio.to_thread(self._action, key)
+                    wanted = await asyncio.to_thread(self._action, key)
                     delay = FIRST_RETRY_SECONDS
-                    # An action may name further keys to reconcile (a node change names the unfinished jobs).
-                    for follow_up in follow_ups if isinstance(follow_ups, list) else ():
+                    for follow_up in wanted.keys:
                         self.request(follow_up)
+                    self._schedule(key, wanted.after)
                 except Exception:
                     log.exception("reconcile of %s failed; retrying in %.0fs", key, delay)
                     await asyncio.sleep(delay)

@@ -4,15 +4,12 @@ observedGeneration). Pure; `lastTransitionTime` changes only when `status` does.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from paralleljob.k8s import timestamps
+
 TYPES = ("Valid", "Scheduled", "Ready", "Succeeded", "Failed")
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def find(conditions: Sequence[Mapping[str, Any]] | None, kind: str) -> Mapping[str, Any] | None:
@@ -36,7 +33,7 @@ def set_condition(
         "status": status,
         "reason": reason,
         "message": message,
-        "lastTransitionTime": (at or now()) if moved or old is None else old.get("lastTransitionTime"),
+        "lastTransitionTime": (at or timestamps.now()) if moved or old is None else old.get("lastTransitionTime"),
         "observedGeneration": generation,
     }
     others = [dict(c) for c in conditions or () if c.get("type") != kind]

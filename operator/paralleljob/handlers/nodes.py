@@ -1,5 +1,5 @@
-"""What the operator remembers of Nodes between watch events: which are NotReady, and whether an event
-changed anything the planner reads (so heartbeats do not trigger re-planning).
+"""What the operator remembers of Nodes between watch events: which exist, which are NotReady, and whether
+an event changed anything the planner reads (so heartbeats do not trigger re-planning).
 
 Rebuilt from the watch's initial listing after every operator restart; it is a cache of the cluster, never
 the source of a decision the API could contradict.
@@ -40,6 +40,11 @@ class NodeWatch:
             changed = self._signatures.get(name) != signature
             self._signatures[name] = signature
             return changed
+
+    def known(self) -> frozenset[str]:
+        """Every node seen and not deleted (empty until the watch's first listing arrives)."""
+        with self._lock:
+            return frozenset(self._signatures)
 
     def not_ready(self) -> frozenset[str]:
         with self._lock:

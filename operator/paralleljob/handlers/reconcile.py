@@ -1,18 +1,25 @@
 """One reconcile pass over one ParallelJob: read the cluster, decide, act, write status once.
 
 Level-triggered and idempotent, so the operator can die at any moment and converge after a restart.
-The pass reads the job and its pods from the API, then takes the first step that applies:
+The pass reads the job and its pods from the API (only pods whose ownerReference carries this job's uid
+count: a deleted job of the same name may leave children the garbage collector has not removed yet), then
+takes the first step that applies:
 
-1. invalid spec: Valid=False, an Event, no children;
+1. invalid spec (the API's rules, and no `spec.template.env` name the operator sets): Valid=False, an
+   Event, no children;
 2. finished (Succeeded/Failed): delete the pods still running;
-3. pods of an older attempt exist: delete them, and wait (two generations never run at once);
-4. no placement: plan with gang admission; unschedulable -> Pending + Scheduled=False; else write the
-   ConfigMap (the plan, for this attempt) and the placement (which reserves the GPUs) -> reason Admitted;
-5. admitted: create the Service, the progress RBAC and every missing pod from the ConfigMap's plan
-   -> reason Placed;
-6. placed: judge the gang (`handlers.gang`): Running, Succeeded, or a gang restart / Failed.
+3. pods of an older attempt exist: delete them gracefully, force-deleting only those stuck Terminating on a
+   lost node, and wait until every one is gone (two generations never run at once);
+4. a deleted job's children still hold our names: wait for the garbage collector;
+5. no placement: plan with gang admission; unschedulable -> Pending + Scheduled=False; else write the
+   ConfigMap (the plan and network of this attempt) and the placement (which reserves the GPUs) -> Admitted;
+6. admitted: create the Service, the progress RBAC and every missing pod from the ConfigMap -> Placed;
+7. placed: judge the gang (`handlers.gang`): Running, Succeeded, or a gang restart / Failed.
 
-Each step ends with at most one status patch, skipped when nothing changed, so a quiet cluster sees no writes.
+A create the API refuses for good (4xx) fails the attempt like a broken gang (reason CreateFailed). Each
+step ends with at most one status patch, skipped when nothing changed, so a quiet cluster sees no writes.
+The `Outcome` tells the scheduler whether GPUs may have been freed (wake the waiting jobs) and when to look
+at this job again without a watch event (a start timeout or a stuck deletion falling due).
 """
 
 from __future__ import annotations
@@ -26,19 +33,26 @@ from typing import Any
 from paralleljob.api import ResolvedJob, validate_document
 from paralleljob.handlers import conditions, gang, placement, reservations
 from paralleljob.handlers import metrics as m
-from paralleljob.k8s import events, reads, writes
+from paralleljob.k8s import events, reads, timestamps, writes
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import children as child_objects
 from paralleljob.manifests import configmap, labels
+from paralleljob.manifests import pods as pod_manifests
+from paralleljob.planning.inventory import TERMINAL_POD_PHASES
 
 log = logging.getLogger(__name__)
 
-EXCLUDED_NODES_ANNOTATION = "paralleljob.io/excluded-nodes"
-TERMINAL = frozenset({"Succeeded", "Failed"})
+# A job's terminal phases are named like a pod's.
+TERMINAL = TERMINAL_POD_PHASES
 ADMITTED, PLACED = "Admitted", "Placed"
 # Admissions run one at a time: each reads the placements the previous one wrote, so two jobs admitted a
-# moment apart never plan onto the same GPUs.
+# moment apart never plan onto the same GPUs. Every API call has a timeout, so the lock is never held forever.
 ADMISSION = threading.Lock()
+# A waiting job also re-plans this often: GPUs held by pods of other workloads are freed without an event
+# the operator watches (it watches only its own pods).
+UNSCHEDULABLE_RECHECK_SECONDS = 60.0
+# How often to look again while a deleted job's children wait for the garbage collector.
+PREVIOUS_JOB_RECHECK_SECONDS = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +64,28 @@ class Settings:
     # NCCL variables every job gets unless its spec.network.ncclEnv sets the same name.
     default_nccl_env: tuple[tuple[str, str], ...] = ()
     namespaces: tuple[str, ...] | None = None  # None: all namespaces
+    # A pod the scheduler refuses, or whose container cannot be created, fails its attempt after this long.
+    start_timeout_seconds: float = 600.0
+    # A pod stuck Terminating on a NotReady or deleted node is force-deleted this long after its deletion
+    # deadline (deletionTimestamp): its kubelet cannot confirm that the containers stopped.
+    force_delete_after_seconds: float = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeView:
+    """What the Node watch knows: the nodes that exist and those that are NotReady."""
+
+    known: frozenset[str] = frozenset()
+    not_ready: frozenset[str] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """The step a pass took, whether GPUs may have been freed, and when to look at the job again."""
+
+    step: str
+    wake_others: bool = False
+    requeue_after: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +95,7 @@ class Pass:
     session: Session
     settings: Settings
     job: Mapping[str, Any]
-    not_ready: Collection[str]
+    nodes: NodeView
 
     @property
     def status(self) -> Mapping[str, Any]:
@@ -74,12 +110,21 @@ class Pass:
         return str(self.job["metadata"]["name"])
 
     @property
+    def uid(self) -> str:
+        return str(self.job["metadata"].get("uid"))
+
+    @property
     def generation(self) -> int | None:
-        return self.job["metadata"].get("generation")
+        found = self.job["metadata"].get("generation")
+        return int(found) if found is not None else None
 
     @property
     def attempt(self) -> int:
         return int(self.status.get("restarts") or 0)
+
+    @property
+    def excluded(self) -> list[str]:
+        return list(self.status.get("excludedNodes") or [])
 
     def condition(self, kind: str, status: str, reason: str, message: str, base: Any = None) -> list[dict[str, Any]]:
         current = self.status.get("conditions") if base is None else base
@@ -89,35 +134,48 @@ class Pass:
         events.post(self.session, self.job, kind, reason, message)
 
 
-def reconcile(session: Session, settings: Settings, namespace: str, name: str, not_ready: Collection[str]) -> str:
-    """One pass; returns the step taken (for logs and metrics)."""
+def reconcile(session: Session, settings: Settings, namespace: str, name: str, nodes: NodeView) -> Outcome:
+    """One pass; returns what it did and what it asks of the scheduler."""
     job = reads.get_job(session, namespace, name)
     if job is None or job["metadata"].get("deletionTimestamp"):
         m.observe_phase(namespace, name, None)
-        return "gone"
+        return Outcome("gone")
     job.setdefault("metadata", {}).setdefault("namespace", namespace)
-    step = _step(Pass(session, settings, job, not_ready))
-    m.RECONCILES.labels(outcome=step).inc()
-    return step
+    outcome = _step(Pass(session, settings, job, nodes))
+    m.RECONCILES.labels(outcome=outcome.step).inc()
+    return outcome
 
 
-def _step(p: Pass) -> str:
+def _step(p: Pass) -> Outcome:
     result = validate_document(p.job)
-    if result.resolved is None or not result.ok:
-        return _invalid(p, "; ".join(problem.render() for problem in result.problems if problem.severity == "error"))
+    problems = [problem.render() for problem in result.problems if problem.severity == "error"]
+    if result.resolved is not None and result.ok:
+        problems += pod_manifests.env_problems(result.resolved)
+    if result.resolved is None or problems:
+        return _invalid(p, "; ".join(problems))
     m.observe_phase(p.namespace, p.name, p.status.get("phase"))
+    labelled = reads.list_job_pods(p.session, p.namespace, p.name)
+    pods = [pod for pod in labelled if labels.owned_by(pod, p.uid)]
     if p.status.get("phase") in TERMINAL:
-        return _finished(p, reads.list_job_pods(p.session, p.namespace, p.name))
-    pods = reads.list_job_pods(p.session, p.namespace, p.name)
+        _finished(p, pods)
+        return Outcome("finished")
     stale = [pod for pod in pods if _attempt_of(pod) != p.attempt]
     if stale:
-        _delete(p, stale)
-        return "deleting-old-generation"
-    if not p.status.get("placement"):
-        with ADMISSION:
-            return _admit(p, result.resolved)
-    if conditions.is_true(p.status.get("conditions"), "Scheduled", ADMITTED):
-        return _create(p, result.resolved, pods)
+        return _drain(p, stale)
+    if any(labels.owner_uid(pod) not in (None, p.uid) for pod in labelled):
+        return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
+    try:
+        if not p.status.get("placement"):
+            with ADMISSION:
+                return _admit(p, result.resolved)
+        if conditions.is_true(p.status.get("conditions"), "Scheduled", ADMITTED):
+            return _create(p, result.resolved, pods)
+    except writes.HeldByAnother as held:
+        log.info("%s/%s waits for the garbage collector: %s", p.namespace, p.name, held)
+        return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
+    except writes.Rejected as refused:
+        state = gang.GangState("broken", 0, str(refused), cause=gang.CREATE_FAILED)
+        return _broken(p, result.resolved, pods, state)
     return _watch(p, result.resolved, pods)
 
 
@@ -125,14 +183,55 @@ def _attempt_of(pod: Mapping[str, Any]) -> int:
     return int(pod["metadata"].get("labels", {}).get(labels.ATTEMPT_LABEL, -1))
 
 
+def _terminating(pod: Mapping[str, Any]) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
 def _delete(p: Pass, pods: Sequence[Mapping[str, Any]]) -> None:
+    """Delete gracefully; a pod already terminating is left to its kubelet (a second delete changes nothing)."""
     for pod in pods:
-        writes.delete_pod(p.session, p.namespace, pod["metadata"]["name"])
+        if not _terminating(pod):
+            writes.delete_pod(p.session, p.namespace, pod["metadata"]["name"])
+
+
+def _lost_nodes(p: Pass, names: Collection[str | None]) -> dict[str, str]:
+    """Of these nodes, those NotReady or deleted, with why. The Node watch answers; a node it has not seen
+    (it may not have listed yet) is looked up with one list before being called deleted."""
+    wanted = {name for name in names if name}
+    lost = {name: "is NotReady" for name in wanted if name in p.nodes.not_ready}
+    unknown = wanted - p.nodes.known
+    if unknown:
+        existing = {node["metadata"]["name"] for node in reads.list_nodes(p.session)}
+        lost.update({name: "no longer exists" for name in unknown - existing})
+    return lost
+
+
+def _drain(p: Pass, stale: Sequence[Mapping[str, Any]]) -> Outcome:
+    """Delete the pods of older attempts; force only those whose node is lost, once overdue."""
+    _delete(p, stale)
+    terminating = [pod for pod in stale if _terminating(pod)]
+    if not terminating:
+        return Outcome("deleting-old-generation")
+    lost = _lost_nodes(p, [gang.node_of(pod) for pod in terminating])
+    force_after = p.settings.force_delete_after_seconds
+    recheck = force_after
+    for pod in terminating:
+        if gang.node_of(pod) not in lost:
+            continue  # its kubelet is alive: the pod goes when its containers have stopped
+        overdue = (timestamps.seconds_since(pod["metadata"]["deletionTimestamp"]) or 0.0) - force_after
+        if overdue >= 0:
+            log.warning("force-deleting %s: node %s is lost", pod["metadata"]["name"], gang.node_of(pod))
+            writes.delete_pod(p.session, p.namespace, pod["metadata"]["name"], force=True)
+        else:
+            recheck = min(recheck, -overdue + 0.5)
+    return Outcome("deleting-old-generation", requeue_after=recheck)
 
 
 def write_status(p: Pass, patch: Mapping[str, Any]) -> bool:
-    """Patch status when something in `patch` differs from it; True when written."""
+    """Patch status when something in `patch` differs from it; True when written. Every write records the
+    generation acted on (the spec is immutable, so this is the generation the job was admitted with)."""
     current = p.status
+    patch = {**patch, "observedGeneration": p.generation}
     changed = any(
         not conditions.same(current.get(key), value) if key == "conditions" else current.get(key) != value
         for key, value in patch.items()
@@ -144,65 +243,55 @@ def write_status(p: Pass, patch: Mapping[str, Any]) -> bool:
     return changed
 
 
-def _invalid(p: Pass, message: str) -> str:
+def _invalid(p: Pass, message: str) -> Outcome:
     cond = p.condition("Valid", "False", "InvalidSpec", message)
     if write_status(p, {"phase": "Pending", "message": f"invalid spec: {message}", "conditions": cond}):
         p.event("Warning", "InvalidSpec", message)
-    return "invalid"
+    return Outcome("invalid")
 
 
-def _finished(p: Pass, pods: Sequence[Mapping[str, Any]], phase: str | None = None) -> str:
+def _finished(p: Pass, pods: Sequence[Mapping[str, Any]], phase: str | None = None) -> None:
     """Delete the pods still holding GPUs; a finished job keeps its Succeeded pods for their logs."""
     keep = {"Succeeded"} if (phase or p.status.get("phase")) == "Succeeded" else set()
-    running = [pod for pod in pods if (pod.get("status") or {}).get("phase") not in {"Failed", *keep}]
-    _delete(p, running)
-    return "finished"
+    _delete(p, [pod for pod in pods if (pod.get("status") or {}).get("phase") not in {"Failed", *keep}])
 
 
-def _excluded(p: Pass) -> list[str]:
-    raw = (p.job["metadata"].get("annotations") or {}).get(EXCLUDED_NODES_ANNOTATION, "")
-    return [node for node in raw.split(",") if node]
-
-
-def _admit(p: Pass, resolved: ResolvedJob) -> str:
+def _admit(p: Pass, resolved: ResolvedJob) -> Outcome:
     nodes = reads.list_nodes(p.session)
     all_pods = reads.list_all_pods(p.session)
     jobs = reads.list_jobs(p.session, p.settings.namespaces)
     held = reservations.job_reservations(jobs, all_pods, exclude=(p.namespace, p.name))
-    outcome = placement.plan(resolved, nodes, all_pods, held, _excluded(p))
+    outcome = placement.plan(resolved, nodes, all_pods, held, p.excluded)
     m.PLANNING.observe(outcome.seconds)
     if outcome.plan is None:
         return _unschedulable(p, outcome.reason)
-    built = _children(p, resolved, outcome.plan, outcome.nodes)
-    if reads.get_config_map(p.session, p.namespace, labels.config_map_name(p.name)) is not None:
-        writes.delete_config_map(p.session, p.namespace, labels.config_map_name(p.name))
-    writes.create(p.session, built.config_map)
-    write_status(p, _admitted_status(p, resolved, outcome.plan, built))
-    return "admitted"
-
-
-def _children(
-    p: Pass, resolved: ResolvedJob, plan: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]
-) -> child_objects.Children:
-    return child_objects.build_children(
+    name = labels.config_map_name(p.name)
+    previous = reads.get_config_map(p.session, p.namespace, name)
+    if previous is not None:
+        if not labels.owned_by(previous, p.uid):
+            return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
+        writes.delete_config_map(p.session, p.namespace, name)
+    attempt = child_objects.build_attempt(
         p.job,
         resolved,
-        plan,
-        nodes,
-        image=p.settings.image,
+        outcome.plan,
+        outcome.nodes,
         attempt=p.attempt,
         default_fabric=p.settings.default_fabric,
         default_nccl_env=dict(p.settings.default_nccl_env),
     )
+    writes.create(p.session, attempt.config_map)
+    write_status(p, _admitted_status(p, resolved, outcome.plan, attempt))
+    return Outcome("admitted")
 
 
-def _unschedulable(p: Pass, reason: str) -> str:
+def _unschedulable(p: Pass, reason: str) -> Outcome:
     cond = p.condition("Valid", "True", "Validated", "the spec is valid")
     cond = p.condition("Scheduled", "False", "Unschedulable", reason, base=cond)
     phase = "Restarting" if p.attempt else "Pending"
     if write_status(p, {"phase": phase, "message": reason, "conditions": cond, "placement": None}):
         p.event("Warning", "Unschedulable", reason)
-    return "unschedulable"
+    return Outcome("unschedulable", requeue_after=UNSCHEDULABLE_RECHECK_SECONDS)
 
 
 def _placement_entries(p: Pass, plan: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -223,7 +312,7 @@ def _placement_entries(p: Pass, plan: Mapping[str, Any]) -> list[dict[str, Any]]
 
 
 def _admitted_status(
-    p: Pass, resolved: ResolvedJob, plan: Mapping[str, Any], built: child_objects.Children
+    p: Pass, resolved: ResolvedJob, plan: Mapping[str, Any], attempt: child_objects.Attempt
 ) -> dict[str, Any]:
     cond = p.condition("Valid", "True", "Validated", "the spec is valid")
     message = f"placed {len(plan['nodes'])} node ranks; creating pods"
@@ -232,48 +321,47 @@ def _admitted_status(
         "phase": "Restarting" if p.attempt else "Pending",
         "message": message,
         "conditions": cond,
-        "observedGeneration": p.generation,
         "layout": resolved.layout,
         "worldSize": resolved.world_size,
         "nodes": len(plan["nodes"]),
         "gpusPerNode": plan["ranksPerNode"],
         "axisOrder": ",".join(plan["axisOrder"]),
         "placement": _placement_entries(p, plan),
-        "ncclEnv": built.nccl_env,
+        # The same computation the ConfigMap records and the pods are built from.
+        "ncclEnv": attempt.nccl_env,
         "restarts": p.attempt,
         "podsReady": 0,
     }
 
 
-def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> str:
+def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
     found = reads.get_config_map(p.session, p.namespace, labels.config_map_name(p.name))
-    if found is None or configmap.attempt_of(found) != p.attempt:
+    if found is None or not labels.owned_by(found, p.uid) or configmap.attempt_of(found) != p.attempt:
         # The plan of this attempt is lost (someone deleted the ConfigMap): plan again.
         write_status(p, {"placement": None})
-        return "replanning"
-    plan = configmap.plan_of(found)
-    used = {entry["node"] for entry in plan["nodes"]}
-    nodes = [node for node in reads.list_nodes(p.session) if node["metadata"]["name"] in used]
-    built = _children(p, resolved, plan, nodes)
+        return Outcome("replanning")
+    built = child_objects.build_children(p.job, resolved, found, image=p.settings.image)
     existing = {pod["metadata"]["name"] for pod in pods}
     for obj in [built.service, *built.rbac]:
         writes.create(p.session, obj)
     for pod in built.pods:
         if pod["metadata"]["name"] not in existing:
             writes.create(p.session, pod)
-    message = f"{len(built.pods)} pods created on {len(used)} nodes; fabric {built.fabric}"
+    plan = configmap.plan_of(found)
+    message = f"{len(built.pods)} pods created on {len(plan['nodes'])} nodes; fabric {built.fabric}"
     cond = p.condition("Scheduled", "True", PLACED, message)
     if write_status(p, {"conditions": cond, "message": message}):
         hosts = ", ".join(f"{e['nodeRank']}->{e['node']}" for e in plan["nodes"][:8])
         more = f" (+{len(plan['nodes']) - 8} more)" if len(plan["nodes"]) > 8 else ""
         p.event("Normal", "Placed", f"layout {resolved.layout}, fabric {built.fabric}: {hosts}{more}")
-    return "created"
+    return Outcome("created")
 
 
-def _watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> str:
-    expected = len(p.status.get("placement") or [])
-    state = gang.judge(pods, expected, p.not_ready)
-    handlers: dict[str, Callable[[Pass, ResolvedJob, Sequence[Mapping[str, Any]], gang.GangState], str]] = {
+def _watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
+    entries = p.status.get("placement") or []
+    nodes = [entry.get("node") for entry in entries] + [gang.node_of(pod) for pod in pods]
+    state = gang.judge(pods, len(entries), _lost_nodes(p, nodes), start_timeout=p.settings.start_timeout_seconds)
+    handlers: dict[str, Callable[[Pass, ResolvedJob, Sequence[Mapping[str, Any]], gang.GangState], Outcome]] = {
         "succeeded": _succeeded,
         "broken": _broken,
         "running": _running,
@@ -282,58 +370,70 @@ def _watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) ->
     return handlers[state.verdict](p, resolved, pods, state)
 
 
-def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> str:
+def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
     message = f"training finished after {p.attempt} restarts"
     cond = p.condition("Ready", "False", "Finished", message)
     cond = p.condition("Succeeded", "True", "TrainingFinished", message, base=cond)
     patch = {"phase": "Succeeded", "message": message, "conditions": cond, "podsReady": 0}
-    patch["completionTime"] = conditions.now()
-    if write_status(p, patch):
+    if write_status(p, {**patch, "completionTime": timestamps.now()}):
         p.event("Normal", "Completed", message)
-    return _finished(p, pods, "Succeeded")
+    _finished(p, pods, "Succeeded")
+    return Outcome("succeeded", wake_others=True)
 
 
-def _broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> str:
+def _broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
+    if state.cause != gang.BROKEN:
+        p.event("Warning", state.cause, state.reason)
     limit = resolved.spec.failure_policy.backoff_limit
     if p.attempt >= limit:
-        message = f"{state.reason}; backoffLimit {limit} reached after {p.attempt} restarts"
-        cond = p.condition("Ready", "False", "GangFailed", state.reason)
-        cond = p.condition("Failed", "True", "BackoffLimitExceeded", message, base=cond)
-        patch = {"phase": "Failed", "message": message, "conditions": cond, "podsReady": 0}
-        if write_status(p, {**patch, "completionTime": conditions.now()}):
-            p.event("Warning", "Failed", message)
-        _delete(p, pods)
-        return "failed"
+        return _fail(p, pods, state, limit)
     return _restart(p, pods, state, limit)
 
 
-def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int) -> str:
-    if state.node and state.node not in _excluded(p):
-        joined = ",".join([*_excluded(p), state.node])
-        writes.patch_job_annotations(p.session, p.namespace, p.name, {EXCLUDED_NODES_ANNOTATION: joined})
+def _scheduled_reason(state: gang.GangState) -> str:
+    return gang.CREATE_FAILED if state.cause == gang.CREATE_FAILED else "GangRestart"
+
+
+def _fail(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int) -> Outcome:
+    message = f"{state.reason}; backoffLimit {limit} reached after {p.attempt} restarts"
+    cond = p.condition("Ready", "False", "GangFailed" if state.cause == gang.BROKEN else state.cause, state.reason)
+    if state.cause == gang.CREATE_FAILED:
+        cond = p.condition("Scheduled", "False", gang.CREATE_FAILED, state.reason, base=cond)
+    cond = p.condition("Failed", "True", "BackoffLimitExceeded", message, base=cond)
+    patch = {"phase": "Failed", "message": message, "conditions": cond, "podsReady": 0}
+    if write_status(p, {**patch, "completionTime": timestamps.now()}):
+        p.event("Warning", "Failed", message)
+    _finished(p, pods, "Failed")
+    return Outcome("failed", wake_others=True)
+
+
+def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int) -> Outcome:
+    excluded = p.excluded
+    if state.node and state.node not in excluded:
+        excluded = [*excluded, state.node]
     restarts = p.attempt + 1
     message = f"gang restart {restarts}/{limit}: {state.reason}; resuming from the last checkpoint"
-    cond = p.condition("Ready", "False", "GangRestart", state.reason)
-    cond = p.condition("Scheduled", "False", "GangRestart", message, base=cond)
+    cond = p.condition("Ready", "False", state.cause, state.reason)
+    cond = p.condition("Scheduled", "False", _scheduled_reason(state), message, base=cond)
     patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts}
-    write_status(p, {**patch, "placement": None, "podsReady": 0})
+    write_status(p, {**patch, "placement": None, "podsReady": 0, "excludedNodes": excluded or None})
     m.GANG_RESTARTS.inc()
     p.event("Warning", "Restarting", message)
     _delete(p, pods)
-    return "restarting"
+    return Outcome("restarting", wake_others=True)
 
 
-def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> str:
+def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
     message = f"all {state.ready} pods running"
     cond = p.condition("Ready", "True", "AllPodsRunning", message)
     patch: dict[str, Any] = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
     if p.status.get("phase") != "Running":
-        patch["startTime"] = conditions.now()
+        patch["startTime"] = timestamps.now()
     if write_status(p, patch) and "startTime" in patch:
         p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
-    return "running"
+    return Outcome("running")
 
 
-def _starting(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> str:
+def _starting(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
     write_status(p, {"podsReady": state.ready})
-    return "starting"
+    return Outcome("starting", requeue_after=state.recheck_in)

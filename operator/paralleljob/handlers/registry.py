@@ -1,7 +1,9 @@
 """The kopf handlers: each one only turns a watch event into a reconcile request.
 
 Watches ParallelJobs (their own changes), the pods labelled with a job (phase changes, deletions) and Nodes
-(readiness, capacity, labels: a pending job may fit now, a running gang may have lost a node). No handler
+(readiness, capacity, labels: a pending job may fit now, a running gang may have lost a node). Whenever GPUs
+may have been freed (a Node changed, a job's pod ended or went away, a job was deleted, finished or
+restarted) the `RECHECK` pass requests every unfinished job, so a waiting job re-plans at once. No handler
 stores progress in annotations and none adds a finalizer, so deleting a job never waits for the operator,
 and a quiet cluster sees no writes. `configure()` must be called before kopf starts.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import typing
 from collections.abc import Hashable
 from typing import Any
 
@@ -18,14 +21,20 @@ import kopf
 
 from paralleljob.api import types as api_types
 from paralleljob.handlers import metrics, reconcile
-from paralleljob.handlers.coalescer import Coalescer
+from paralleljob.handlers.coalescer import Coalescer, Next
 from paralleljob.handlers.nodes import NodeWatch
 from paralleljob.k8s import reads
 from paralleljob.k8s.session import Session, connect
 from paralleljob.manifests import labels as child_labels
 
 log = logging.getLogger(__name__)
-NODES_CHANGED = "nodes-changed"
+RECHECK = "recheck-unfinished-jobs"
+# kopf's own API calls: watches end server-side after WATCH_SERVER_SECONDS and are abandoned client-side a
+# little later, so a connection that died silently is noticed; other requests time out like ours.
+WATCH_SERVER_SECONDS = 300
+WATCH_CLIENT_SECONDS = 330
+CONNECT_SECONDS = 10
+REQUEST_SECONDS = 60
 
 
 @dataclasses.dataclass
@@ -47,12 +56,14 @@ def configure(settings: reconcile.Settings, metrics_port: int = 0, kubeconfig: s
     RUNTIME.settings, RUNTIME.metrics_port, RUNTIME.kubeconfig = settings, metrics_port, kubeconfig
 
 
-def _pass(key: Hashable) -> object:
+def _pass(key: Hashable) -> Next:
     assert RUNTIME.session is not None
-    if key == NODES_CHANGED:
-        return _jobs_to_recheck(RUNTIME.session)
-    namespace, name = key  # type: ignore[misc]
-    return reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, RUNTIME.nodes.not_ready())
+    if key == RECHECK:
+        return Next(keys=tuple(_jobs_to_recheck(RUNTIME.session)))
+    namespace, name = typing.cast(tuple[str, str], key)
+    nodes = reconcile.NodeView(RUNTIME.nodes.known(), RUNTIME.nodes.not_ready())
+    outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, nodes)
+    return Next(keys=(RECHECK,) if outcome.wake_others else (), after=outcome.requeue_after)
 
 
 def _jobs_to_recheck(session: Session) -> list[tuple[str, str]]:
@@ -62,10 +73,20 @@ def _jobs_to_recheck(session: Session) -> list[tuple[str, str]]:
     return [(j["metadata"]["namespace"], j["metadata"]["name"]) for j in unfinished]
 
 
+def _request(key: Hashable) -> None:
+    if RUNTIME.coalescer is not None:
+        RUNTIME.coalescer.request(key)
+
+
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Our Events are posted by paralleljob.k8s.events; kopf's own log-to-Event posting would add writes.
     settings.posting.enabled = False
+    settings.watching.server_timeout = WATCH_SERVER_SECONDS
+    settings.watching.client_timeout = WATCH_CLIENT_SECONDS
+    settings.watching.connect_timeout = CONNECT_SECONDS
+    settings.networking.connect_timeout = CONNECT_SECONDS
+    settings.networking.request_timeout = REQUEST_SECONDS
     RUNTIME.session = await asyncio.to_thread(connect, RUNTIME.kubeconfig)
     RUNTIME.coalescer = Coalescer(_pass)
     metrics.serve(RUNTIME.metrics_port)
@@ -74,17 +95,31 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.event(api_types.GROUP, api_types.VERSION, api_types.PLURAL)
 async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
-    if event["type"] != "DELETED" and RUNTIME.coalescer:
-        RUNTIME.coalescer.request((namespace, name))
+    if event["type"] == "DELETED":
+        # Its reservation and pods are going: the waiting jobs may fit now.
+        metrics.observe_phase(namespace or "", name, None)
+        _request(RECHECK)
+        return
+    _request((namespace, name))
+
+
+def frees_gpus(event_type: str | None, pod: kopf.Body) -> bool:
+    """Whether a pod event may have released GPUs: a bound pod ended or went away."""
+    bound = bool((pod.get("spec") or {}).get("nodeName"))
+    ended = (pod.get("status") or {}).get("phase") in reconcile.TERMINAL
+    return bound and (event_type == "DELETED" or ended)
 
 
 @kopf.on.event("", "v1", "pods", labels={child_labels.JOB_LABEL: kopf.PRESENT})
-async def pod_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-    if RUNTIME.coalescer:
-        RUNTIME.coalescer.request((namespace, labels[child_labels.JOB_LABEL]))
+async def pod_changed(
+    event: kopf.RawEvent, body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+) -> None:
+    _request((namespace, labels[child_labels.JOB_LABEL]))
+    if frees_gpus(event["type"], body):
+        _request(RECHECK)
 
 
 @kopf.on.event("", "v1", "nodes")
 async def node_changed(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-    if RUNTIME.nodes.observe(event["type"] or "ADDED", body) and RUNTIME.coalescer:
-        RUNTIME.coalescer.request(NODES_CHANGED)
+    if RUNTIME.nodes.observe(event["type"] or "ADDED", body):
+        _request(RECHECK)

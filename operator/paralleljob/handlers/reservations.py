@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from paralleljob.planning.inventory import Reservation, pod_gpu_claim
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+from paralleljob.planning.inventory import TERMINAL_POD_PHASES, Reservation, pod_gpu_claim
 
 
 def _bound_pods(pods: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
@@ -34,7 +32,7 @@ def job_reservations(
     for job in jobs:
         metadata, status = job["metadata"], job.get("status") or {}
         key = (metadata.get("namespace", ""), metadata["name"])
-        if key == exclude or status.get("phase") in TERMINAL_PHASES or not status.get("placement"):
+        if key == exclude or status.get("phase") in TERMINAL_POD_PHASES or not status.get("placement"):
             continue
         gpus = int(status.get("gpusPerNode") or 0)
         for entry in status["placement"]:

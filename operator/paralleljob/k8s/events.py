@@ -7,13 +7,14 @@ best-effort in Kubernetes, and must not fail a reconcile.
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import kubernetes
+import urllib3
 
+from paralleljob.k8s import timestamps
 from paralleljob.k8s.session import Session
 
 COMPONENT = "paralleljob-operator"
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 def build_event(job: Mapping[str, Any], kind: str, reason: str, message: str) -> dict[str, Any]:
     """A core/v1 Event about `job`; `kind` is Normal or Warning."""
     metadata = job["metadata"]
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = timestamps.now()
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -50,6 +51,6 @@ def build_event(job: Mapping[str, Any], kind: str, reason: str, message: str) ->
 def post(session: Session, job: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
     event = build_event(job, kind, reason, message)
     try:
-        session.core.create_namespaced_event(job["metadata"]["namespace"], event, _preload_content=False)
-    except kubernetes.client.ApiException as error:
-        log.warning("could not post event %s on %s: %s", reason, job["metadata"]["name"], error.reason)
+        session.send(session.core.create_namespaced_event, job["metadata"]["namespace"], event)
+    except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+        log.warning("could not post event %s on %s: %s", reason, job["metadata"]["name"], error)

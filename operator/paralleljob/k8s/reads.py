@@ -1,8 +1,7 @@
 """Reads: ParallelJobs, their pods and ConfigMap, Nodes and all pods, as plain camelCase dicts.
 
 Called by the handlers at the start of each reconcile, so every decision is made on the cluster's state.
-Responses are parsed from raw JSON (`_preload_content=False`): the client's model classes cost seconds at
-thousands of pods.
+A missing object (404) is None, not an error.
 """
 
 from __future__ import annotations
@@ -10,65 +9,54 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import kubernetes
-
 from paralleljob.api import types as api_types
-from paralleljob.k8s.session import Session, raw_json
+from paralleljob.k8s.session import Session
 from paralleljob.manifests import labels
 
-RAW = {"_preload_content": False}
-
-
-def _not_found(error: kubernetes.client.ApiException) -> bool:
-    return error.status == 404
+JOB_API = (api_types.GROUP, api_types.VERSION)
 
 
 def get_job(session: Session, namespace: str, name: str) -> dict[str, Any] | None:
     """The ParallelJob, or None when it is gone."""
-    try:
-        response = session.custom.get_namespaced_custom_object(
-            api_types.GROUP, api_types.VERSION, namespace, api_types.PLURAL, name, **RAW
-        )
-    except kubernetes.client.ApiException as error:
-        if _not_found(error):
-            return None
-        raise
-    return dict(raw_json(response))
+    call = session.custom.get_namespaced_custom_object
+    reply = session.send(call, *JOB_API, namespace, api_types.PLURAL, name, tolerate={404})
+    return _object(reply.body)
 
 
 def list_jobs(session: Session, namespaces: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """ParallelJobs in these namespaces (None: all namespaces)."""
-    group, version, plural = api_types.GROUP, api_types.VERSION, api_types.PLURAL
     if namespaces is None:
-        response = session.custom.list_cluster_custom_object(group, version, plural, **RAW)
-        return list(raw_json(response).get("items") or [])
+        return _items(session.send(session.custom.list_cluster_custom_object, *JOB_API, api_types.PLURAL).body)
     found: list[dict[str, Any]] = []
     for namespace in namespaces:
-        response = session.custom.list_namespaced_custom_object(group, version, namespace, plural, **RAW)
-        found += raw_json(response).get("items") or []
+        call = session.custom.list_namespaced_custom_object
+        found += _items(session.send(call, *JOB_API, namespace, api_types.PLURAL).body)
     return found
 
 
 def list_nodes(session: Session) -> list[dict[str, Any]]:
-    return list(raw_json(session.core.list_node(**RAW)).get("items") or [])
+    return _items(session.send(session.core.list_node).body)
 
 
 def list_all_pods(session: Session) -> list[dict[str, Any]]:
     """Every pod of the cluster (the planner subtracts the GPUs they hold)."""
-    return list(raw_json(session.core.list_pod_for_all_namespaces(**RAW)).get("items") or [])
+    return _items(session.send(session.core.list_pod_for_all_namespaces).body)
 
 
 def list_job_pods(session: Session, namespace: str, job: str) -> list[dict[str, Any]]:
-    """The pods of one job, by its label."""
+    """The pods labelled with the job's name: the job's own, and any left by a deleted job of the same name
+    that the garbage collector has not removed yet (`labels.owned_by` tells them apart)."""
     selector = f"{labels.JOB_LABEL}={job}"
-    response = session.core.list_namespaced_pod(namespace, label_selector=selector, **RAW)
-    return list(raw_json(response).get("items") or [])
+    return _items(session.send(session.core.list_namespaced_pod, namespace, label_selector=selector).body)
 
 
 def get_config_map(session: Session, namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        return dict(raw_json(session.core.read_namespaced_config_map(name, namespace, **RAW)))
-    except kubernetes.client.ApiException as error:
-        if _not_found(error):
-            return None
-        raise
+    return _object(session.send(session.core.read_namespaced_config_map, name, namespace, tolerate={404}).body)
+
+
+def _object(body: Any) -> dict[str, Any] | None:
+    return dict(body) if body is not None else None
+
+
+def _items(body: Any) -> list[dict[str, Any]]:
+    return list((body or {}).get("items") or [])

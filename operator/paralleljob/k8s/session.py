@@ -1,15 +1,23 @@
 """A connection to the API server: the kubernetes client configured in-cluster or from a kubeconfig.
 
-Created once by the operator at startup (`connect()`) and passed to `reads`, `writes` and `events`.
+Created once by the operator at startup (`connect()`) and passed to `reads`, `writes` and `events`, which
+make every call through `Session.send()`: raw JSON (the client's model classes cost seconds at thousands of
+pods), a request timeout on every call (so a dead connection can never hang a worker or hold the admission
+lock), and the expected errors (404, 409) returned as outcomes instead of raised.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Collection
 from typing import Any
 
 import kubernetes
+
+USER_AGENT = "paralleljob-operator/0.1"
+# (connect, read) seconds for every request; the longest call is a cluster-wide pod list.
+REQUEST_TIMEOUT = (5.0, 30.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,22 +28,47 @@ class Session:
     core: kubernetes.client.CoreV1Api
     custom: kubernetes.client.CustomObjectsApi
     rbac: kubernetes.client.RbacAuthorizationV1Api
+    timeout: tuple[float, float] = REQUEST_TIMEOUT
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments of every client call: raw responses and the request timeout."""
+        return {"_preload_content": False, "_request_timeout": self.timeout}
+
+    def send(self, call: Callable[..., Any], *args: Any, tolerate: Collection[int] = (), **kwargs: Any) -> Reply:
+        """Call a client method with `options`; an ApiException whose status is in `tolerate` is returned."""
+        try:
+            response = call(*args, **kwargs, **self.options)
+        except kubernetes.client.ApiException as error:
+            if error.status in tolerate:
+                return Reply(int(error.status), None)
+            raise
+        return Reply(200, raw_json(response))
 
 
-def connect(kubeconfig: str | None = None, context: str | None = None) -> Session:
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """An API answer: 200 with the parsed body, or a tolerated error status with no body."""
+
+    status: int
+    body: Any
+
+
+def connect(
+    kubeconfig: str | None = None, context: str | None = None, timeout: tuple[float, float] = REQUEST_TIMEOUT
+) -> Session:
     """In-cluster configuration when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
     configuration = kubernetes.client.Configuration()
     try:
         kubernetes.config.load_incluster_config(client_configuration=configuration)
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
-    return from_configuration(configuration)
+    return from_configuration(configuration, timeout)
 
 
-USER_AGENT = "paralleljob-operator/0.1"
-
-
-def from_configuration(configuration: kubernetes.client.Configuration) -> Session:
+def from_configuration(
+    configuration: kubernetes.client.Configuration, timeout: tuple[float, float] = REQUEST_TIMEOUT
+) -> Session:
     client = kubernetes.client.ApiClient(configuration)
     client.user_agent = USER_AGENT  # so audit logs (and the tests' call record) tell our calls apart
     return Session(
@@ -43,6 +76,7 @@ def from_configuration(configuration: kubernetes.client.Configuration) -> Sessio
         core=kubernetes.client.CoreV1Api(client),
         custom=kubernetes.client.CustomObjectsApi(client),
         rbac=kubernetes.client.RbacAuthorizationV1Api(client),
+        timeout=timeout,
     )
 
 

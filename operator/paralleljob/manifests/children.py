@@ -1,6 +1,9 @@
-"""Everything one attempt of a ParallelJob needs, built in one place from the job, its plan and its nodes.
+"""Everything one attempt of a ParallelJob needs, built in two steps from the job, its plan and its nodes.
 
-Pure. The operator calls `build_children()` once per attempt; the NCCL facts come from the planned nodes.
+Pure. At admission the operator calls `build_attempt()`: it derives the network (fabric, NCCL environment,
+RDMA resources) from the planned nodes once and records it, with the plan, in the ConfigMap. Then
+`build_children()` builds the Service, the progress RBAC and the pods from that ConfigMap alone, so the
+pods run what the ConfigMap and `status.ncclEnv` say, even after an operator restart or a Node relabel.
 """
 
 from __future__ import annotations
@@ -14,10 +17,25 @@ from paralleljob.manifests import configmap, labels, nccl, pods, rbac, service, 
 
 
 @dataclasses.dataclass(frozen=True)
-class Children:
-    """The child objects of one attempt, in creation order."""
+class Attempt:
+    """The decisions of one attempt: its ConfigMap and the network record inside it."""
 
     config_map: dict[str, Any]
+    network: dict[str, Any]
+
+    @property
+    def nccl_env(self) -> dict[str, str]:
+        return dict(self.network["ncclEnv"])
+
+    @property
+    def fabric(self) -> str:
+        return str(self.network["fabric"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Children:
+    """The child objects of one attempt besides its ConfigMap, in creation order."""
+
     service: dict[str, Any]
     rbac: list[dict[str, Any]]
     pods: list[dict[str, Any]]
@@ -38,37 +56,49 @@ def network_of(
     return network
 
 
-def build_children(
+def build_attempt(
     owner: Mapping[str, Any],
     resolved: ResolvedJob,
     plan: Mapping[str, Any],
     planned_nodes: Sequence[Mapping[str, Any]],
     *,
-    image: str,
     attempt: int,
     default_fabric: str = "auto",
     default_nccl_env: Mapping[str, str] | None = None,
-) -> Children:
-    """ConfigMap, Service, progress RBAC (unless the user names an account) and pods of one attempt."""
+) -> Attempt:
+    """The ConfigMap of one attempt, with the network derived from the planned nodes."""
     network = network_of(resolved, default_fabric, default_nccl_env)
     facts = nccl.detect_facts(network, planned_nodes, resolved.spec.topology.nvlink_domain_label)
-    nccl_env = nccl.build_nccl_env(network, facts.fabric, nvswitch=facts.nvswitch, mnnvl=facts.mnnvl)
+    record = configmap.network_record(
+        facts.fabric,
+        nccl.build_nccl_env(network, facts.fabric, nvswitch=facts.nvswitch, mnnvl=facts.mnnvl),
+        nccl.rdma_request(network, facts),
+        nccl.uses_rdma(facts),
+    )
+    job_file = trainer_config.build_trainer_config(resolved, plan)
+    return Attempt(configmap.build_config_map(owner, job_file, plan, record, attempt), record)
+
+
+def build_children(
+    owner: Mapping[str, Any], resolved: ResolvedJob, config_map: Mapping[str, Any], *, image: str
+) -> Children:
+    """Service, progress RBAC (unless the user names an account) and pods of the ConfigMap's attempt."""
+    network = configmap.network_of(config_map)
     own_account = resolved.spec.template.service_account_name
     settings = pods.PodSettings(
         image=image,
-        plan=plan,
-        nccl_env=nccl_env,
-        network_resources=nccl.rdma_request(network, facts),
-        ipc_lock=nccl.uses_rdma(facts),
-        attempt=attempt,
+        plan=configmap.plan_of(config_map),
+        nccl_env=network["ncclEnv"],
+        network_resources=network["resources"],
+        ipc_lock=bool(network["ipcLock"]),
+        attempt=configmap.attempt_of(config_map),
         service_account=own_account or labels.progress_account_name(resolved.name),
+        progress_account=not own_account,
     )
-    job_file = trainer_config.build_trainer_config(resolved, plan)
     return Children(
-        config_map=configmap.build_config_map(owner, job_file, plan, nccl_env, attempt),
         service=service.build_service(owner),
         rbac=[] if own_account else rbac.build_progress_rbac(owner),
         pods=pods.build_pods(owner, resolved, settings),
-        nccl_env=nccl_env,
-        fabric=facts.fabric,
+        nccl_env=dict(network["ncclEnv"]),
+        fabric=str(network["fabric"]),
     )

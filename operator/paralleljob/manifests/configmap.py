@@ -1,8 +1,10 @@
 """The job's ConfigMap: job.json (what the trainer reads), and for people the DeepSpeed config, the full
 plan with its estimates, and the NCCL environment (`kubectl describe configmap <job>-config` shows them).
 
-Pure. The ConfigMap carries the attempt (gang restart count) it was planned for, so a restarted operator
-finishes creating the pods of the plan it already made instead of planning again. JSON is compact and the
+Pure. The ConfigMap is the record of one attempt's decisions: the attempt (gang restart count) it was
+planned for, the plan, and `network.json` (fabric, NCCL environment, network resources, IPC_LOCK), computed
+once at admission. The pods are built from it, so a restarted operator finishes creating the pods of the
+plan it already made, and the pods run exactly the `status.ncclEnv` written from the same computation. JSON is compact and the
 per-node plan is stored once (in job.json; plan.json holds the rest): a ConfigMap holds at most 1 MiB, and
 a 1,024-node plan with its rank coordinates is a few hundred KB.
 """
@@ -16,6 +18,7 @@ from typing import Any
 from paralleljob.manifests import labels
 
 JOB_FILE = "job.json"
+NETWORK_FILE = "network.json"
 MOUNT_PATH = "/etc/paralleljob"
 CONFIG_PATH = f"{MOUNT_PATH}/{JOB_FILE}"
 
@@ -29,10 +32,10 @@ def build_config_map(
     owner: Mapping[str, Any],
     trainer_config: Mapping[str, Any],
     plan: Mapping[str, Any],
-    nccl_env: Mapping[str, str],
+    network: Mapping[str, Any],
     attempt: int,
 ) -> dict[str, Any]:
-    """The `<job>-config` ConfigMap for one attempt."""
+    """The `<job>-config` ConfigMap for one attempt; `network` is `network_record()`'s."""
     job = owner["metadata"]["name"]
     metadata = labels.child_metadata(owner, labels.config_map_name(job), {labels.ATTEMPT_LABEL: str(attempt)})
     return {
@@ -43,7 +46,8 @@ def build_config_map(
             JOB_FILE: _compact(trainer_config),
             "deepspeed.json": json.dumps(trainer_config["deepspeed"], indent=2, sort_keys=True),
             "plan.json": _compact({key: value for key, value in plan.items() if key != "nodes"}),
-            "nccl.env": render_env_file(nccl_env),
+            "nccl.env": render_env_file(network["ncclEnv"]),
+            NETWORK_FILE: _compact(network),
         },
     }
 
@@ -55,6 +59,18 @@ def _compact(value: Any) -> str:
 def plan_of(config_map: Mapping[str, Any]) -> dict[str, Any]:
     """The plan a ConfigMap of ours was built from (the trainer's part of it: layout, ranks, nodes)."""
     return dict(json.loads(config_map["data"][JOB_FILE])["plan"])
+
+
+def network_record(
+    fabric: str, nccl_env: Mapping[str, str], resources: Mapping[str, int], ipc_lock: bool
+) -> dict[str, Any]:
+    """What every pod of the attempt shares about the network."""
+    return {"fabric": fabric, "ncclEnv": dict(nccl_env), "resources": dict(resources), "ipcLock": ipc_lock}
+
+
+def network_of(config_map: Mapping[str, Any]) -> dict[str, Any]:
+    """The `network_record()` a ConfigMap of ours was built with."""
+    return dict(json.loads(config_map["data"][NETWORK_FILE]))
 
 
 def attempt_of(config_map: Mapping[str, Any]) -> int:

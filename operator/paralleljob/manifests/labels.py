@@ -48,7 +48,12 @@ def job_labels(job: str) -> dict[str, str]:
 
 
 def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
-    """The controller owner reference to the ParallelJob, so that deleting the job deletes its children."""
+    """The controller owner reference to the ParallelJob, so that deleting the job deletes its children.
+
+    No `blockOwnerDeletion`: setting it needs `update` on `paralleljobs/finalizers` (clusters with the
+    OwnerReferencesPermissionEnforcement admission plugin refuse it otherwise), and only foreground deletion
+    of the job would wait on it.
+    """
     metadata = owner["metadata"]
     return {
         "apiVersion": api_types.API_VERSION,
@@ -56,8 +61,20 @@ def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
         "name": metadata["name"],
         "uid": metadata["uid"],
         "controller": True,
-        "blockOwnerDeletion": True,
     }
+
+
+def owner_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid of the ParallelJob that controls `obj`, or None."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if ref.get("kind") == api_types.KIND and ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether `obj` is a child of the ParallelJob with this uid (not of an earlier job of the same name)."""
+    return owner_uid(obj) == uid
 
 
 def child_metadata(owner: Mapping[str, Any], name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:

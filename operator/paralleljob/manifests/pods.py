@@ -4,7 +4,9 @@ Pure. Each pod is pinned to its planned node by *required node affinity* on kube
 spec.nodeName), so the scheduler still checks resources and taints; it requests the planned GPUs and the
 fabric's RDMA/EFA resource, mounts /dev/shm in memory (the 64 MB default crashes NCCL), job.json, the
 checkpoint volume, and gets IPC_LOCK when RDMA registers memory. The environment comes from
-`manifests.env.build_node_env`, the same function the local runner uses.
+`manifests.env.build_node_env`, the same function the local runner uses; `spec.template.env` follows it
+and may not set a name the operator owns (`env_problems`). Only node rank 0, which reports progress,
+mounts the per-job progress account's token.
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ from paralleljob.manifests import configmap, env, labels
 GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 OUTPUT_DIR = "/var/run/paralleljob/output"
+# metrics.jsonl goes here, under the checkpoint path, so it survives gang restarts (the trainer appends).
+METRICS_SUBDIR = "metrics"
+# Trainer knobs a user may set in spec.template.env; every other PARALLELJOB_ name is the operator's.
+USER_SETTABLE = frozenset({"PARALLELJOB_PEAK_TFLOPS", "PARALLELJOB_STATUS_API", "PARALLELJOB_STATUS_INTERVAL"})
+# The NCCL, torch-NCCL and libfabric variables: set them in spec.network.ncclEnv, which the operator applies.
+NCCL_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_")
 PROGRESS_HOOK = "paralleljob_trainer.k8s_status:create_hook"
 TRAINER_MODULE = "paralleljob_trainer"
 
@@ -35,6 +43,29 @@ class PodSettings:
     ipc_lock: bool
     attempt: int
     service_account: str
+    # True when service_account is the operator's per-job progress account (its token is for rank 0 only).
+    progress_account: bool = True
+
+
+def env_problems(resolved: ResolvedJob) -> list[str]:
+    """Why spec.template.env cannot be used: names that would override the operator's environment."""
+    problems = []
+    for index, item in enumerate(resolved.spec.template.env or ()):
+        name = str(item.get("name", ""))
+        where = f"spec.template.env[{index}].name"
+        if name.startswith("PARALLELJOB_") and name not in USER_SETTABLE:
+            problems.append(f"{where}: {name} is set by the operator and cannot be overridden")
+        elif name.startswith(NCCL_PREFIXES) or name in ("DEEPSPEED_TIMEOUT",):
+            problems.append(f"{where}: {name} belongs in spec.network.ncclEnv, which the operator applies")
+    return problems
+
+
+def output_dir(resolved: ResolvedJob) -> str:
+    """Where rank 0 appends metrics.jsonl: under the checkpoint path when there is one, else an emptyDir."""
+    checkpoint = resolved.spec.checkpoint
+    if checkpoint is not None:
+        return f"{checkpoint.path.rstrip('/')}/{METRICS_SUBDIR}"
+    return OUTPUT_DIR
 
 
 def torchrun_command(resolved: ResolvedJob, plan: Mapping[str, Any], node_rank: int) -> list[str]:
@@ -70,20 +101,22 @@ def container_resources(resolved: ResolvedJob, gpus: int, network: Mapping[str, 
 
 
 def volumes(resolved: ResolvedJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(pod volumes, container mounts): job.json, /dev/shm, output, checkpoint, then the user's."""
+    """(pod volumes, container mounts): job.json, /dev/shm, output (without a checkpoint), checkpoint, then
+    the user's."""
     name = labels.config_map_name(resolved.name)
     pod_volumes: list[dict[str, Any]] = [
         {"name": "job-config", "configMap": {"name": name}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-        {"name": "output", "emptyDir": {}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "job-config", "mountPath": configmap.MOUNT_PATH, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
-        {"name": "output", "mountPath": OUTPUT_DIR},
     ]
     checkpoint = resolved.spec.checkpoint
-    if checkpoint is not None and checkpoint.volume:
+    if checkpoint is None:
+        pod_volumes.append({"name": "output", "emptyDir": {}})
+        mounts.append({"name": "output", "mountPath": OUTPUT_DIR})
+    elif checkpoint.volume:
         pod_volumes.append({"name": "checkpoint", **copy.deepcopy(dict(checkpoint.volume))})
         mounts.append({"name": "checkpoint", "mountPath": checkpoint.path})
     template = resolved.spec.template
@@ -93,7 +126,8 @@ def volumes(resolved: ResolvedJob) -> tuple[list[dict[str, Any]], list[dict[str,
 
 
 def node_env(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> list[dict[str, Any]]:
-    """The container env: build_node_env's variables, then the user's spec.template.env."""
+    """The container env: build_node_env's variables, then the user's spec.template.env (which
+    `env_problems` keeps off the operator's names)."""
     checkpoint = resolved.spec.checkpoint
     variables = env.build_node_env(
         settings.plan,
@@ -101,7 +135,7 @@ def node_env(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> li
         job_name=resolved.name,
         namespace=resolved.namespace,
         config_path=configmap.CONFIG_PATH,
-        output_dir=OUTPUT_DIR,
+        output_dir=output_dir(resolved),
         checkpoint_dir=checkpoint.path if checkpoint is not None else None,
         master_addr=labels.master_address(resolved.name),
         master_port=labels.MASTER_PORT,
@@ -111,7 +145,9 @@ def node_env(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> li
     return env.as_env_list(variables) + copy.deepcopy(list(resolved.spec.template.env or []))
 
 
-def build_container(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> dict[str, Any]:
+def build_container(
+    resolved: ResolvedJob, settings: PodSettings, node_rank: int, mounts: list[dict[str, Any]]
+) -> dict[str, Any]:
     gpus = int(settings.plan["nodes"][node_rank]["gpus"])
     template = resolved.spec.template
     container: dict[str, Any] = {
@@ -120,7 +156,7 @@ def build_container(resolved: ResolvedJob, settings: PodSettings, node_rank: int
         "command": torchrun_command(resolved, settings.plan, node_rank),
         "env": node_env(resolved, settings, node_rank),
         "resources": container_resources(resolved, gpus, settings.network_resources),
-        "volumeMounts": volumes(resolved)[1],
+        "volumeMounts": mounts,
         "ports": [{"name": "rendezvous", "containerPort": labels.MASTER_PORT}],
     }
     if template.image_pull_policy:
@@ -144,6 +180,7 @@ def build_pod(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSett
     metadata = labels.child_metadata(owner, labels.pod_name(job, node_rank), extra_labels)
     if template.annotations:
         metadata["annotations"] = dict(template.annotations)
+    pod_volumes, mounts = volumes(resolved)
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "hostname": labels.pod_name(job, node_rank),
@@ -151,9 +188,12 @@ def build_pod(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSett
         "affinity": node_affinity(entry["node"]),
         "serviceAccountName": settings.service_account,
         "enableServiceLinks": False,
-        "containers": [build_container(resolved, settings, node_rank)],
-        "volumes": volumes(resolved)[0],
+        "containers": [build_container(resolved, settings, node_rank, mounts)],
+        "volumes": pod_volumes,
     }
+    if settings.progress_account and node_rank != 0:
+        # Only rank 0 reports progress; the other ranks get no API credentials at all.
+        spec["automountServiceAccountToken"] = False
     optional = {
         "nodeSelector": dict(template.node_selector) if template.node_selector else None,
         "tolerations": copy.deepcopy(list(template.tolerations)) if template.tolerations else None,

@@ -1,5 +1,6 @@
 """The per-job identity rank 0 reports progress with: a ServiceAccount bound to a Role that may only
-`get` and `patch` the `status` of this one ParallelJob (resourceNames: [job]).
+`patch` the `status` of this one ParallelJob (resourceNames: [job]): the hook sends merge patches and never
+reads.
 
 Pure. The operator creates these unless spec.template.serviceAccountName names the user's own account.
 """
@@ -12,7 +13,7 @@ from typing import Any
 from paralleljob.api import types as api_types
 from paralleljob.manifests import labels
 
-PROGRESS_VERBS = ("get", "patch")
+PROGRESS_VERBS = ("patch",)
 
 
 def build_service_account(owner: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,28 @@
+"""A create the API refuses for good (422 invalid, 403 quota): the attempt fails with the API's message in a
+condition and an Event, once per attempt, and the job ends Failed at its backoff limit; no retry storm."""
+
+from __future__ import annotations
+
+import time
+
+from tests.operator.conftest import job_doc, operator_calls, wait_for
+
+INVALID = 'Pod "gpt-0" is invalid: spec.volumes[4].persistentVolumeClaim.claimName: Required value'
+
+
+def test_a_refused_pod_fails_the_attempt_with_the_api_message_and_no_storm(cluster, operator, emulator):
+    cluster.add_nodes(16)
+    emulator.emulator.rejects["pods"] = (422, "Invalid", INVALID)
+    cluster.apply(job_doc(failurePolicy={"backoffLimit": 1}))
+    status = wait_for(lambda: cluster.status().get("phase") == "Failed" and cluster.status(), what="Failed")
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["Scheduled"]["status"], conditions["Scheduled"]["reason"]) == ("False", "CreateFailed")
+    assert INVALID in conditions["Scheduled"]["message"]
+    assert INVALID in status["message"]
+    refused = [e for e in cluster.events() if e["reason"] == "CreateFailed"]
+    assert len(refused) == 2 and INVALID in refused[0]["message"]  # one per attempt
+    pod_creates = [c for c in operator_calls(emulator) if c[:3] == ("create", "", "pods")]
+    assert len(pod_creates) == 2  # the first pod of each attempt, then nothing more
+    calls = len(operator_calls(emulator))
+    time.sleep(2)
+    assert len(operator_calls(emulator)) == calls
