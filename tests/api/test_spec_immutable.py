@@ -1,5 +1,6 @@
-"""A ParallelJob's spec cannot change after creation: the CRD's transition rule on spec, evaluated with
-cel-python as the API server does on an update (`oldSelf` bound to the stored spec)."""
+"""The fields that decide a ParallelJob's layout, model and batch cannot change after creation: the CRD's
+transition rule on spec, evaluated with cel-python as the API server does on an update (`oldSelf` bound to the
+stored spec). Other fields may change and apply from the next gang attempt."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import celpy
 import pytest
 
 from paralleljob.api import crd, rules
-from tests.api.jobs import job
+from tests.api.jobs import DELETE, job
 
 CEL = celpy.Environment()
 
@@ -26,21 +27,42 @@ def update_allowed(old: dict, new: dict) -> bool:
     ("edit", "allowed"),
     [
         ({}, True),
-        ({"training": {"steps": 200}}, False),
-        ({"parallelism": {"pipeline": 2, "tensor": 4, "data": 4}}, False),
-        ({"template": {"env": [{"name": "A", "value": "1"}]}}, False),
+        ({"spec.parallelism.data": 4}, False),
+        ({"spec.parallelism.data": DELETE}, False),
+        ({"spec.gpusPerNode": 4}, False),
+        ({"spec.model.ffnHiddenSize": 2048}, False),
+        ({"spec.model.precision": "fp32"}, False),
+        ({"spec.deepspeed.gradient_accumulation_steps": 16}, False),
+        ({"spec.training.steps": 200}, True),
+        ({"spec.template.env": [{"name": "A", "value": "1"}]}, True),
+        ({"spec.failurePolicy.backoffLimit": 9}, True),
+        ({"spec.deepspeed.gradient_clipping": 0.5}, True),
     ],
-    ids=["unchanged", "steps", "layout", "template"],
+    ids=[
+        "unchanged",
+        "data-size",
+        "data-unset",
+        "gpus-per-node",
+        "ffn-set",
+        "precision",
+        "accumulation",
+        "steps",
+        "template",
+        "backoff",
+        "clipping",
+    ],
 )
-def test_spec_cannot_change_after_creation(edit, allowed):
-    spec = crd.apply_defaults(crd.spec_schema(), job()["spec"])
-    assert update_allowed(spec, {**spec, **edit}) == allowed
+def test_layout_model_and_batch_cannot_change_after_creation_but_the_rest_can(edit, allowed):
+    old = crd.apply_defaults(crd.spec_schema(), job()["spec"])
+    new = crd.apply_defaults(crd.spec_schema(), job(**{k.replace(".", "__"): v for k, v in edit.items()})["spec"])
+    assert update_allowed(old, new) == allowed
 
 
 def test_the_rejection_tells_the_user_what_to_do():
     rule = immutability_rule()
     assert rule["message"] == rules.SPEC_IMMUTABLE_MESSAGE
     assert "delete" in rule["message"] and "create it again" in rule["message"]
+    assert all(field.split(".")[-1] in rule["rule"] for field in rules.SPEC_IMMUTABLE_FIELDS)
 
 
 def test_the_generated_crd_carries_the_rule():

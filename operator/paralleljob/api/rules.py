@@ -318,13 +318,45 @@ NAME_RULE_MESSAGE = (
     f"metadata.name must be a DNS-1123 label of at most {t.MAX_NAME_LENGTH} characters (pods are <name>-<nodeRank>)"
 )
 
-# A transition rule on spec (evaluated on updates only, with oldSelf the stored spec): a job's spec cannot
-# change after creation. The operator plans, builds its ConfigMap and pods, and counts restarts from the
-# spec it admitted; an edit would leave the running gang and the status describing different jobs.
-SPEC_IMMUTABLE_CEL = "self == oldSelf"
+# A transition rule on spec (evaluated on updates only, with oldSelf the stored spec): the fields that decide
+# the rank layout, the model's shape and the batch cannot change after creation, since the plan, the pods and
+# the checkpoints on the volume all depend on them. Other fields (steps, template, network, failure policy...)
+# may change; the operator applies them from the next gang attempt. Each field is compared on its own: one
+# `self == oldSelf` over the whole spec would compare unbounded lists and preserved objects, whose estimated
+# CEL cost a real API server refuses when the CRD is created.
+SPEC_IMMUTABLE_FIELDS = (
+    "parallelism.pipeline",
+    "parallelism.tensor",
+    "parallelism.data",
+    "gpusPerNode",
+    "model.layers",
+    "model.hiddenSize",
+    "model.attentionHeads",
+    "model.sequenceLength",
+    "model.vocabSize",
+    "model.ffnHiddenSize",
+    "model.precision",
+    "deepspeed.train_batch_size",
+    "deepspeed.train_micro_batch_size_per_gpu",
+    "deepspeed.gradient_accumulation_steps",
+)
+
+
+def _unchanged(path: str) -> str:
+    """CEL: the field at `path` is set in both or neither, and equal when set (every level guarded)."""
+    parts = path.split(".")
+    prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+    def present(root: str) -> str:
+        return " && ".join(f"has({root}.{prefix})" for prefix in prefixes)
+
+    return f"(({present('self')}) == ({present('oldSelf')}) && (!({present('self')}) || self.{path} == oldSelf.{path}))"
+
+
+SPEC_IMMUTABLE_CEL = " && ".join(_unchanged(path) for path in SPEC_IMMUTABLE_FIELDS)
 SPEC_IMMUTABLE_MESSAGE = (
-    "spec is immutable after creation: delete the ParallelJob and create it again with the new spec "
-    "(training resumes from the checkpoint volume)"
+    "parallelism, gpusPerNode, the model's shape and precision, and the DeepSpeed batch sizes cannot change after "
+    "creation: delete the ParallelJob and create it again (training resumes from the checkpoint volume)"
 )
 
 
