@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -189,7 +190,8 @@ def node_info(
     spec = node.get("spec") or {}
     status = node.get("status") or {}
     allocatable = status.get("allocatable") or status.get("capacity") or {}
-    labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
+    # Interned: every node repeats the same keys and most values, and the planner looks them up on every node.
+    labels = {sys.intern(str(k)): sys.intern(str(v)) for k, v in (metadata.get("labels") or {}).items()}
     return NodeInfo(
         name=str(metadata.get("name", "")),
         labels=labels,
