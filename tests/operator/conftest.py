@@ -231,8 +231,11 @@ def emulator(tmp_path: Path) -> Iterator[EmulatorThread]:
     thread = EmulatorThread(tmp_path).start()
     yield thread
     assert thread.emulator is not None
-    _recorded.update((verb, group, resource) for verb, group, resource, _ in operator_calls(thread))
+    calls = operator_calls(thread)
     thread.stop()
+    if calls:
+        _recorded.update((verb, group, resource) for verb, group, resource, _ in calls)
+        write_record()
 
 
 @pytest.fixture
@@ -254,10 +257,9 @@ def operator(emulator: EmulatorThread, tmp_path: Path, operator_args: Sequence[s
     sys.stderr.write((tmp_path / "operator.log").read_text()[-4000:])
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Write the union of (verb, group, resource) seen, for the chart's RBAC check."""
-    if not _recorded:
-        return
+def write_record() -> None:
+    """The union of (verb, group, resource) the operator called so far in this session, for the chart's RBAC
+    check. Written after every test, not at session end, so that tests/chart later in the same run reads it."""
     RECORD.parent.mkdir(parents=True, exist_ok=True)
     rows = [{"verb": v, "apiGroup": g, "resource": r, "count": n} for (v, g, r), n in sorted(_recorded.items())]
     RECORD.write_text(json.dumps(rows, indent=2) + "\n")
