@@ -6,7 +6,8 @@ import datetime
 
 import pytest
 
-from paralleljob.handlers import conditions, gang, reservations
+from paralleljob import planning
+from paralleljob.handlers import conditions, gang
 from paralleljob.k8s import timestamps
 
 
@@ -109,7 +110,7 @@ PLACED = [{"node": "n0", "pod": "a-0"}, {"node": "n1", "pod": "a-1"}]
     ids=["unbound", "pod-without-gpus-still-reserved", "finished", "not-placed", "self-excluded"],
 )
 def test_reservations_cover_placed_ranks_not_yet_bound(jobs, pods, reserved):
-    found = reservations.job_reservations(jobs, pods, exclude=("ns", "me"))
+    found = planning.job_reservations(jobs, pods, exclude=("ns", "me"))
     assert [(r.node, r.gpus) for r in found] == reserved
 
 
@@ -119,7 +120,7 @@ def test_bound_pods_with_gpus_are_not_reserved_twice():
         "spec": {"nodeName": "n0", "containers": [{"resources": {"requests": {"nvidia.com/gpu": "4"}}}]},
         "status": {"phase": "Running"},
     }
-    found = reservations.job_reservations([job("a", "Running", PLACED)], [bound])
+    found = planning.job_reservations([job("a", "Running", PLACED)], [bound])
     assert [r.node for r in found] == ["n1"]
 
 

@@ -39,7 +39,8 @@ class Rule:
         return {"rule": self.cel, "message": self.message, "fieldPath": self.field_path, "reason": "FieldValueInvalid"}
 
 
-def _zero_stage(spec: t.ParallelJobSpec) -> int:
+def zero_stage(spec: t.ParallelJobSpec) -> int:
+    """The ZeRO stage of spec.deepspeed (0 when absent or malformed)."""
     zero = (spec.deepspeed or {}).get("zero_optimization") or {}
     stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
     return stage if isinstance(stage, int) else 0
@@ -123,7 +124,7 @@ def _layers_per_stage(spec: t.ParallelJobSpec) -> Problem | None:
 
 
 def _zero_with_pipeline(spec: t.ParallelJobSpec) -> Problem | None:
-    stage, pp = _zero_stage(spec), spec.parallelism.pipeline
+    stage, pp = zero_stage(spec), spec.parallelism.pipeline
     if stage < 2 or pp <= 1:
         return None
     return error(
@@ -136,7 +137,7 @@ def _zero_with_pipeline(spec: t.ParallelJobSpec) -> Problem | None:
 def _offload_needs_zero(spec: t.ParallelJobSpec) -> Problem | None:
     zero = (spec.deepspeed or {}).get("zero_optimization")
     offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
-    if not isinstance(offload, dict) or offload.get("device", "cpu") == "none" or _zero_stage(spec) >= 1:
+    if not isinstance(offload, dict) or offload.get("device", "cpu") == "none" or zero_stage(spec) >= 1:
         return None
     return error(
         "spec.deepspeed.zero_optimization.offload_optimizer",

@@ -30,8 +30,9 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from paralleljob import planning
 from paralleljob.api import ResolvedJob, validate_document
-from paralleljob.handlers import conditions, gang, placement, reservations
+from paralleljob.handlers import conditions, gang, placement
 from paralleljob.handlers import metrics as m
 from paralleljob.k8s import events, reads, timestamps, writes
 from paralleljob.k8s.session import Session
@@ -260,7 +261,7 @@ def _admit(p: Pass, resolved: ResolvedJob) -> Outcome:
     nodes = reads.list_nodes(p.session)
     all_pods = reads.list_all_pods(p.session)
     jobs = reads.list_jobs(p.session, p.settings.namespaces)
-    held = reservations.job_reservations(jobs, all_pods, exclude=(p.namespace, p.name))
+    held = planning.job_reservations(jobs, all_pods, exclude=(p.namespace, p.name))
     outcome = placement.plan(resolved, nodes, all_pods, held, p.excluded)
     m.PLANNING.observe(outcome.seconds)
     if outcome.plan is None:

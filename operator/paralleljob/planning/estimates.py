@@ -56,7 +56,7 @@ class Workload:
             pipeline=job.pipeline,
             tensor=job.tensor,
             data=job.data,
-            zero_stage=rules._zero_stage(job.spec),
+            zero_stage=rules.zero_stage(job.spec),
             offload_optimizer=_offloads(zero),
             precision=model.precision,
             recompute=model.activation_checkpoint_interval > 0,
