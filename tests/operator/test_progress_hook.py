@@ -115,3 +115,10 @@ def test_the_trainer_loads_it_from_the_pod_environment(monkeypatch, tmp_path):
     assert isinstance(hook, k8s_status.StatusReporter)
     assert hook.total_steps == 77
     assert hook.url == "http://127.0.0.1:1/apis/paralleljob.io/v1alpha1/namespaces/research/paralleljobs/gpt/status"
+
+
+def test_progress_is_rounded_for_kubectl_get(cluster, reporter):
+    reporter.on_step({"event": "step", "step": 3, "loss": 3.0373973846435547, "tokens_per_s": 5771.955798357906})
+    reporter.on_finish({"event": "summary"})
+    progress = cluster.status()["progress"]
+    assert (progress["loss"], progress["tokensPerSecond"]) == (3.0374, 5772.0)

@@ -95,10 +95,11 @@ class StatusReporter:
         progress: dict[str, Any] = {"step": int(record.get("step", 0)), "updated": _now()}
         if self.total_steps is not None:
             progress["totalSteps"] = self.total_steps
+        # Rounded for people: `kubectl get pj` prints these numbers as they are stored.
         if record.get("loss") is not None:
-            progress["loss"] = float(record["loss"])
+            progress["loss"] = round(float(record["loss"]), 4)
         if record.get("tokens_per_s") is not None:
-            progress["tokensPerSecond"] = float(record["tokens_per_s"])
+            progress["tokensPerSecond"] = round(float(record["tokens_per_s"]), 1)
         return progress
 
     def flush(self) -> None:
