@@ -62,3 +62,30 @@ def _settled(read, quiet_seconds: float = 1.0, timeout: float = 20.0):
             return value
         value = latest
     raise AssertionError(f"the operator kept calling the API for {timeout} s: {value[-5:]}")
+
+
+def test_an_invalid_edit_to_a_running_job_keeps_the_running_attempt(cluster, operator):
+    cluster.add_nodes(16)
+    cluster.apply(job_doc())
+    wait_for(lambda: len(cluster.pods()) == 16, what="16 pods")
+    cluster.bind_all()
+    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    names = sorted(p["metadata"]["name"] for p in cluster.pods())
+    cluster.custom.patch_namespaced_custom_object(
+        "paralleljob.io",
+        "v1alpha1",
+        "research",
+        "paralleljobs",
+        "gpt",
+        {"spec": {"template": {"env": [{"name": "PARALLELJOB_NODE_RANK", "value": "3"}]}}},
+    )
+    status = wait_for(
+        lambda: (
+            any(c["type"] == "Valid" and c["status"] == "False" for c in cluster.status().get("conditions", []))
+            and cluster.status()
+        ),
+        what="Valid=False",
+    )
+    assert status["phase"] == "Running"
+    assert "the running attempt continues" in status["message"]
+    assert sorted(p["metadata"]["name"] for p in cluster.pods()) == names

@@ -245,9 +245,14 @@ def write_status(p: Pass, patch: Mapping[str, Any]) -> bool:
 
 
 def _invalid(p: Pass, message: str) -> Outcome:
+    """Valid=False. A job never admitted stays Pending; an edit that breaks a running job's spec (the fields the
+    CRD lets change) leaves the running attempt alone and only blocks the next one, so the phase is kept."""
     cond = p.condition("Valid", "False", "InvalidSpec", message)
-    if write_status(p, {"phase": "Pending", "message": f"invalid spec: {message}", "conditions": cond}):
-        p.event("Warning", "InvalidSpec", message)
+    running = bool(p.status.get("placement")) and p.status.get("phase") not in TERMINAL
+    phase = p.status.get("phase") if running else "Pending"
+    note = "; the running attempt continues, and nothing new starts until the spec is fixed" if running else ""
+    if write_status(p, {"phase": phase, "message": f"invalid spec: {message}{note}", "conditions": cond}):
+        p.event("Warning", "InvalidSpec", message + note)
     return Outcome("invalid")
 
 
