@@ -151,3 +151,7 @@ def test_every_peer_of_a_rank_frozen_during_training_exits_within_the_timeout(tm
         f"ranks {still_running} outlived a frozen peer by {PG_TIMEOUT_S + EXIT_MARGIN_S} s\n{logs}"
     )
     assert all(p.returncode != 0 for p in peers), logs
+    # Each peer says in one line that it lost a peer (exit 4); none dies with a traceback.
+    peer_logs = [path.read_text() for path in gang.log_paths[:-1]]
+    assert [p.returncode for p in peers] == [4] * len(peers), logs
+    assert all("a peer rank failed or stopped answering" in log and "Traceback" not in log for log in peer_logs), logs

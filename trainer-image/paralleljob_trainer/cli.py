@@ -1,7 +1,8 @@
 """Command line of the trainer: options (defaulting to the PARALLELJOB_* environment), errors, exit codes.
 
 Exit codes: 0 done; 2 the job file or the rank layout is wrong; 3 the checkpoint cannot be resumed from;
-1 anything else (with a traceback). Expected failures print exactly one line on stderr, on every rank.
+4 a peer rank died or stopped answering (the failing rank's own log says why); 1 anything else (with a
+traceback). Expected failures print exactly one line on stderr, on every rank.
 """
 
 from __future__ import annotations
@@ -17,6 +18,18 @@ from paralleljob_trainer.config import ConfigError, load_job_config
 DEFAULT_CONFIG = "/etc/paralleljob/job.json"
 EXIT_CONFIG = 2
 EXIT_CHECKPOINT = 3
+EXIT_PEER = 4
+
+# How torch reports a collective whose peer died or stopped answering (gloo raises a plain RuntimeError).
+_PEER_FAILURE_MARKS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Timed out waiting",
+    "timed out",
+    "NCCL communicator",
+    "ProcessGroupNCCL",
+    "ProcessGroupGloo",
+)
 
 _DESCRIPTION = """\
 Train the GPT described by a ParallelJob's job.json with DeepSpeed pipeline x tensor x data parallelism.
@@ -63,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether a collective failed because another rank died, hung or dropped its connection."""
+    import torch.distributed as dist
+
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    return any(mark in str(error) for mark in _PEER_FAILURE_MARKS)
+
+
 def _optional_path(value: str | None) -> Path | None:
     return Path(value) if value else None
 
@@ -99,6 +121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             # on a rank whose peers have already gone, and the launcher would see a crash, not this error.
             training.abandon()
             return _fail(str(error), EXIT_CHECKPOINT)
+        except RuntimeError as error:
+            if not is_peer_failure(error):
+                raise
+            # The rank that failed says why in its own log; here one line is enough, not a traceback.
+            first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+            return _fail(f"a peer rank failed or stopped answering, so this rank stops too ({first})", EXIT_PEER)
     except ConfigError as error:
         return _fail(str(error), EXIT_CONFIG)
     training.shutdown()
