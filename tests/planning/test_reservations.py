@@ -6,12 +6,18 @@ path of `paralleljob plan`, which reads ParallelJobs as well as Nodes and Pods.
 
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import Iterator
 from typing import Any
 
+import kubernetes
 import pytest
 
 from paralleljob import cli, planning
+from paralleljob.api import types as api_types
 from paralleljob.planning import Reservation
+from tests.operator import emulator
 from tests.planning import clusters
 
 
@@ -61,45 +67,35 @@ def test_job_reservations(jobs: list[dict[str, Any]], pods: list[dict[str, Any]]
     assert planning.job_reservations(jobs, pods, exclude=("research", "self")) == expected
 
 
-class FakeApiException(Exception):
-    def __init__(self, status: int) -> None:
-        super().__init__(f"({status})")
-        self.status = status
+class EmulatorWithoutCRD(emulator.HardenedEmulator):
+    """An API server on which the ParallelJob CRD is not installed."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        del self.resources[f"{api_types.API_VERSION}/{api_types.PLURAL}"]
 
 
-class FakeList:
-    def __init__(self, items: list[dict[str, Any]]) -> None:
-        self.items = items
+@contextlib.contextmanager
+def live_cluster(tmp_path: Any, with_crd: bool = True) -> Iterator[dict[str, Any]]:
+    """The hardened API emulator over HTTP; the test fills it through the kubernetes client, as kubectl would."""
+    server = emulator.EmulatorThread(tmp_path, emulator.HardenedEmulator if with_crd else EmulatorWithoutCRD)
+    server.start()
+    client = kubernetes.config.new_client_from_config(str(server.kubeconfig))
+    try:
+        yield {
+            "kubeconfig": str(server.kubeconfig),
+            "core": kubernetes.client.CoreV1Api(client),
+            "custom": kubernetes.client.CustomObjectsApi(client),
+        }
+    finally:
+        server.stop()
 
 
-@pytest.fixture
-def live_cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """The kubernetes client's calls the live path makes, answered from a dict the test fills in."""
-    kubernetes = pytest.importorskip("kubernetes")
-    world: dict[str, Any] = {"nodes": [], "pods": [], "jobs": []}
-    core = type(
-        "Core",
-        (),
-        {
-            "list_node": lambda self: FakeList(world["nodes"]),
-            "list_pod_for_all_namespaces": lambda self, field_selector: FakeList(world["pods"]),
-        },
-    )
-
-    def list_jobs(self: object, group: str, version: str, plural: str) -> dict[str, Any]:
-        assert (group, version, plural) == ("paralleljob.io", "v1alpha1", "paralleljobs")
-        if world["jobs"] is None:
-            raise FakeApiException(404)
-        return {"items": world["jobs"]}
-
-    monkeypatch.setattr(kubernetes.config, "load_kube_config", lambda: None)
-    monkeypatch.setattr(kubernetes.client, "CoreV1Api", core)
-    monkeypatch.setattr(
-        kubernetes.client, "CustomObjectsApi", type("Custom", (), {"list_cluster_custom_object": list_jobs})
-    )
-    monkeypatch.setattr(kubernetes.client.ApiClient, "sanitize_for_serialization", lambda self, obj: obj)
-    monkeypatch.setattr(kubernetes.client.exceptions, "ApiException", FakeApiException)
-    return world
+def add_job_with_placement(live: dict[str, Any], job: dict[str, Any]) -> None:
+    """Create a ParallelJob, then write its status through the status subresource, as the operator does."""
+    args = (api_types.GROUP, api_types.VERSION, job["metadata"]["namespace"], api_types.PLURAL)
+    live["custom"].create_namespaced_custom_object(*args, {**job, "status": {}, "spec": {}})
+    live["custom"].patch_namespaced_custom_object_status(*args, job["metadata"]["name"], {"status": job["status"]})
 
 
 JOB = """apiVersion: paralleljob.io/v1alpha1
@@ -115,19 +111,21 @@ spec:
 
 
 def test_the_live_path_subtracts_other_jobs_placements_not_yet_bound(
-    live_cluster: dict[str, Any], tmp_path: Any, capsys: pytest.CaptureFixture[str]
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "job.yaml").write_text(JOB)
-    live_cluster["nodes"] = [clusters.node("n0")]
-    live_cluster["jobs"] = [parallel_job("gpt", ("n0", "gpt-0"))]
-    assert cli.main(["plan", str(tmp_path / "job.yaml")]) == 1
+    with live_cluster(tmp_path) as live:
+        live["core"].create_node(clusters.node("n0"))
+        add_job_with_placement(live, parallel_job("gpt", ("n0", "gpt-0")))
+        code = cli.main(["plan", str(tmp_path / "job.yaml"), "--kubeconfig", live["kubeconfig"]])
+    assert code == 1
     assert "0 qualify: 1 has GPUs in use by ParallelJob research/gpt" in capsys.readouterr().out
 
 
-def test_the_live_path_plans_when_the_crd_is_not_installed(
-    live_cluster: dict[str, Any], tmp_path: Any, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_live_path_plans_when_the_crd_is_not_installed(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "job.yaml").write_text(JOB)
-    live_cluster["nodes"] = [clusters.node("n0")]
-    live_cluster["jobs"] = None
-    assert cli.main(["plan", str(tmp_path / "job.yaml"), "-o", "json"]) == 0
+    with live_cluster(tmp_path, with_crd=False) as live:
+        live["core"].create_node(clusters.node("n0"))
+        code = cli.main(["plan", str(tmp_path / "job.yaml"), "--kubeconfig", live["kubeconfig"], "-o", "json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["nodes"][0]["node"] == "n0"

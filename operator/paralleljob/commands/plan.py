@@ -57,6 +57,9 @@ def register(sub: Any) -> None:
         help="bound Pods (`kubectl get pods -A -o yaml`) and ParallelJobs (`kubectl get paralleljobs -A -o yaml`), "
         "added to the cluster's; an object listed in both counts once",
     )
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig of the live cluster (default: $KUBECONFIG, then in-cluster)"
+    )
     parser.add_argument("-o", "--output", choices=FORMATS, default="table", help="output format (default table)")
     parser.add_argument("--out", metavar="FILE", help="write the output to FILE instead of standard output")
     parser.add_argument(
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         jobs = _load_jobs(args.job, reasons)
         if jobs is None:
             return 1
-        found = _load_cluster(args.cluster, args.pods)
+        found = _load_cluster(args.cluster, args.pods, args.kubeconfig)
     except UsageError as exc:
         print(f"paralleljob plan: {exc}", file=sys.stderr)
         return 2
@@ -136,10 +139,12 @@ def _load_jobs(path: str, reasons: TextIO) -> list[tuple[str, Any]] | None:
     return jobs if valid else None
 
 
-def _load_cluster(cluster_path: str | None, pods_path: str | None) -> inventory.ClusterObjects:
+def _load_cluster(
+    cluster_path: str | None, pods_path: str | None, kubeconfig: str | None = None
+) -> inventory.ClusterObjects:
     """Nodes, Pods and ParallelJobs: from --cluster or the live cluster, plus --pods; repeats count once."""
     if cluster_path is None:
-        found = _live_cluster()
+        found = _live_cluster(kubeconfig)
     else:
         found = inventory.split_objects(_read_yaml(cluster_path))
         if not found.nodes:
@@ -158,7 +163,7 @@ def _read_yaml(path: str) -> list[Any]:
     return [doc.body for doc in docs]
 
 
-def _live_cluster() -> inventory.ClusterObjects:
+def _live_cluster(kubeconfig: str | None = None) -> inventory.ClusterObjects:
     """Nodes, bound pods and ParallelJobs through the kubeconfig (or in-cluster config), as camelCase dicts."""
     try:
         import kubernetes  # lazy: only this path talks to a cluster
@@ -166,7 +171,7 @@ def _live_cluster() -> inventory.ClusterObjects:
         raise UsageError("the kubernetes client is not installed; pass --cluster FILE") from None
     try:
         try:
-            kubernetes.config.load_kube_config()
+            kubernetes.config.load_kube_config(config_file=kubeconfig)
         except kubernetes.config.ConfigException:
             kubernetes.config.load_incluster_config()
         api = kubernetes.client.CoreV1Api()
