@@ -380,11 +380,7 @@ def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]
     message = f"training finished after {p.attempt} restarts"
     cond = p.condition("Ready", "False", "Finished", message)
     cond = p.condition("Succeeded", "True", "TrainingFinished", message, base=cond)
-    patch = {"phase": "Succeeded", "message": message, "conditions": cond, "podsReady": 0}
-    if write_status(p, {**patch, "completionTime": timestamps.now()}):
-        p.event("Normal", "Completed", message)
-    _finished(p, pods, "Succeeded")
-    return Outcome("succeeded", wake_others=True)
+    return _end(p, pods, "Succeeded", message, cond, ("Normal", "Completed"))
 
 
 def _broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
@@ -406,11 +402,18 @@ def _fail(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, lim
     if state.cause == gang.CREATE_FAILED:
         cond = p.condition("Scheduled", "False", gang.CREATE_FAILED, state.reason, base=cond)
     cond = p.condition("Failed", "True", "BackoffLimitExceeded", message, base=cond)
-    patch = {"phase": "Failed", "message": message, "conditions": cond, "podsReady": 0}
+    return _end(p, pods, "Failed", message, cond, ("Warning", "Failed"))
+
+
+def _end(
+    p: Pass, pods: Sequence[Mapping[str, Any]], phase: str, message: str, cond: Any, event: tuple[str, str]
+) -> Outcome:
+    """A terminal phase: one status write, its Event, the remaining pods deleted, waiting jobs woken."""
+    patch = {"phase": phase, "message": message, "conditions": cond, "podsReady": 0}
     if write_status(p, {**patch, "completionTime": timestamps.now()}):
-        p.event("Warning", "Failed", message)
-    _finished(p, pods, "Failed")
-    return Outcome("failed", wake_others=True)
+        p.event(event[0], event[1], message)
+    _finished(p, pods, phase)
+    return Outcome(phase.lower(), wake_others=True)
 
 
 def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int) -> Outcome:
