@@ -126,7 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             # The rank that failed says why in its own log; here one line is enough, not a traceback.
             first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-            return _fail(f"a peer rank failed or stopped answering, so this rank stops too ({first})", EXIT_PEER)
+            _fail(f"a peer rank failed or stopped answering, so this rank stops too ({first})", EXIT_PEER)
+            # Exit at once: the process group still holds the failed operation, and tearing it down at
+            # interpreter exit can abort the process (SIGABRT) instead of ending it with this exit code.
+            sys.stdout.flush()
+            os._exit(EXIT_PEER)
     except ConfigError as error:
         return _fail(str(error), EXIT_CONFIG)
     training.shutdown()
