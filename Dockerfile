@@ -30,6 +30,7 @@ RUN pip install --require-hashes --no-deps -r requirements/operator.lock
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 COPY trainer-image/paralleljob_trainer/ trainer-image/paralleljob_trainer/
+COPY trainer-image/paralleljob_contract/ trainer-image/paralleljob_contract/
 RUN pip install --no-deps --no-build-isolation . \
     && pip uninstall --yes setuptools \
     && paralleljob --help >/dev/null

@@ -20,7 +20,7 @@ test: $(VENV)/.stamp-dev tools lint
 lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy operator/paralleljob/api operator/paralleljob/planning
+	$(BIN)/mypy operator/paralleljob/api operator/paralleljob/planning trainer-image/paralleljob_contract
 	$(BIN)/lint-imports
 
 setup: $(VENV)/.stamp-run

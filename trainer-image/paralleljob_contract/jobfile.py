@@ -1,0 +1,346 @@
+"""The job file (`job.json`): one schema, written by the operator and the local runner, read by the trainer and by
+users' own scripts. docs/contract.md describes it field by field.
+
+The file has a constant size: identity, the resolved spec, the resolved DeepSpeed config and the plan's
+layout (sizes, axis order, nodes, ranks per node), never a per-node or per-rank list. A rank's coordinates
+and groups follow from the layout (`paralleljob_contract.layout`), its node rank from its environment
+(`paralleljob_contract.environment`). Each field has one default, defined here and used by the API's
+resolution too. Reading validates everything a rank checks before it touches a process group, so each rank
+exits with the same one-line message and nobody waits for a peer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from paralleljob_contract.errors import ContractError
+from paralleljob_contract.layout import AXES, Layout, axis_order_of
+from paralleljob_contract.model import ModelShape, default_ffn_hidden_size
+
+# The schema version this package writes and reads; a reader refuses any other.
+VERSION = 1
+FILE_NAME = "job.json"
+
+DATA_SOURCES = ("synthetic", "text", "tokens")
+TOKEN_DTYPES = ("uint16", "uint32")
+PRECISIONS = ("bf16", "fp16", "fp32")
+BYTE_VOCAB = 256
+
+# One default per field (the API's CRD defaults and its resolution use these).
+DEFAULT_PRECISION = "bf16"
+DEFAULT_ACTIVATION_CHECKPOINT_INTERVAL = 0
+DEFAULT_SEED = 1234
+DEFAULT_LOG_INTERVAL = 10
+DEFAULT_MIN_LR_RATIO = 0.1
+DEFAULT_DATA_SOURCE = "synthetic"
+DEFAULT_TOKEN_DTYPE = "uint16"
+DEFAULT_CHECKPOINT_INTERVAL = 0
+
+
+def default_warmup_steps(steps: int) -> int:
+    """spec.training.warmupSteps when unset: a tenth of the run, at least 1 and at most 100."""
+    return min(100, max(1, steps // 10))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the decoder-only GPT."""
+
+    layers: int
+    hidden_size: int
+    attention_heads: int
+    sequence_length: int
+    vocab_size: int
+    ffn_hidden_size: int
+    precision: str
+    activation_checkpoint_interval: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.attention_heads
+
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape(self.layers, self.hidden_size, self.sequence_length, self.vocab_size, self.ffn_hidden_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where training tokens come from."""
+
+    source: str
+    path: Path | None
+    token_dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    """Length of the run, its seed and its schedule."""
+
+    steps: int
+    seed: int
+    log_interval: int
+    warmup_steps: int
+    min_lr_ratio: float
+    data: DataConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The plan's layout, as every rank must reproduce it: sizes, axis order, nodes and ranks per node."""
+
+    layout: Layout
+    nodes: int
+    ranks_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def axis_order(self) -> tuple[str, ...]:
+        return self.layout.axis_order
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `plan` object of job.json."""
+        layout = self.layout
+        return {
+            "layout": {"pipeline": layout.pipeline, "tensor": layout.tensor, "data": layout.data},
+            "axisOrder": list(layout.axis_order),
+            "worldSize": layout.world_size,
+            "nodes": self.nodes,
+            "ranksPerNode": self.ranks_per_node,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """Everything a rank reads from job.json."""
+
+    name: str
+    namespace: str
+    model: ModelConfig
+    training: TrainingConfig
+    checkpoint_interval: int
+    deepspeed: Mapping[str, Any]
+    plan: Plan
+
+    @property
+    def train_batch_size(self) -> int:
+        return int(self.deepspeed["train_batch_size"])
+
+    @property
+    def micro_batch_size(self) -> int:
+        return int(self.deepspeed["train_micro_batch_size_per_gpu"])
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return int(self.deepspeed["gradient_accumulation_steps"])
+
+
+def make_plan(layout: Layout, ranks_per_node: int) -> Plan:
+    """The plan of `layout` on pods of `ranks_per_node` ranks; ContractError unless they divide evenly."""
+    if ranks_per_node < 1 or layout.world_size % ranks_per_node:
+        raise ContractError(f"plan.ranksPerNode: {ranks_per_node} does not divide worldSize {layout.world_size}")
+    return Plan(layout, layout.world_size // ranks_per_node, ranks_per_node)
+
+
+def job_document(
+    *, name: str, namespace: str, spec: Mapping[str, Any], deepspeed: Mapping[str, Any], plan: Plan
+) -> dict[str, Any]:
+    """The job.json object: the one writer, for the operator's ConfigMap and the local runner's file."""
+    return {
+        "version": VERSION,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": dict(spec),
+        "deepspeed": dict(deepspeed),
+        "plan": plan.to_dict(),
+    }
+
+
+def load_job_config(path: Path | str) -> JobConfig:
+    """Read and validate job.json; raises ContractError with a one-line reason."""
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise ContractError(f"job file {path} does not exist") from error
+    except (OSError, json.JSONDecodeError) as error:
+        raise ContractError(f"job file {path} is not readable JSON: {error}") from error
+    if not isinstance(document, dict):
+        raise ContractError(f"job file {path} must hold a JSON object")
+    return parse_job_config(document)
+
+
+def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
+    """Turn the job.json object into a validated JobConfig."""
+    _check_version(document)
+    spec = _section(document, "spec")
+    metadata = document.get("metadata") or {}
+    plan = parse_plan(_section(document, "plan"))
+    model = _parse_model(_section(spec, "model", "spec.model"))
+    training = _parse_training(_section(spec, "training", "spec.training"))
+    checkpoint = spec.get("checkpoint") or {}
+    job = JobConfig(
+        name=str(metadata.get("name", "paralleljob")),
+        namespace=str(metadata.get("namespace", "default")),
+        model=model,
+        training=training,
+        checkpoint_interval=_int(
+            checkpoint, "intervalSteps", "spec.checkpoint", default=DEFAULT_CHECKPOINT_INTERVAL, minimum=0
+        ),
+        deepspeed=dict(_section(document, "deepspeed")),
+        plan=plan,
+    )
+    _check_layout_fits_model(job)
+    _check_batch_arithmetic(job)
+    return job
+
+
+def _check_version(document: Mapping[str, Any]) -> None:
+    version = document.get("version")
+    if version != VERSION:
+        found = "missing" if version is None else f"{version!r}"
+        raise ContractError(
+            f"version: {found}, but this reader reads job file version {VERSION}; "
+            "run a trainer image of the operator's release"
+        )
+
+
+def _section(parent: Mapping[str, Any], key: str, where: str | None = None) -> Mapping[str, Any]:
+    value = parent.get(key)
+    if not isinstance(value, Mapping):
+        raise ContractError(f"{where or key}: missing or not an object in the job file")
+    return value
+
+
+def _int(section: Mapping[str, Any], key: str, where: str, *, default: int | None = None, minimum: int = 1) -> int:
+    value = section.get(key, default)
+    if value is None:
+        raise ContractError(f"{where}.{key}: required")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ContractError(f"{where}.{key}: must be an integer, got {value!r}")
+    if value < minimum:
+        raise ContractError(f"{where}.{key}: must be at least {minimum}, got {value}")
+    return value
+
+
+def _choice(section: Mapping[str, Any], key: str, where: str, choices: tuple[str, ...], default: str) -> str:
+    value = section.get(key, default)
+    if value not in choices:
+        raise ContractError(f"{where}.{key}: must be one of {', '.join(choices)}, got {value!r}")
+    return str(value)
+
+
+def _parse_model(section: Mapping[str, Any]) -> ModelConfig:
+    where = "spec.model"
+    hidden = _int(section, "hiddenSize", where)
+    return ModelConfig(
+        layers=_int(section, "layers", where),
+        hidden_size=hidden,
+        attention_heads=_int(section, "attentionHeads", where),
+        sequence_length=_int(section, "sequenceLength", where),
+        vocab_size=_int(section, "vocabSize", where),
+        ffn_hidden_size=_int(section, "ffnHiddenSize", where, default=default_ffn_hidden_size(hidden)),
+        precision=_choice(section, "precision", where, PRECISIONS, DEFAULT_PRECISION),
+        activation_checkpoint_interval=_int(
+            section, "activationCheckpointInterval", where, default=DEFAULT_ACTIVATION_CHECKPOINT_INTERVAL, minimum=0
+        ),
+    )
+
+
+def _parse_training(section: Mapping[str, Any]) -> TrainingConfig:
+    where = "spec.training"
+    steps = _int(section, "steps", where)
+    data_section = section.get("data") or {}
+    source = _choice(data_section, "source", f"{where}.data", DATA_SOURCES, DEFAULT_DATA_SOURCE)
+    raw_path = data_section.get("path")
+    if source != "synthetic" and not raw_path:
+        raise ContractError(f"{where}.data.path: required when source is {source}")
+    path = Path(os.path.expanduser(str(raw_path))) if raw_path else None
+    if path is not None and source != "synthetic" and not path.exists():
+        raise ContractError(f"{where}.data.path: {path} does not exist")
+    min_lr_ratio = float(section.get("minLrRatio", DEFAULT_MIN_LR_RATIO))
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ContractError(f"{where}.minLrRatio: must be between 0 and 1, got {min_lr_ratio}")
+    return TrainingConfig(
+        steps=steps,
+        seed=_int(section, "seed", where, default=DEFAULT_SEED, minimum=0),
+        log_interval=_int(section, "logInterval", where, default=DEFAULT_LOG_INTERVAL),
+        warmup_steps=_int(section, "warmupSteps", where, default=default_warmup_steps(steps), minimum=0),
+        min_lr_ratio=min_lr_ratio,
+        data=DataConfig(
+            source=source,
+            path=path,
+            token_dtype=_choice(data_section, "tokenDtype", f"{where}.data", TOKEN_DTYPES, DEFAULT_TOKEN_DTYPE),
+        ),
+    )
+
+
+def parse_plan(section: Mapping[str, Any]) -> Plan:
+    """The `plan` object of job.json, validated."""
+    layout_section = _section(section, "layout", "plan.layout")
+    sizes = {axis: _int(layout_section, axis, "plan.layout") for axis in ("pipeline", "tensor", "data")}
+    try:
+        order = axis_order_of(section.get("axisOrder") or list(AXES))
+    except ContractError as error:
+        raise ContractError(f"plan.{error}") from None
+    layout = Layout(sizes["pipeline"], sizes["tensor"], sizes["data"], order)
+    world_size = _int(section, "worldSize", "plan", default=layout.world_size)
+    if world_size != layout.world_size:
+        raise ContractError(f"plan.worldSize: {world_size} is not pipeline x tensor x data = {layout.world_size}")
+    plan = make_plan(layout, _int(section, "ranksPerNode", "plan", default=world_size))
+    nodes = _int(section, "nodes", "plan", default=plan.nodes)
+    if nodes != plan.nodes:
+        raise ContractError(
+            f"plan.nodes: {nodes} nodes x {plan.ranks_per_node} ranks per node is not worldSize {world_size}"
+        )
+    return plan
+
+
+def _check_layout_fits_model(job: JobConfig) -> None:
+    model, layout = job.model, job.plan.layout
+    if model.layers < layout.pipeline:
+        raise ContractError(
+            f"spec.model.layers ({model.layers}) is smaller than parallelism.pipeline ({layout.pipeline}): "
+            "every pipeline stage needs at least one layer"
+        )
+    if model.attention_heads % layout.tensor:
+        raise ContractError(
+            f"spec.model.attentionHeads ({model.attention_heads}) is not divisible by parallelism.tensor "
+            f"({layout.tensor}): each tensor-parallel rank must hold whole heads"
+        )
+    if model.hidden_size % model.attention_heads:
+        raise ContractError(
+            f"spec.model.hiddenSize ({model.hidden_size}) is not divisible by attentionHeads ({model.attention_heads})"
+        )
+    if model.ffn_hidden_size % layout.tensor:
+        raise ContractError(
+            f"spec.model.ffnHiddenSize ({model.ffn_hidden_size}) is not divisible by parallelism.tensor "
+            f"({layout.tensor})"
+        )
+    if job.training.data.source == "text" and model.vocab_size < BYTE_VOCAB:
+        raise ContractError(
+            f"spec.model.vocabSize ({model.vocab_size}) is below {BYTE_VOCAB}: text data is read as bytes"
+        )
+
+
+def _check_batch_arithmetic(job: JobConfig) -> None:
+    ds = job.deepspeed
+    missing = [
+        key
+        for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+        if key not in ds
+    ]
+    if missing:
+        raise ContractError(f"deepspeed: {', '.join(missing)} missing; the job file must resolve all three")
+    product = job.micro_batch_size * job.gradient_accumulation_steps * job.plan.layout.data
+    if product != job.train_batch_size:
+        raise ContractError(
+            f"deepspeed.train_batch_size ({job.train_batch_size}) != micro batch {job.micro_batch_size} x "
+            f"gradient accumulation {job.gradient_accumulation_steps} x data parallel {job.plan.layout.data}"
+        )
