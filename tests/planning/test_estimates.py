@@ -1,7 +1,8 @@
 """Estimates follow the bundled trainer's model: its parameter count, its FLOPs, and the memory of its end stages.
 
-The trainer cannot import the planner, so these tests pin the two copies of each formula to each other over a
-grid of shapes (importing the trainer's torch-free `config` module).
+The formulas live once, in the contract (`paralleljob_contract.model`); these tests pin the planner's
+`Workload` and the trainer's `ModelConfig` (what its MFU reads) to the same numbers over a grid of shapes, so
+neither side can feed the formula a different shape.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import pytest
 
 from paralleljob.planning import estimates
 from paralleljob.planning.estimates import Workload
-
-config = pytest.importorskip("paralleljob_trainer.config")
+from paralleljob_contract import jobfile
+from paralleljob_contract import model as model_math
 
 SHAPES = [
     pytest.param(layers, hidden, heads, seq, vocab, ffn, id=f"l{layers}-h{hidden}-s{seq}-V{vocab}-ffn{ffn}")
@@ -26,7 +27,7 @@ SHAPES = [
 
 
 def trainer_model(layers: int, hidden: int, heads: int, seq: int, vocab: int, ffn: int, interval: int = 0):  # type: ignore[no-untyped-def]
-    return config.ModelConfig(layers, hidden, heads, seq, vocab, ffn, "bf16", interval)
+    return jobfile.ModelConfig(layers, hidden, heads, seq, vocab, ffn, "bf16", interval)
 
 
 def workload(**changes: object) -> Workload:
@@ -54,7 +55,8 @@ def test_the_parameter_count_is_the_trainers(
     layers: int, hidden: int, heads: int, seq: int, vocab: int, ffn: int
 ) -> None:
     model = trainer_model(layers, hidden, heads, seq, vocab, ffn)
-    assert estimates.parameter_count(layers, hidden, seq, vocab, ffn) == config.parameter_count(model)
+    work = workload(layers=layers, hidden=hidden, heads=heads, sequence=seq, vocab=vocab, ffn=ffn)
+    assert work.parameters == model_math.parameter_count(model.shape)
 
 
 def test_gpt3_175b_counts_the_untied_lm_head() -> None:
@@ -68,9 +70,10 @@ def test_the_trainers_mfu_counts_the_planners_model_flops() -> None:
         layers, hidden, heads, seq, vocab, ffn = shape.values
         for interval in (0, 1):
             model = trainer_model(layers, hidden, heads, seq, vocab, ffn, interval)
-            tokens = 8 * seq
-            expected = estimates.training_flops(layers, hidden, seq, vocab, ffn, tokens, recompute=False)
-            if config.flops_per_step(model, tokens) != pytest.approx(expected, rel=1e-12):
+            work = workload(layers=layers, hidden=hidden, heads=heads, sequence=seq, vocab=vocab, ffn=ffn)
+            work = dataclasses.replace(work, recompute=interval > 0)
+            trainers = model_math.training_flops(model.shape, work.train_batch * seq)
+            if trainers != pytest.approx(estimates.model_flops_per_step(work), rel=1e-12):
                 differ.append(f"{shape.id} interval {interval}")
     assert differ == []
 

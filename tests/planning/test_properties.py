@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paralleljob import planning
-from paralleljob.planning.layout import DATA_PIPE_MODEL, PIPE_DATA_MODEL, Layout
+from paralleljob_contract.layout import DATA_PIPE_MODEL, PIPE_DATA_MODEL, Layout
 from tests.planning.clusters import LEAF, node, pod, small_job
 
 CLIQUE = "nvidia.com/gpu.clique"

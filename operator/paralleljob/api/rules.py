@@ -17,6 +17,7 @@ from typing import Any
 
 from paralleljob.api import types as t
 from paralleljob.api.problems import Problem, error
+from paralleljob_contract.layout import tensor_fits
 
 Check = Callable[[t.ParallelJobSpec], Problem | None]
 
@@ -60,7 +61,7 @@ def _ds_enabled(spec: t.ParallelJobSpec, key: str) -> bool | None:
 
 def _tensor_fits_node(spec: t.ParallelJobSpec) -> Problem | None:
     gpn, tp = spec.gpus_per_node, spec.parallelism.tensor
-    if gpn is None or spec.topology.nvlink_domain_label is not None or gpn % tp == 0:
+    if gpn is None or spec.topology.nvlink_domain_label is not None or tensor_fits(tp, gpn, multi_node_domain=False):
         return None
     divisors = [d for d in range(1, gpn + 1) if gpn % d == 0 and d <= tp]
     return error(
@@ -73,7 +74,7 @@ def _tensor_fits_node(spec: t.ParallelJobSpec) -> Problem | None:
 
 def _tensor_fits_clique(spec: t.ParallelJobSpec) -> Problem | None:
     gpn, tp = spec.gpus_per_node, spec.parallelism.tensor
-    if gpn is None or spec.topology.nvlink_domain_label is None or gpn % tp == 0 or tp % gpn == 0:
+    if gpn is None or spec.topology.nvlink_domain_label is None or tensor_fits(tp, gpn, multi_node_domain=True):
         return None
     return error(
         "spec.parallelism.tensor",

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any, Literal
 
 from paralleljob.api.fields import RawObject, api_field
+from paralleljob_contract import environment, jobfile
 
 GROUP = "paralleljob.io"
 VERSION = "v1alpha1"
@@ -69,8 +70,8 @@ class Model:
     )
     sequence_length: int = api_field("Tokens per sample (context length).", minimum=1)
     vocab_size: int = api_field(
-        "Vocabulary size. The embedding and LM head are split across tensor-parallel ranks, padded up to a "
-        "multiple of spec.parallelism.tensor; padded entries never receive probability mass. "
+        "Vocabulary size. The token embedding (first stage) and the untied LM head (last stage) are kept whole "
+        "on every tensor-parallel rank, not split, so any size works with any spec.parallelism.tensor. "
         "Byte-level text data (spec.training.data.source: text) needs at least 256.",
         minimum=1,
     )
@@ -82,12 +83,12 @@ class Model:
     precision: Precision = api_field(
         "Numeric precision: bf16 (the GPU default), fp16 (with loss scaling) or fp32 (CPU and exact tests). "
         "Sets bf16/fp16 in the DeepSpeed config; a contradicting spec.deepspeed is an error.",
-        default="bf16",
+        default=jobfile.DEFAULT_PRECISION,
     )
     activation_checkpoint_interval: int = api_field(
         "Recompute activations every this many layers in the backward pass, trading compute for memory "
         "(DeepSpeed PipelineModule activation_checkpoint_interval). 0 turns recomputation off.",
-        default=0,
+        default=jobfile.DEFAULT_ACTIVATION_CHECKPOINT_INTERVAL,
         minimum=0,
     )
 
@@ -99,7 +100,7 @@ class TrainingData:
     source: DataSource = api_field(
         "synthetic: deterministic random tokens; text: a UTF-8 file or a folder read as bytes with a "
         "256-token byte-level vocabulary; tokens: a flat binary file of token ids (nanoGPT style), memory-mapped.",
-        default="synthetic",
+        default=jobfile.DEFAULT_DATA_SOURCE,
     )
     path: str | None = api_field(
         "File or folder to read, as seen inside the pod (mount it with spec.template.volumes). "
@@ -108,7 +109,7 @@ class TrainingData:
     )
     token_dtype: TokenDtype = api_field(
         "Integer type of the ids in a tokens file: uint16 (vocabularies up to 65536) or uint32.",
-        default="uint16",
+        default=jobfile.DEFAULT_TOKEN_DTYPE,
     )
 
 
@@ -117,8 +118,12 @@ class Training:
     """How long to train, and on what."""
 
     steps: int = api_field("Optimizer steps to run (each consumes one global batch).", minimum=1)
-    seed: int = api_field("Seed of the model's initial weights and of the data order.", default=1234, minimum=0)
-    log_interval: int = api_field("Report loss, throughput and progress every this many steps.", default=10, minimum=1)
+    seed: int = api_field(
+        "Seed of the model's initial weights and of the data order.", default=jobfile.DEFAULT_SEED, minimum=0
+    )
+    log_interval: int = api_field(
+        "Report loss, throughput and progress every this many steps.", default=jobfile.DEFAULT_LOG_INTERVAL, minimum=1
+    )
     data: TrainingData = api_field("The training data.", default_factory=TrainingData)
     warmup_steps: int | None = api_field(
         "Steps of linear learning-rate warmup before the cosine decay. Default: min(100, steps / 10). "
@@ -128,7 +133,7 @@ class Training:
     )
     min_lr_ratio: float = api_field(
         "Learning rate at the last step, as a fraction of the peak (the end of the cosine decay).",
-        default=0.1,
+        default=jobfile.DEFAULT_MIN_LR_RATIO,
         minimum=0,
         maximum=1,
     )
@@ -235,7 +240,7 @@ class Network:
     timeout_seconds: int = api_field(
         "Collective timeout: a rank waiting longer for a dead peer fails instead of hanging, which triggers "
         "a gang restart.",
-        default=1800,
+        default=environment.DEFAULT_PG_TIMEOUT_SECONDS,
         minimum=10,
     )
 
@@ -357,7 +362,8 @@ class ParallelJobSpec:
     )
     command: list[str] | None = api_field(
         "Run your own DeepSpeed script instead of the bundled trainer, e.g. [python, /app/train.py]. It is "
-        "started by torchrun once per GPU with the same rank, layout (PARALLELJOB_*) and NCCL environment.",
+        "started by torchrun once per GPU with the same job file, PARALLELJOB_* and NCCL environment; read "
+        "them with the paralleljob_contract package (docs/contract.md).",
         default=None,
     )
 

@@ -14,6 +14,8 @@ from paralleljob.api import batch as batch_math
 from paralleljob.api import parsing, rules
 from paralleljob.api import types as t
 from paralleljob.api.problems import Problem, errors_of, warning
+from paralleljob_contract.jobfile import default_warmup_steps
+from paralleljob_contract.model import default_ffn_hidden_size
 
 # Above this share of idle pipeline time per step, the layout wastes GPUs (1F1B bubble (p-1)/(m+p-1)).
 BUBBLE_WARNING_FRACTION = 0.25
@@ -61,7 +63,12 @@ class ResolvedJob:
 
     @property
     def ffn_hidden_size(self) -> int:
-        return self.spec.model.ffn_hidden_size or 4 * self.spec.model.hidden_size
+        return self.spec.model.ffn_hidden_size or default_ffn_hidden_size(self.spec.model.hidden_size)
+
+    @property
+    def warmup_steps(self) -> int:
+        training = self.spec.training
+        return default_warmup_steps(training.steps) if training.warmup_steps is None else training.warmup_steps
 
     def deepspeed_config(self) -> dict[str, Any]:
         """The DeepSpeed config the trainer passes to deepspeed.initialize."""
@@ -77,9 +84,12 @@ class ResolvedJob:
         return config
 
     def resolved_spec(self) -> dict[str, Any]:
-        """The spec in YAML form with defaults filled and parallelism.data derived."""
+        """The spec in YAML form with defaults filled (the contract's, for the computed ones: ffnHiddenSize,
+        warmupSteps) and parallelism.data derived."""
         spec = t.spec_to_dict(self.spec)
         spec["parallelism"]["data"] = self.data
+        spec["model"]["ffnHiddenSize"] = self.ffn_hidden_size
+        spec["training"]["warmupSteps"] = self.warmup_steps
         return dict(spec)
 
 

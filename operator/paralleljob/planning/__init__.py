@@ -20,9 +20,9 @@ from paralleljob.planning.inventory import (
     job_reservations,
     local_cluster_nodes,
 )
-from paralleljob.planning.layout import Coord, Layout
 from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, Unschedulable
 from paralleljob.planning.planner import PlanningOptions, plan_job
+from paralleljob_contract.layout import Coord, Layout
 
 
 def reservations_of(plan: Plan, holder: str) -> list[Reservation]:

@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from paralleljob.planning import estimates, levels
-from paralleljob.planning.layout import Coord, Layout
 from paralleljob.planning.levels import LinkLevel
+from paralleljob_contract.layout import Coord, Layout
 
 GB = 1e9
 

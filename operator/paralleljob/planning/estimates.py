@@ -2,18 +2,21 @@
 bytes per step, FLOPs per step, pipeline bubble, modeled step time and MFU.
 
 These are models, not measurements. The formulas are the public ones in docs/planning.md (Megatron-LM,
-Narayanan et al. 2021; ZeRO, Rajbhandari et al. 2019; Korthikanti et al. 2022). The planner calls
+Narayanan et al. 2021; ZeRO, Rajbhandari et al. 2019; Korthikanti et al. 2022); the model's own arithmetic
+(parameters, FLOPs, parameters per stage) is the contract's (`paralleljob_contract.model`), which the
+trainer's MFU uses too. The planner calls
 `Workload.from_job()` and `estimate()`; the cost model prices the bytes from `comm_bytes()`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Literal
+from typing import Any
 
 from paralleljob.api import rules
 from paralleljob.api.validation import ResolvedJob
+from paralleljob_contract import model as model_math
+from paralleljob_contract.model import ModelShape, Stage
 
 GIB = 1024**3
 # CUDA context, NCCL buffers, allocator fragmentation: memory a GPU never has for the model.
@@ -75,9 +78,13 @@ class Workload:
         return 4 if self.precision == "fp32" else 2
 
     @property
+    def shape(self) -> ModelShape:
+        return ModelShape(self.layers, self.hidden, self.sequence, self.vocab, self.ffn)
+
+    @property
     def parameters(self) -> int:
-        """P of the bundled trainer's GPT (`parameter_count`)."""
-        return parameter_count(self.layers, self.hidden, self.sequence, self.vocab, self.ffn)
+        """P of the bundled trainer's GPT (`paralleljob_contract.model.parameter_count`)."""
+        return model_math.parameter_count(self.shape)
 
     @property
     def parameters_per_gpu(self) -> float:
@@ -86,59 +93,17 @@ class Workload:
 
     @property
     def layers_per_stage(self) -> int:
-        return math.ceil(self.layers / self.pipeline)
-
-
-Stage = Literal["first", "last", "only"]
-
-
-def parameter_count(layers: int, hidden: int, sequence: int, vocab: int, ffn: int) -> int:
-    """Parameters of the bundled trainer's GPT (trainer-image/paralleljob_trainer/model.py), unsharded.
-
-    Per block 4h^2 + 2h*ffn weights, 3h + ffn + 2h biases and two LayerNorms (4h); token and position
-    embeddings (V+s)h; a final LayerNorm 2h; an untied LM head Vh. With ffn = 4h this is Megatron's
-    12lh^2(1 + 13/12h + (V+s)/12lh) plus the untied head Vh and the final LayerNorm 2h.
-    """
-    h = hidden
-    per_block = 4 * h * h + 2 * h * ffn + 9 * h + ffn
-    return layers * per_block + (vocab + sequence) * h + 2 * h + vocab * h
-
-
-def training_flops(
-    layers: int, hidden: int, sequence: int, vocab: int, ffn: int, tokens: int, recompute: bool
-) -> float:
-    """Matmul FLOPs of one training pass over `tokens` tokens: k*T*l*(8h^2 + 4h*ffn + 4sh) + 6*T*h*V.
-
-    The forward pass of a block costs 2 FLOPs per multiply-add: QKV 6h^2, attention 4sh, output 2h^2, MLP
-    4h*ffn per token. Backward costs twice the forward, so k = 3; full activation recomputation runs the
-    forward again, k = 4. The LM head (2hV forward, 4hV backward per token) is never recomputed. With
-    ffn = 4h and k = 4 this is Narayanan et al.'s 96*B*s*l*h^2(1 + s/6h + V/16lh) exactly.
-    """
-    h, s = hidden, sequence
-    k = 4 if recompute else 3
-    return k * tokens * layers * (8 * h * h + 4 * h * ffn + 4 * s * h) + 6 * tokens * h * vocab
+        return model_math.layers_per_stage(self.layers, self.pipeline)
 
 
 def end_stages(work: Workload) -> tuple[Stage, ...]:
     """The pipeline stages whose memory bounds the job: the first and the last (one stage when p = 1)."""
-    return ("only",) if work.pipeline == 1 else ("first", "last")
+    return model_math.end_stages(work.pipeline)
 
 
 def stage_parameters(work: Workload, stage: Stage) -> float:
-    """Parameters one GPU of `stage` holds before ZeRO sharding.
-
-    A block's weight matrices, QKV and MLP-up biases are split over TP; its LayerNorms and the biases added
-    after an all-reduce are whole on every TP rank. The trainer keeps the embeddings (first stage) and the
-    final LayerNorm and untied LM head (last stage) whole on every TP rank (see model.py).
-    """
-    h, f, t = work.hidden, work.ffn, work.tensor
-    per_block = (4 * h * h + 2 * h * f + 3 * h + f) / t + 6 * h
-    held = work.layers_per_stage * per_block
-    if stage in ("first", "only"):
-        held += (work.vocab + work.sequence) * h
-    if stage in ("last", "only"):
-        held += work.vocab * h + 2 * h
-    return held
+    """Parameters one GPU of `stage` holds before ZeRO sharding (`paralleljob_contract.model`)."""
+    return model_math.stage_parameters(work.shape, work.pipeline, work.tensor, stage)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,8 +187,7 @@ def model_flops_per_step(work: Workload) -> float:
 
 
 def _flops(work: Workload, recompute: bool) -> float:
-    tokens = work.train_batch * work.sequence
-    return training_flops(work.layers, work.hidden, work.sequence, work.vocab, work.ffn, tokens, recompute)
+    return model_math.training_flops(work.shape, work.train_batch * work.sequence, recompute)
 
 
 def bubble_fraction(work: Workload) -> float:

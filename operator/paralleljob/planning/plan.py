@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from paralleljob.api.problems import Problem, error
-from paralleljob.planning.layout import AxisOrder, Coord, Layout
+from paralleljob_contract.layout import AxisOrder, Coord, Layout
 
 ESTIMATES_NOTE = (
     "models, not measurements: memory, FLOPs, bytes, step time and MFU follow the formulas and assumptions "

@@ -17,9 +17,9 @@ from paralleljob.planning.costmodel import CommCost, CostModel, Site, price, ran
 from paralleljob.planning.eligibility import MIB, Tally
 from paralleljob.planning.estimates import GIB, Workload
 from paralleljob.planning.inventory import GPU_RESOURCE, Cluster, NodeInfo
-from paralleljob.planning.layout import AXIS_ORDERS, PIPE_DATA_MODEL, AxisOrder, Layout, node_ranks
 from paralleljob.planning.levels import LinkLevel, detect_levels, detect_nvlink_label, label_keys, path_of
 from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, Unschedulable
+from paralleljob_contract.layout import AXIS_ORDERS, PIPE_DATA_MODEL, AxisOrder, Layout, node_ranks, tensor_fits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +90,7 @@ def ranks_per_node_candidates(
     clique = nvlink_label is not None or job.spec.topology.nvlink_domain_label is not None
     world, tp = job.world_size, job.tensor
     fits = [
-        g for g in range(min(largest, world), 0, -1) if world % g == 0 and (g % tp == 0 or (clique and tp % g == 0))
+        g for g in range(min(largest, world), 0, -1) if world % g == 0 and tensor_fits(tp, g, multi_node_domain=clique)
     ]
     return fits or [tp if world % tp == 0 else world]
 
