@@ -16,17 +16,16 @@ import argparse
 import io
 import json
 import sys
-from collections.abc import Mapping
 from typing import Any, TextIO
 
 import yaml
 
 from paralleljob import planning
 from paralleljob.api import documents
-from paralleljob.api import types as api_types
 from paralleljob.api.problems import errors_of, warnings_of
 from paralleljob.api.validation import validate_document
 from paralleljob.commands import validate
+from paralleljob.k8s import live
 from paralleljob.planning import costmodel, inventory, picture
 from paralleljob.planning.estimates import GIB
 
@@ -164,41 +163,11 @@ def _read_yaml(path: str) -> list[Any]:
 
 
 def _live_cluster(kubeconfig: str | None = None) -> inventory.ClusterObjects:
-    """Nodes, bound pods and ParallelJobs through the kubeconfig (or in-cluster config), as camelCase dicts."""
+    """The live cluster's nodes, bound pods and ParallelJobs (k8s.live), or a UsageError line."""
     try:
-        import kubernetes  # lazy: only this path talks to a cluster
-    except ImportError:  # pragma: no cover - kubernetes is a dependency
-        raise UsageError("the kubernetes client is not installed; pass --cluster FILE") from None
-    try:
-        try:
-            kubernetes.config.load_kube_config(config_file=kubeconfig)
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_incluster_config()
-        api = kubernetes.client.CoreV1Api()
-        serialise = kubernetes.client.ApiClient().sanitize_for_serialization
-        nodes = [serialise(node) for node in api.list_node().items]
-        selector = "status.phase!=Succeeded,status.phase!=Failed"
-        pods = [serialise(pod) for pod in api.list_pod_for_all_namespaces(field_selector=selector).items]
-        jobs = _live_jobs(kubernetes)
-    except UsageError:
-        raise
-    except Exception as exc:  # any failure to reach the cluster is one line, never a traceback
-        raise UsageError(
-            f"cannot read the live cluster ({exc.__class__.__name__}: {exc}); pass --cluster FILE"
-        ) from None
-    return inventory.ClusterObjects(nodes, pods, jobs)
-
-
-def _live_jobs(kubernetes: Any) -> list[Mapping[str, Any]]:
-    """Every ParallelJob; none when the CRD is not installed. Others' placements not yet bound hold GPUs."""
-    custom = kubernetes.client.CustomObjectsApi()
-    try:
-        listed = custom.list_cluster_custom_object(api_types.GROUP, api_types.VERSION, api_types.PLURAL)
-    except kubernetes.client.exceptions.ApiException as exc:
-        if exc.status == 404:
-            return []
-        raise
-    return list(listed.get("items") or [])
+        return live.read_cluster(kubeconfig)
+    except live.LiveClusterError as exc:
+        raise UsageError(f"{exc}; pass --cluster FILE") from None
 
 
 def _plan_all(
