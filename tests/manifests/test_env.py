@@ -1,4 +1,4 @@
-"""The trainer environment contract of docs/architecture.md, for one node rank."""
+"""The trainer environment of docs/contract.md, for one node rank: the contract's variables, written once."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import pytest
 
 from paralleljob.manifests import env as node_env
 from paralleljob.manifests import nccl
+from paralleljob.manifests.trainer_config import contract_plan
+from paralleljob_contract.environment import PodEnvironment
 
 
 def build(plan, node_rank=1, **overrides):
@@ -14,35 +16,35 @@ def build(plan, node_rank=1, **overrides):
         "namespace": "research",
         "config_path": "/etc/paralleljob/job.json",
         "output_dir": "/var/run/paralleljob",
+        "node_name": f"node-{node_rank}",
     }
-    return node_env.build_node_env(plan, node_rank, **{**kwargs, **overrides})
+    return node_env.build_node_env(contract_plan(plan), node_rank, **{**kwargs, **overrides})
 
 
 def test_every_contract_variable_is_present(plan):
-    env = build(plan, checkpoint_dir="/ckpt", master_addr="gpt-0.gpt", progress_hook="m:f")
-    assert env == env | {
+    env = build(plan, checkpoint_dir="/ckpt", progress_hook="m:f")
+    assert env == {
+        "OMP_NUM_THREADS": "1",
         "PARALLELJOB_CONFIG": "/etc/paralleljob/job.json",
         "PARALLELJOB_OUTPUT_DIR": "/var/run/paralleljob",
         "PARALLELJOB_JOB_NAME": "gpt",
         "PARALLELJOB_NAMESPACE": "research",
-        "PARALLELJOB_PIPELINE": "2",
-        "PARALLELJOB_TENSOR": "4",
-        "PARALLELJOB_DATA": "2",
-        "PARALLELJOB_AXIS_ORDER": "pipe,data,model",
         "PARALLELJOB_NODE_RANK": "1",
-        "PARALLELJOB_NNODES": "4",
-        "PARALLELJOB_RANKS_PER_NODE": "4",
+        "PARALLELJOB_NODE_NAME": "node-1",
         "PARALLELJOB_CHECKPOINT_DIR": "/ckpt",
         "PARALLELJOB_PROGRESS_HOOK": "m:f",
-        "PARALLELJOB_MASTER_ADDR": "gpt-0.gpt",
-        "PARALLELJOB_MASTER_PORT": "29500",
-        "OMP_NUM_THREADS": "1",
     }
+
+
+def test_the_contracts_reader_reads_back_what_the_writer_wrote(plan):
+    env = PodEnvironment.from_environ(build(plan, checkpoint_dir="/ckpt", nccl_env=nccl.build_nccl_env({}, "tcp")))
+    assert (env.node_rank, env.node_name, env.checkpoint_dir) == (1, "node-1", "/ckpt")
+    assert env.process_group_timeout_seconds == nccl.DEFAULT_TIMEOUT_SECONDS
 
 
 def test_optional_variables_are_absent_when_not_given(plan):
     env = build(plan)
-    assert not {"PARALLELJOB_CHECKPOINT_DIR", "PARALLELJOB_PROGRESS_HOOK", "PARALLELJOB_MASTER_ADDR"} & env.keys()
+    assert not {"PARALLELJOB_CHECKPOINT_DIR", "PARALLELJOB_PROGRESS_HOOK"} & env.keys()
 
 
 def test_nccl_env_is_included_but_cannot_override_identity(plan):

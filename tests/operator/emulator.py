@@ -1,7 +1,7 @@
 """kmock's Kubernetes emulator, hardened into a small API server good enough for kopf and our client.
 
 kmock stores objects and streams watch events; this subclass adds what a real kube-apiserver does and the
-operator relies on (see /work/shared/reference/toolbox.md): server-filled metadata (uid, resourceVersion,
+operator relies on: server-filled metadata (uid, resourceVersion,
 creationTimestamp, generation), the namespace from the URL, AlreadyExists/NotFound with standard reasons,
 JSON merge patch (null deletes), status-subresource isolation, labelSelector on lists, List kinds,
 `GET /api/v1/namespaces` (kmock's path parser answers 500 to it), core discovery's groupVersion ("v1", not

@@ -346,21 +346,32 @@ def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -
         # The plan of this attempt is lost (someone deleted the ConfigMap): plan again.
         write_status(p, {"placement": None})
         return Outcome("replanning")
-    built = child_objects.build_children(p.job, resolved, found, image=p.settings.image)
+    nodes = _placed_nodes(p)
+    if len(nodes) != configmap.plan_of(found).nodes:
+        write_status(p, {"placement": None})
+        return Outcome("replanning")
+    built = child_objects.build_children(p.job, resolved, found, nodes, image=p.settings.image)
     existing = {pod["metadata"]["name"] for pod in pods}
     for obj in [built.service, *built.rbac]:
         writes.create(p.session, obj)
     for pod in built.pods:
         if pod["metadata"]["name"] not in existing:
             writes.create(p.session, pod)
-    plan = configmap.plan_of(found)
-    message = f"{len(built.pods)} pods created on {len(plan['nodes'])} nodes; fabric {built.fabric}"
+    message = f"{len(built.pods)} pods created on {len(nodes)} nodes; fabric {built.fabric}"
     cond = p.condition("Scheduled", "True", PLACED, message)
     if write_status(p, {"conditions": cond, "message": message}):
-        hosts = ", ".join(f"{e['nodeRank']}->{e['node']}" for e in plan["nodes"][:8])
-        more = f" (+{len(plan['nodes']) - 8} more)" if len(plan["nodes"]) > 8 else ""
+        hosts = ", ".join(f"{rank}->{node}" for rank, node in enumerate(nodes[:8]))
+        more = f" (+{len(nodes) - 8} more)" if len(nodes) > 8 else ""
         p.event("Normal", "Placed", f"layout {resolved.layout}, fabric {built.fabric}: {hosts}{more}")
     return Outcome("created")
+
+
+def _placed_nodes(p: Pass) -> list[str]:
+    """The node of each node rank, from status.placement (the record that reserves the GPUs)."""
+    entries = sorted(p.status.get("placement") or [], key=lambda entry: int(entry.get("nodeRank", -1)))
+    if [int(entry.get("nodeRank", -1)) for entry in entries] != list(range(len(entries))):
+        return []
+    return [str(entry.get("node")) for entry in entries]
 
 
 def _watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:

@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-RUN_MARKER = "PARALLELJOB_LOCAL_RUN"
+from paralleljob_contract import environment
+
+RUN_MARKER = environment.LOCAL_RUN
 STOP_GRACE_SECONDS = 5.0
 
 

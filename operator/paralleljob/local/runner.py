@@ -1,8 +1,8 @@
 """`paralleljob run`: a whole ParallelJob on this machine, with the same plan and pod environment as a cluster.
 
 The job is validated and planned by the same code the operator uses, on a local cluster of N simulated
-nodes with G slots each. Each node rank becomes one torchrun process with the environment
-`manifests.env.build_node_env()` gives a pod, and the gang is supervised as the operator supervises pods:
+nodes with G slots each. Each node rank becomes one torchrun process (the contract's command line) with the
+environment `manifests.env.build_node_env()` gives a pod, and the gang is supervised as the operator supervises pods:
 a failed node stops every process, and the gang restarts from the latest checkpoint up to backoffLimit.
 """
 
@@ -30,7 +30,9 @@ from paralleljob.local import gang as gangs
 from paralleljob.local import progress, report
 from paralleljob.manifests import env as node_env
 from paralleljob.manifests import nccl
-from paralleljob.manifests.trainer_config import build_trainer_config
+from paralleljob.manifests.trainer_config import build_trainer_config, contract_plan
+from paralleljob_contract import launcher
+from paralleljob_contract.layout import tensor_fits
 
 
 class LocalShapeError(ValueError):
@@ -55,7 +57,7 @@ def choose_shape(resolved: ResolvedJob, nodes: int | None, gpus_per_node: int | 
         raise LocalShapeError(
             f"--gpus-per-node {gpn} does not divide the job's {world} ranks; use a divisor of {world}."
         )
-    if gpn % tp:
+    if not tensor_fits(tp, gpn, multi_node_domain=False):
         raise LocalShapeError(
             f"--gpus-per-node {gpn} is not a multiple of tensor {tp}, so a tensor-parallel group would span "
             f"two simulated nodes; use a multiple of {tp}."
@@ -126,27 +128,16 @@ def resolve_data_path(config: dict[str, Any], job_file: Path) -> None:
 
 
 def torchrun_argv(shape: LocalShape, node_rank: int, port: int, command: list[str] | None) -> list[str]:
-    """The same torchrun line a pod runs, with this machine as master."""
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        str(shape.nodes),
-        "--node-rank",
-        str(node_rank),
-        "--nproc-per-node",
-        str(shape.gpus_per_node),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(port),
-        "--max-restarts",
-        "0",
-    ]
-    if command:
-        return [*argv, "--no-python", *command]
-    return [*argv, "-m", "paralleljob_trainer"]
+    """The same torchrun line a pod runs, with this machine as master and this interpreter's torchrun."""
+    return launcher.torchrun_command(
+        nodes=shape.nodes,
+        node_rank=node_rank,
+        ranks_per_node=shape.gpus_per_node,
+        master_addr="127.0.0.1",
+        master_port=port,
+        command=command,
+        launcher=(sys.executable, "-m", "torch.distributed.run"),
+    )
 
 
 @dataclasses.dataclass
@@ -182,18 +173,18 @@ class LocalRun:
         network = {**self.resolved.resolved_spec().get("network", {}), "socketInterface": "lo"}
         env_nccl = nccl.build_nccl_env(network, "tcp")
         launches = []
+        plan = contract_plan(self.plan)
         for node in self.plan["nodes"]:
             rank = node["nodeRank"]
             env = node_env.build_node_env(
-                self.plan,
+                plan,
                 rank,
                 job_name=self.resolved.name,
                 namespace=self.resolved.namespace,
+                node_name=node["node"],
                 config_path=str(self.output / "job.json"),
                 output_dir=str(self.output),
                 checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None,
-                master_addr="127.0.0.1",
-                master_port=port,
                 nccl_env=env_nccl,
             )
             # gloo's own interface variable: the loopback device for a single machine.

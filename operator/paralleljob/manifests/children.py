@@ -1,9 +1,10 @@
 """Everything one attempt of a ParallelJob needs, built in two steps from the job, its plan and its nodes.
 
 Pure. At admission the operator calls `build_attempt()`: it derives the network (fabric, NCCL environment,
-RDMA resources) from the planned nodes once and records it, with the plan, in the ConfigMap. Then
-`build_children()` builds the Service, the progress RBAC and the pods from that ConfigMap alone, so the
-pods run what the ConfigMap and `status.ncclEnv` say, even after an operator restart or a Node relabel.
+RDMA resources) from the planned nodes once and records it, with the plan's layout, in the ConfigMap. Then
+`build_children()` builds the Service, the progress RBAC and the pods from that ConfigMap and the node of
+each node rank (`status.placement`), so the pods run what the ConfigMap and `status.ncclEnv` say, even
+after an operator restart or a Node relabel.
 """
 
 from __future__ import annotations
@@ -80,14 +81,24 @@ def build_attempt(
 
 
 def build_children(
-    owner: Mapping[str, Any], resolved: ResolvedJob, config_map: Mapping[str, Any], *, image: str
+    owner: Mapping[str, Any],
+    resolved: ResolvedJob,
+    config_map: Mapping[str, Any],
+    nodes: Sequence[str],
+    *,
+    image: str,
 ) -> Children:
-    """Service, progress RBAC (unless the user names an account) and pods of the ConfigMap's attempt."""
+    """Service, progress RBAC (unless the user names an account) and pods of the ConfigMap's attempt, node
+    rank R on `nodes[R]`."""
+    plan = configmap.plan_of(config_map)
+    if len(nodes) != plan.nodes:
+        raise ValueError(f"{len(nodes)} nodes given for a plan of {plan.nodes}")
     network = configmap.network_of(config_map)
     own_account = resolved.spec.template.service_account_name
     settings = pods.PodSettings(
         image=image,
-        plan=configmap.plan_of(config_map),
+        plan=plan,
+        nodes=tuple(nodes),
         nccl_env=network["ncclEnv"],
         network_resources=network["resources"],
         ipc_lock=bool(network["ipcLock"]),

@@ -3,10 +3,12 @@ plan with its estimates, and the NCCL environment (`kubectl describe configmap <
 
 Pure. The ConfigMap is the record of one attempt's decisions: the attempt (gang restart count) it was
 planned for, the plan, and `network.json` (fabric, NCCL environment, network resources, IPC_LOCK), computed
-once at admission. The pods are built from it, so a restarted operator finishes creating the pods of the
-plan it already made, and the pods run exactly the `status.ncclEnv` written from the same computation. JSON is compact and the
-per-node plan is stored once (in job.json; plan.json holds the rest): a ConfigMap holds at most 1 MiB, and
-a 1,024-node plan with its rank coordinates is a few hundred KB.
+once at admission. The pods are built from it and from `status.placement` (which node runs which node
+rank), so a restarted operator finishes creating the pods of the plan it already made, and the pods run
+exactly the `status.ncclEnv` written from the same computation. A ConfigMap holds at most 1 MiB, so nothing
+here grows with the job: job.json carries the layout, never a per-node or per-rank list (a pod's node rank
+and node are in its environment, its ranks and coordinates follow from the layout), and plan.json leaves the
+nodes out; a 4,096-node job's ConfigMap is a few KB (tests/manifests/test_configmap_size.py).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from paralleljob.manifests import labels
+from paralleljob_contract import environment, jobfile
 
-JOB_FILE = "job.json"
+JOB_FILE = jobfile.FILE_NAME
 NETWORK_FILE = "network.json"
-MOUNT_PATH = "/etc/paralleljob"
-CONFIG_PATH = f"{MOUNT_PATH}/{JOB_FILE}"
+MOUNT_PATH = environment.MOUNT_PATH
+CONFIG_PATH = environment.DEFAULT_CONFIG_PATH
 
 
 def render_env_file(env: Mapping[str, str]) -> str:
@@ -56,9 +59,9 @@ def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-def plan_of(config_map: Mapping[str, Any]) -> dict[str, Any]:
-    """The plan a ConfigMap of ours was built from (the trainer's part of it: layout, ranks, nodes)."""
-    return dict(json.loads(config_map["data"][JOB_FILE])["plan"])
+def plan_of(config_map: Mapping[str, Any]) -> jobfile.Plan:
+    """The plan's layout a ConfigMap of ours was built with, as the trainer reads it."""
+    return jobfile.parse_plan(json.loads(config_map["data"][JOB_FILE])["plan"])
 
 
 def network_record(

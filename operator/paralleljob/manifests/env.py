@@ -1,68 +1,50 @@
-"""The environment of one node rank's trainer processes: the contract of docs/architecture.md.
+"""The environment of one node rank's trainer processes, for pods (`manifests.pods`) and local processes
+(`paralleljob.local`) alike.
 
-`build_node_env()` is the single producer of the PARALLELJOB_* variables, OMP_NUM_THREADS and the NCCL/torch
-variables, for pods (`manifests.pods`) and for local processes (`paralleljob.local`). Pure: plan dict in,
+`build_node_env()` puts together OMP_NUM_THREADS, the NCCL/torch variables and the contract's PARALLELJOB_*
+variables (`paralleljob_contract.environment`, the one writer; docs/contract.md lists them). Pure: plan in,
 `dict[str, str]` out, in a stable order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-DEFAULT_MASTER_PORT = 29500
+from paralleljob_contract.environment import PodEnvironment
+from paralleljob_contract.jobfile import Plan
 
 
 def build_node_env(
-    plan: Mapping[str, Any],
+    plan: Plan,
     node_rank: int,
     *,
     job_name: str,
     namespace: str,
+    node_name: str,
     config_path: str,
     output_dir: str,
     checkpoint_dir: str | None = None,
-    master_addr: str | None = None,
-    master_port: int = DEFAULT_MASTER_PORT,
     progress_hook: str | None = None,
     nccl_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The environment every trainer process of node rank `node_rank` gets.
+    """The environment every trainer process of node rank `node_rank` (on node `node_name`) gets.
 
-    `plan` is the plan object of job.json (`layout`, `axisOrder`, `ranksPerNode`, `nodes`). `master_addr` and
-    `master_port` are also passed to torchrun as flags; they are exported as PARALLELJOB_MASTER_ADDR/PORT so a
-    launcher or a user's script can read them before torchrun sets MASTER_ADDR. `nccl_env` comes from
-    `manifests.nccl.build_nccl_env()`; it is applied last except for the identity variables, which it
-    cannot override.
+    `nccl_env` comes from `manifests.nccl.build_nccl_env()` (with the process-group timeout); it is applied
+    first, so it cannot override the identity variables.
     """
-    nnodes = len(plan["nodes"])
-    if not 0 <= node_rank < nnodes:
-        raise ValueError(f"node rank {node_rank} is outside the plan's {nnodes} nodes")
-    layout = plan["layout"]
-    env: dict[str, str] = {"OMP_NUM_THREADS": "1", **dict(nccl_env or {})}
-    env.update(
-        {
-            "PARALLELJOB_CONFIG": config_path,
-            "PARALLELJOB_OUTPUT_DIR": output_dir,
-            "PARALLELJOB_JOB_NAME": job_name,
-            "PARALLELJOB_NAMESPACE": namespace,
-            "PARALLELJOB_PIPELINE": str(layout["pipeline"]),
-            "PARALLELJOB_TENSOR": str(layout["tensor"]),
-            "PARALLELJOB_DATA": str(layout["data"]),
-            "PARALLELJOB_AXIS_ORDER": ",".join(plan["axisOrder"]),
-            "PARALLELJOB_NODE_RANK": str(node_rank),
-            "PARALLELJOB_NNODES": str(nnodes),
-            "PARALLELJOB_RANKS_PER_NODE": str(plan["ranksPerNode"]),
-            "PARALLELJOB_MASTER_PORT": str(master_port),
-        }
+    if not 0 <= node_rank < plan.nodes:
+        raise ValueError(f"node rank {node_rank} is outside the plan's {plan.nodes} nodes")
+    identity = PodEnvironment(
+        config_path=config_path,
+        job_name=job_name,
+        namespace=namespace,
+        node_rank=node_rank,
+        node_name=node_name,
+        output_dir=output_dir,
+        checkpoint_dir=checkpoint_dir,
+        progress_hook=progress_hook,
     )
-    optional = {
-        "PARALLELJOB_MASTER_ADDR": master_addr,
-        "PARALLELJOB_CHECKPOINT_DIR": checkpoint_dir,
-        "PARALLELJOB_PROGRESS_HOOK": progress_hook,
-    }
-    env.update({key: value for key, value in optional.items() if value is not None})
-    return env
+    return {"OMP_NUM_THREADS": "1", **dict(nccl_env or {}), **identity.to_environ()}
 
 
 def as_env_list(env: Mapping[str, str]) -> list[dict[str, str]]:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from paralleljob.api import types as api_types
+from paralleljob_contract import launcher
 
 JOB_LABEL = "paralleljob.io/job"
 NODE_RANK_LABEL = "paralleljob.io/node-rank"
@@ -18,7 +19,7 @@ NODE_LABEL = "paralleljob.io/node"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "paralleljob-operator"
 CONTAINER_NAME = "trainer"
-MASTER_PORT = 29500
+MASTER_PORT = launcher.DEFAULT_MASTER_PORT
 
 
 def pod_name(job: str, node_rank: int) -> str:

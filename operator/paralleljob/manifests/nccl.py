@@ -19,6 +19,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from paralleljob_contract import environment
+
 FABRICS = ("infiniband", "roce", "efa", "tcp")
 FABRIC_LABEL = "paralleljob.io/fabric"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -26,7 +28,7 @@ RDMA_RESOURCE_PREFIXES = ("rdma/", "nvidia.com/hostdev")
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 # GPU products that sit on third-generation (or later) NVSwitch, where NVLink SHARP (NVLS) is available.
 NVSWITCH_PRODUCT_MARKERS = ("H100-SXM", "H100-80GB-HBM3", "H200", "H800", "H20", "B200", "B100", "GB200", "GB300")
-DEFAULT_TIMEOUT_SECONDS = 1800
+DEFAULT_TIMEOUT_SECONDS = environment.DEFAULT_PG_TIMEOUT_SECONDS
 # Exclude loopback and docker bridges; a pod's own interface is eth0.
 DEFAULT_SOCKET_IFNAME = "^lo,docker"
 
@@ -135,7 +137,7 @@ FABRIC_ENV = {"infiniband": _infiniband, "roce": _roce, "efa": _efa, "tcp": _tcp
 def timeout_env(timeout_seconds: int) -> dict[str, str]:
     """The process-group timeout, for our trainer (seconds) and for DeepSpeed's default (minutes)."""
     return {
-        "PARALLELJOB_PG_TIMEOUT_SECONDS": str(timeout_seconds),
+        environment.PG_TIMEOUT_SECONDS: str(timeout_seconds),
         "DEEPSPEED_TIMEOUT": str(max(1, math.ceil(timeout_seconds / 60))),
     }
 

@@ -4,8 +4,8 @@ Pure. Each pod is pinned to its planned node by *required node affinity* on kube
 spec.nodeName), so the scheduler still checks resources and taints; it requests the planned GPUs and the
 fabric's RDMA/EFA resource, mounts /dev/shm in memory (the 64 MB default crashes NCCL), job.json, the
 checkpoint volume, and gets IPC_LOCK when RDMA registers memory. The environment comes from
-`manifests.env.build_node_env`, the same function the local runner uses; `spec.template.env` follows it
-and may not set a name the operator owns (`env_problems`). Only node rank 0, which reports progress,
+`manifests.env.build_node_env` and the torchrun line from `paralleljob_contract.launcher`, as for the local
+runner; `spec.template.env` follows the environment and may not set a name the operator owns (`env_problems`). Only node rank 0, which reports progress,
 mounts the per-job progress account's token.
 """
 
@@ -18,6 +18,8 @@ from typing import Any
 
 from paralleljob.api import ResolvedJob
 from paralleljob.manifests import configmap, env, labels
+from paralleljob_contract import environment, launcher
+from paralleljob_contract.jobfile import Plan
 
 GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -25,11 +27,11 @@ OUTPUT_DIR = "/var/run/paralleljob/output"
 # metrics.jsonl goes here, under the checkpoint path, so it survives gang restarts (the trainer appends).
 METRICS_SUBDIR = "metrics"
 # Trainer knobs a user may set in spec.template.env; every other PARALLELJOB_ name is the operator's.
-USER_SETTABLE = frozenset({"PARALLELJOB_PEAK_TFLOPS", "PARALLELJOB_STATUS_API", "PARALLELJOB_STATUS_INTERVAL"})
+USER_SETTABLE = environment.USER_SETTABLE
 # The NCCL, torch-NCCL and libfabric variables: set them in spec.network.ncclEnv, which the operator applies.
 NCCL_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_")
 PROGRESS_HOOK = "paralleljob_trainer.k8s_status:create_hook"
-TRAINER_MODULE = "paralleljob_trainer"
+TRAINER_MODULE = launcher.TRAINER_MODULE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +39,9 @@ class PodSettings:
     """What every pod of one attempt shares."""
 
     image: str
-    plan: Mapping[str, Any]
+    plan: Plan
+    # The node each node rank runs on (status.placement), by node rank.
+    nodes: tuple[str, ...]
     nccl_env: Mapping[str, str]
     network_resources: Mapping[str, int]
     ipc_lock: bool
@@ -53,7 +57,7 @@ def env_problems(resolved: ResolvedJob) -> list[str]:
     for index, item in enumerate(resolved.spec.template.env or ()):
         name = str(item.get("name", ""))
         where = f"spec.template.env[{index}].name"
-        if name.startswith("PARALLELJOB_") and name not in USER_SETTABLE:
+        if name.startswith(environment.PREFIX) and name not in USER_SETTABLE:
             problems.append(f"{where}: {name} is set by the operator and cannot be overridden")
         elif name.startswith(NCCL_PREFIXES) or name in ("DEEPSPEED_TIMEOUT",):
             problems.append(f"{where}: {name} belongs in spec.network.ncclEnv, which the operator applies")
@@ -68,21 +72,16 @@ def output_dir(resolved: ResolvedJob) -> str:
     return OUTPUT_DIR
 
 
-def torchrun_command(resolved: ResolvedJob, plan: Mapping[str, Any], node_rank: int) -> list[str]:
+def torchrun_command(resolved: ResolvedJob, plan: Plan, node_rank: int) -> list[str]:
     """torchrun for this node rank, launching the bundled trainer or spec.command once per GPU."""
-    launcher = [
-        "torchrun",
-        f"--nnodes={len(plan['nodes'])}",
-        f"--node-rank={node_rank}",
-        f"--nproc-per-node={plan['ranksPerNode']}",
-        f"--master-addr={labels.master_address(resolved.name)}",
-        f"--master-port={labels.MASTER_PORT}",
-        # Restarts are the operator's (the whole gang, from a checkpoint), never torchrun's alone.
-        "--max-restarts=0",
-    ]
-    if resolved.spec.command:
-        return [*launcher, "--no-python", *resolved.spec.command]
-    return [*launcher, "-m", TRAINER_MODULE]
+    return launcher.torchrun_command(
+        nodes=plan.nodes,
+        node_rank=node_rank,
+        ranks_per_node=plan.ranks_per_node,
+        master_addr=labels.master_address(resolved.name),
+        master_port=labels.MASTER_PORT,
+        command=resolved.spec.command,
+    )
 
 
 def node_affinity(node: str) -> dict[str, Any]:
@@ -134,11 +133,10 @@ def node_env(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> li
         node_rank,
         job_name=resolved.name,
         namespace=resolved.namespace,
+        node_name=settings.nodes[node_rank],
         config_path=configmap.CONFIG_PATH,
         output_dir=output_dir(resolved),
         checkpoint_dir=checkpoint.path if checkpoint is not None else None,
-        master_addr=labels.master_address(resolved.name),
-        master_port=labels.MASTER_PORT,
         progress_hook=PROGRESS_HOOK if node_rank == 0 else None,
         nccl_env=settings.nccl_env,
     )
@@ -148,7 +146,7 @@ def node_env(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> li
 def build_container(
     resolved: ResolvedJob, settings: PodSettings, node_rank: int, mounts: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    gpus = int(settings.plan["nodes"][node_rank]["gpus"])
+    gpus = settings.plan.ranks_per_node
     template = resolved.spec.template
     container: dict[str, Any] = {
         "name": labels.CONTAINER_NAME,
@@ -169,13 +167,13 @@ def build_container(
 def build_pod(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> dict[str, Any]:
     """The pod of `node_rank` in attempt `settings.attempt`."""
     job = resolved.name
-    entry = settings.plan["nodes"][node_rank]
+    node = settings.nodes[node_rank]
     template = resolved.spec.template
     extra_labels = {
         **(template.labels or {}),
         labels.NODE_RANK_LABEL: str(node_rank),
         labels.ATTEMPT_LABEL: str(settings.attempt),
-        labels.NODE_LABEL: entry["node"],
+        labels.NODE_LABEL: node,
     }
     metadata = labels.child_metadata(owner, labels.pod_name(job, node_rank), extra_labels)
     if template.annotations:
@@ -185,7 +183,7 @@ def build_pod(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSett
         "restartPolicy": "Never",
         "hostname": labels.pod_name(job, node_rank),
         "subdomain": labels.service_name(job),
-        "affinity": node_affinity(entry["node"]),
+        "affinity": node_affinity(node),
         "serviceAccountName": settings.service_account,
         "enableServiceLinks": False,
         "containers": [build_container(resolved, settings, node_rank, mounts)],
@@ -205,4 +203,4 @@ def build_pod(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSett
 
 def build_pods(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSettings) -> list[dict[str, Any]]:
     """Every pod of the plan, by node rank."""
-    return [build_pod(owner, resolved, settings, entry["nodeRank"]) for entry in settings.plan["nodes"]]
+    return [build_pod(owner, resolved, settings, node_rank) for node_rank in range(settings.plan.nodes)]
