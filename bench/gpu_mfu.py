@@ -5,7 +5,7 @@
 Model: 16 layers, hidden 2048, 16 heads, FFN 8192, sequence 2048, vocabulary 50304 (1.03B parameters with the
 untied LM head), bf16, AdamW, no activation recomputation; PP1 x TP1 x DP1 (one rank), synthetic tokens.
 MFU is the trainer's own estimate: model FLOPs per step, 3 * B * s * l * (8h^2 + 4hf + 4sh) + 6 * B * s * h * V
-(6 per weight and token plus attention, no recomputation; config.flops_per_step), over the bf16 dense peak of
+(6 per weight and token plus attention, no recomputation; paralleljob_contract.model.training_flops), over the bf16 dense peak of
 the GPU, read from its name (A100 312, H100/H200 989 TFLOP/s) or given with --peak-tflops. Prints the medians after 10 warm-up steps. Needs a CUDA GPU.
 """
 
@@ -16,7 +16,8 @@ import json
 
 import trainer_launch
 
-from paralleljob_trainer import config
+from paralleljob_contract import environment, jobfile
+from paralleljob_contract.model import parameter_count
 
 MODEL = {
     "layers": 16,
@@ -45,9 +46,9 @@ def main() -> None:
     document = trainer_launch.job_document(
         1, 1, 1, MODEL, steps=arguments.steps, batch=micro, micro=micro, data={"source": "synthetic"}
     )
-    env = {"PARALLELJOB_PEAK_TFLOPS": str(arguments.peak_tflops)} if arguments.peak_tflops else {}
+    env = {environment.PEAK_TFLOPS: str(arguments.peak_tflops)} if arguments.peak_tflops else {}
     records = trainer_launch.run_trainer(document, env)
-    size = config.parameter_count(config.parse_job_config(document).model)
+    size = parameter_count(jobfile.parse_job_config(document).model.shape)
     print(json.dumps({
         "gpu": torch.cuda.get_device_name(),
         "parameters": size,

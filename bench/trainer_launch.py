@@ -16,7 +16,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from paralleljob_trainer.config import Layout  # noqa: E402
+from paralleljob_contract.layout import Layout  # noqa: E402
 from tests.trainer import harness  # noqa: E402
 
 ADAMW = {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.1}}

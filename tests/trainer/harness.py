@@ -1,8 +1,8 @@
 """Builders and launchers for the trainer tests and benchmarks: job.json files, torchrun gangs, metrics readers.
 
-Job files follow docs/architecture.md: spec, the resolved DeepSpeed config and the plan, with the plan's
-coordinates computed here from the row-major rule in the plan's axis order (the last axis varies fastest;
-for pipe, data, model: rank = pipe * dp * tp + data * tp + model), independently of the trainer. torchrun
+Job files follow docs/contract.md and are written by the contract's writer: version, spec, the resolved
+DeepSpeed config and the plan's layout (no per-rank list: the trainer checks the contract's row-major rule
+against DeepSpeed's own ProcessTopology). The torchrun line is the contract's too. torchrun
 starts each rank in a session of its own, so `Gang.stop` kills the launched processes with all their
 descendants, and `Gang.wait` then fails the test if any rank of its job is still alive. `bench/` imports this
 module too.
@@ -24,43 +24,16 @@ from typing import Any
 
 import psutil
 
-from paralleljob_trainer.config import AXES, Layout
+from paralleljob_contract import environment, jobfile, launcher
+from paralleljob_contract.layout import AXES, AxisOrder, Layout
 
 REPO = Path(__file__).resolve().parents[2]
 TORCH_EXTENSIONS_CACHE = Path.home() / ".cache" / "paralleljob" / "torch_extensions"
 
 
-def coords_of(layout: Layout, axis_order: tuple[str, ...], rank: int) -> dict[str, int]:
-    """Row-major coordinates of `rank`: the last axis of `axis_order` varies fastest."""
-    coords = {}
-    for axis in reversed(axis_order):
-        rank, coords[axis] = divmod(rank, layout.size_of(axis))
-    return coords
-
-
-def plan(layout: Layout, ranks_per_node: int, axis_order: tuple[str, ...] = AXES) -> dict[str, Any]:
-    nodes = []
-    for node_rank in range(layout.world_size // ranks_per_node):
-        ranks = list(range(node_rank * ranks_per_node, (node_rank + 1) * ranks_per_node))
-        coords = [coords_of(layout, axis_order, r) for r in ranks]
-        nodes.append(
-            {
-                "nodeRank": node_rank,
-                "node": f"local-{node_rank}",
-                "gpus": ranks_per_node,
-                "ranks": ranks,
-                "coords": coords,
-                "stages": sorted({c["pipe"] for c in coords}),
-                "domains": {},
-            }
-        )
-    return {
-        "layout": {"pipeline": layout.pipeline, "tensor": layout.tensor, "data": layout.data},
-        "worldSize": layout.world_size,
-        "ranksPerNode": ranks_per_node,
-        "axisOrder": list(axis_order),
-        "nodes": nodes,
-    }
+def plan(layout: Layout, ranks_per_node: int, axis_order: AxisOrder = AXES) -> dict[str, Any]:
+    """The job file's plan of `layout` in `axis_order` on nodes of `ranks_per_node` ranks."""
+    return jobfile.make_plan(layout.with_order(axis_order), ranks_per_node).to_dict()
 
 
 def job_document(
@@ -75,7 +48,7 @@ def job_document(
     train_batch_size: int = 8,
     micro_batch_size: int = 2,
     ranks_per_node: int | None = None,
-    axis_order: tuple[str, ...] = AXES,
+    axis_order: AxisOrder = AXES,
     seed: int = 7,
     warmup_steps: int | None = 2,
     deepspeed_extra: dict[str, Any] | None = None,
@@ -106,8 +79,7 @@ def job_document(
     if warmup_steps is not None:
         training["warmupSteps"] = warmup_steps
     return {
-        "apiVersion": "paralleljob.io/v1alpha1",
-        "kind": "ParallelJob",
+        "version": jobfile.VERSION,
         "metadata": {"name": "trainer-test", "namespace": "default"},
         "spec": {
             "parallelism": {"pipeline": layout.pipeline, "tensor": layout.tensor, "data": layout.data},
@@ -148,19 +120,19 @@ def trainer_env(job: Path, output: Path, checkpoint_dir: Path | None, extra: dic
     env = dict(os.environ)
     env.update(
         {
-            "PARALLELJOB_CONFIG": str(job),
-            "PARALLELJOB_OUTPUT_DIR": str(output),
-            "PARALLELJOB_PG_TIMEOUT_SECONDS": "60",
+            environment.CONFIG: str(job),
+            environment.OUTPUT_DIR: str(output),
+            environment.PG_TIMEOUT_SECONDS: "60",
             "OMP_NUM_THREADS": "1",
             "TORCH_EXTENSIONS_DIR": env.get("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS_CACHE)),
             "PYTHONPATH": os.pathsep.join([str(REPO / "trainer-image"), str(REPO), env.get("PYTHONPATH", "")]),
             "PYTHONUNBUFFERED": "1",
         }
     )
-    env.pop("PARALLELJOB_CHECKPOINT_DIR", None)
-    env.pop("PARALLELJOB_PROGRESS_HOOK", None)
+    env.pop(environment.CHECKPOINT_DIR, None)
+    env.pop(environment.PROGRESS_HOOK, None)
     if checkpoint_dir is not None:
-        env["PARALLELJOB_CHECKPOINT_DIR"] = str(checkpoint_dir)
+        env[environment.CHECKPOINT_DIR] = str(checkpoint_dir)
     env.update(extra)
     return env
 
@@ -194,13 +166,15 @@ class Gang:
         self.jobs.append(str(job))
         env = trainer_env(job, output, checkpoint_dir, extra_env or {})
         for node_rank in range(nnodes):
-            env = {**env, "PARALLELJOB_NODE_RANK": str(node_rank)}
-            command = [
-                sys.executable, "-m", "torch.distributed.run",
-                f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
-                "--master-addr=127.0.0.1", f"--master-port={port}",
-                "-m", "paralleljob_trainer",
-            ]  # fmt: skip
+            env = {**env, environment.NODE_RANK: str(node_rank)}
+            command = launcher.torchrun_command(
+                nodes=nnodes,
+                node_rank=node_rank,
+                ranks_per_node=nproc,
+                master_addr="127.0.0.1",
+                master_port=port,
+                launcher=(sys.executable, "-m", "torch.distributed.run"),
+            )
             log_path = output / f"node-{node_rank}.log"
             log = log_path.open("w")
             self.processes.append(
@@ -279,7 +253,7 @@ class Gang:
         for process in psutil.process_iter(["cmdline"]):
             with contextlib.suppress(psutil.Error):
                 ours = "paralleljob_trainer" in (process.info["cmdline"] or [])
-                if ours and process.environ().get("PARALLELJOB_CONFIG") in jobs:
+                if ours and process.environ().get(environment.CONFIG) in jobs:
                     found.append(process)
         return found
 

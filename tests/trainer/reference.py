@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from paralleljob_contract.jobfile import JobConfig, ModelConfig
 from paralleljob_trainer import data, weights
-from paralleljob_trainer.config import JobConfig, ModelConfig
 from paralleljob_trainer.optimization import warmup_cosine
 
 

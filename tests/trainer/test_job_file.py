@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from paralleljob_trainer.config import ConfigError, Layout, load_job_config, parse_job_config
+from paralleljob_contract.errors import ContractError
+from paralleljob_contract.jobfile import load_job_config, parse_job_config
+from paralleljob_contract.layout import Layout
 from tests.trainer import harness
 
 SGD = {"type": "SGD", "params": {"lr": 0.1}}
@@ -66,7 +68,7 @@ BAD = {
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_job_is_rejected_with_the_field_named(case: str) -> None:
     document, message = BAD[case]
-    with pytest.raises(ConfigError, match=None) as raised:
+    with pytest.raises(ContractError, match=None) as raised:
         parse_job_config(copy.deepcopy(document))
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
@@ -74,9 +76,9 @@ def test_bad_job_is_rejected_with_the_field_named(case: str) -> None:
 
 def test_unreadable_job_file_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "job.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="is not readable JSON"):
+    with pytest.raises(ContractError, match="is not readable JSON"):
         load_job_config(tmp_path / "job.json")
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ContractError, match="does not exist"):
         load_job_config(tmp_path / "absent.json")
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from paralleljob_trainer.config import Layout, parse_job_config
+from paralleljob_contract.jobfile import parse_job_config
+from paralleljob_contract.layout import Layout
 from tests.trainer import harness
 from tests.trainer.reference import ReferenceStep, train_reference
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from paralleljob_trainer.config import Layout
+from paralleljob_contract.layout import Layout
 from tests.trainer import harness
 
 LAYOUT = Layout(pipeline=2, tensor=2, data=2)

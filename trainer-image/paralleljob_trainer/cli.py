@@ -13,9 +13,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from paralleljob_trainer.config import ConfigError, load_job_config
+from paralleljob_contract import environment
+from paralleljob_contract.environment import PodEnvironment
+from paralleljob_contract.errors import ContractError
+from paralleljob_contract.jobfile import load_job_config
 
-DEFAULT_CONFIG = "/etc/paralleljob/job.json"
+DEFAULT_CONFIG = environment.DEFAULT_CONFIG_PATH
 EXIT_CONFIG = 2
 EXIT_CHECKPOINT = 3
 EXIT_PEER = 4
@@ -34,43 +37,44 @@ _PEER_FAILURE_MARKS = (
 _DESCRIPTION = """\
 Train the GPT described by a ParallelJob's job.json with DeepSpeed pipeline x tensor x data parallelism.
 Run once per process by torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set).
-Every option defaults to the environment variable named in its help (docs/architecture.md)."""
+Every option defaults to the environment variable named in its help (docs/contract.md)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    env = os.environ.get
+def build_parser(env: PodEnvironment | None = None) -> argparse.ArgumentParser:
+    """The options, defaulting to `env` (the contract's reading of the PARALLELJOB_* variables)."""
+    env = env or PodEnvironment()
     parser = argparse.ArgumentParser(prog="python -m paralleljob_trainer", description=_DESCRIPTION)
     parser.add_argument(
         "--config",
         type=Path,
-        default=Path(env("PARALLELJOB_CONFIG", DEFAULT_CONFIG)),
-        help=f"job.json: the ParallelJob spec, DeepSpeed config and plan (PARALLELJOB_CONFIG; {DEFAULT_CONFIG})",
+        default=Path(env.config_path),
+        help=f"job.json: the ParallelJob spec, DeepSpeed config and plan ({environment.CONFIG}; {DEFAULT_CONFIG})",
     )
     parser.add_argument(
         "--output",
         type=Path,
-        default=_optional_path(env("PARALLELJOB_OUTPUT_DIR")),
-        help="folder where rank 0 appends metrics.jsonl (PARALLELJOB_OUTPUT_DIR; unset: stdout only)",
+        default=_optional_path(env.output_dir),
+        help=f"folder where rank 0 appends metrics.jsonl ({environment.OUTPUT_DIR}; unset: stdout only)",
     )
     parser.add_argument(
         "--checkpoint-dir",
         type=Path,
-        default=_optional_path(env("PARALLELJOB_CHECKPOINT_DIR")),
+        default=_optional_path(env.checkpoint_dir),
         help="checkpoint folder, saved every spec.checkpoint.intervalSteps and resumed from on start "
-        "(PARALLELJOB_CHECKPOINT_DIR; unset: no checkpoints)",
+        f"({environment.CHECKPOINT_DIR}; unset: no checkpoints)",
     )
     parser.add_argument(
         "--progress-hook",
-        default=env("PARALLELJOB_PROGRESS_HOOK") or None,
+        default=env.progress_hook,
         metavar="MODULE:FACTORY",
         help="progress hook called by rank 0 on each step, checkpoint and at the end "
-        "(PARALLELJOB_PROGRESS_HOOK; see paralleljob_trainer.hooks)",
+        f"({environment.PROGRESS_HOOK}; see paralleljob_trainer.hooks)",
     )
     parser.add_argument(
         "--peak-tflops",
         type=float,
-        default=float(env("PARALLELJOB_PEAK_TFLOPS", "0")) or None,
-        help="peak TFLOP/s of one device for the MFU estimate (PARALLELJOB_PEAK_TFLOPS; "
+        default=env.peak_tflops,
+        help=f"peak TFLOP/s of one device for the MFU estimate ({environment.PEAK_TFLOPS}; "
         "unset: known GPUs from their name, else mfu is null)",
     )
     return parser
@@ -96,7 +100,11 @@ def _fail(message: str, code: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    arguments = build_parser().parse_args(argv)
+    try:
+        env = PodEnvironment.from_environ(os.environ)
+    except ContractError as error:
+        return _fail(str(error), EXIT_CONFIG)
+    arguments = build_parser(env).parse_args(argv)
     # One thread per rank: ranks already share the cores, and more threads only contend (24x slower on CPU).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -115,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             peak_tflops=arguments.peak_tflops,
         )
         try:
-            training.run(job, options)
+            training.run(job, options, env)
         except CheckpointError as error:
             # Tear the process group down before exiting: left to interpreter exit, gloo can abort (SIGABRT)
             # on a rank whose peers have already gone, and the launcher would see a crash, not this error.
@@ -131,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # interpreter exit can abort the process (SIGABRT) instead of ending it with this exit code.
             sys.stdout.flush()
             os._exit(EXIT_PEER)
-    except ConfigError as error:
+    except ContractError as error:
         return _fail(str(error), EXIT_CONFIG)
     training.shutdown()
     return 0

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paralleljob_trainer.config import ConfigError, DataConfig
+from paralleljob_contract.errors import ContractError
+from paralleljob_contract.jobfile import DataConfig
 
 _SYNTHETIC = "synthetic"
 # Token ids checked per slice of a memory-mapped file: bounds the memory the check touches at once.
@@ -45,10 +46,10 @@ class TokenStream:
 
 
 def open_stream(data: DataConfig, vocab_size: int, sequence_length: int, seed: int) -> TokenStream:
-    """Open the configured source; raises ConfigError naming the file when it cannot serve a window."""
+    """Open the configured source; raises ContractError naming the file when it cannot serve a window."""
     tokens = None if data.source == _SYNTHETIC else _read_tokens(data)
     if tokens is not None and len(tokens) < sequence_length + 1:
-        raise ConfigError(
+        raise ContractError(
             f"spec.training.data.path: {data.path} holds {len(tokens)} tokens, fewer than "
             f"sequenceLength + 1 ({sequence_length + 1})"
         )
@@ -60,11 +61,11 @@ def open_stream(data: DataConfig, vocab_size: int, sequence_length: int, seed: i
 def _read_tokens(data: DataConfig) -> np.ndarray:
     assert data.path is not None
     if not data.path.exists():
-        raise ConfigError(f"spec.training.data.path: {data.path} does not exist")
+        raise ContractError(f"spec.training.data.path: {data.path} does not exist")
     if data.source == "text":
         return np.frombuffer(_read_text_bytes(data.path), dtype=np.uint8)
     if not data.path.is_file():
-        raise ConfigError(f"spec.training.data.path: {data.path} must be a file for source tokens")
+        raise ContractError(f"spec.training.data.path: {data.path} must be a file for source tokens")
     return np.memmap(data.path, dtype=np.dtype(data.token_dtype), mode="r")
 
 
@@ -81,7 +82,7 @@ def _check_vocabulary(tokens: np.ndarray, vocab_size: int, path: Path | None) ->
         int(tokens[start : start + _VOCAB_CHECK_CHUNK].max()) for start in range(0, len(tokens), _VOCAB_CHECK_CHUNK)
     )
     if largest >= vocab_size:
-        raise ConfigError(
+        raise ContractError(
             f"spec.training.data.path: {path} holds token id {largest}, outside spec.model.vocabSize ({vocab_size})"
         )
 
@@ -93,7 +94,7 @@ def _read_text_bytes(path: Path) -> bytes:
     files = sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink())
     corpus = b"\n".join(p.read_bytes() for p in files)
     if not corpus:
-        raise ConfigError(f"spec.training.data.path: {path} holds no readable text")
+        raise ContractError(f"spec.training.data.path: {path} holds no readable text")
     return corpus
 
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from paralleljob_trainer.config import ConfigError
+from paralleljob_contract.errors import ContractError
 
 Record = Mapping[str, Any]
 
@@ -34,17 +34,17 @@ class ProgressHook(Protocol):
 
 
 def load_hook(reference: str) -> ProgressHook:
-    """Import `module:factory` and call the factory; ConfigError if that fails or the result is no hook."""
+    """Import `module:factory` and call the factory; ContractError if that fails or the result is no hook."""
     module_name, _, factory_name = reference.partition(":")
     if not module_name or not factory_name:
-        raise ConfigError(f"progress hook {reference!r}: expected module:factory")
+        raise ContractError(f"progress hook {reference!r}: expected module:factory")
     try:
         factory = getattr(importlib.import_module(module_name), factory_name)
         hook = factory()
     except Exception as error:
-        raise ConfigError(f"progress hook {reference!r}: {type(error).__name__}: {error}") from error
+        raise ContractError(f"progress hook {reference!r}: {type(error).__name__}: {error}") from error
     if not isinstance(hook, ProgressHook):
-        raise ConfigError(f"progress hook {reference!r}: needs on_step, on_checkpoint and on_finish")
+        raise ContractError(f"progress hook {reference!r}: needs on_step, on_checkpoint and on_finish")
     return hook
 
 

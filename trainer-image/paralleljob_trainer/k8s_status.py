@@ -29,9 +29,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from paralleljob_contract import environment
+from paralleljob_contract.environment import PodEnvironment
+
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 GROUP, VERSION, PLURAL = "paralleljob.io", "v1alpha1", "paralleljobs"
-DEFAULT_INTERVAL_SECONDS = 10.0
+DEFAULT_INTERVAL_SECONDS = environment.DEFAULT_STATUS_INTERVAL_SECONDS
 REQUEST_TIMEOUT_SECONDS = 5.0
 # How long on_finish waits for the last report to go out: the request timeout and a margin.
 FINISH_WAIT_SECONDS = 2 * REQUEST_TIMEOUT_SECONDS
@@ -178,13 +181,15 @@ def create_hook() -> StatusReporter:
 
     PARALLELJOB_STATUS_API overrides the API URL (default: https://$KUBERNETES_SERVICE_HOST:$..._PORT).
     """
-    env = os.environ
-    host, port = env.get("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc"), env.get("KUBERNETES_SERVICE_PORT", "443")
+    environ = os.environ
+    env = PodEnvironment.from_environ(environ, required=(environment.NAMESPACE, environment.JOB_NAME))
+    host = environ.get("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")
+    port = environ.get("KUBERNETES_SERVICE_PORT", "443")
     host = f"[{host}]" if ":" in host else host
     return StatusReporter(
-        env.get("PARALLELJOB_STATUS_API") or f"https://{host}:{port}",
-        env["PARALLELJOB_NAMESPACE"],
-        env["PARALLELJOB_JOB_NAME"],
-        interval=float(env.get("PARALLELJOB_STATUS_INTERVAL", DEFAULT_INTERVAL_SECONDS)),
-        total_steps=_total_steps(env.get("PARALLELJOB_CONFIG")),
+        env.status_api or f"https://{host}:{port}",
+        str(env.namespace),
+        str(env.job_name),
+        interval=env.status_interval_seconds,
+        total_steps=_total_steps(env.config_path),
     )

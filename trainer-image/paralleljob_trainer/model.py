@@ -15,8 +15,8 @@ from deepspeed.runtime.pipe.topology import ProcessTopology
 from torch import nn
 from torch.nn import functional
 
+from paralleljob_contract.jobfile import ModelConfig
 from paralleljob_trainer import weights
-from paralleljob_trainer.config import ModelConfig
 from paralleljob_trainer.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,

@@ -20,8 +20,8 @@ import torch
 from deepspeed.runtime.pipe.schedule import ReduceGrads
 from deepspeed.runtime.utils import clip_grad_norm_
 
+from paralleljob_contract.jobfile import TrainingConfig
 from paralleljob_trainer import tensor_parallel
-from paralleljob_trainer.config import TrainingConfig
 
 DEFAULT_OPTIMIZER = {
     "type": "AdamW",

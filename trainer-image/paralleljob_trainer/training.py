@@ -20,21 +20,15 @@ import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import ProcessTopology
 from torch.distributed import distributed_c10d
 
+from paralleljob_contract.environment import Launch, PodEnvironment
+from paralleljob_contract.jobfile import JobConfig
+from paralleljob_contract.layout import Coord
+from paralleljob_contract.model import training_flops
 from paralleljob_trainer import checkpoint, data, metrics, optimization
-from paralleljob_trainer.config import JobConfig, flops_per_step
 from paralleljob_trainer.hooks import HookCaller, ProgressHook
 from paralleljob_trainer.model import build_pipeline
 from paralleljob_trainer.tensor_parallel import TensorParallel
-from paralleljob_trainer.topology import (
-    RankCoords,
-    build_topology,
-    check_launch_matches,
-    check_plan_matches,
-    coords_of,
-    launch_from_environment,
-)
-
-DEFAULT_PG_TIMEOUT_SECONDS = 600
+from paralleljob_trainer.topology import build_topology, check_launch_matches, check_plan_matches, coords_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,16 +52,10 @@ class _Progress:
     seconds: float = 0.0
 
 
-def process_group_timeout() -> datetime.timedelta:
-    return datetime.timedelta(
-        seconds=float(os.environ.get("PARALLELJOB_PG_TIMEOUT_SECONDS", DEFAULT_PG_TIMEOUT_SECONDS))
-    )
-
-
-def init_distributed() -> None:
-    """gloo on CPU, NCCL on GPU, with a timeout so no rank waits forever for a dead peer."""
+def init_distributed(env: PodEnvironment) -> None:
+    """gloo on CPU, NCCL on GPU, with the contract's timeout so no rank waits forever for a dead peer."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    timeout = process_group_timeout()
+    timeout = datetime.timedelta(seconds=env.process_group_timeout_seconds)
     # torch gives each later new_group() its backend's default timeout (gloo 30 min, NCCL 10 min), not the
     # default group's, and DeepSpeed builds its pipe and data groups without one: set the defaults first.
     distributed_c10d.default_pg_timeout = timeout
@@ -77,7 +65,7 @@ def init_distributed() -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def tensor_parallel_group(topology: ProcessTopology, coords: RankCoords) -> TensorParallel:
+def tensor_parallel_group(topology: ProcessTopology, coords: Coord) -> TensorParallel:
     """This rank's TP group, from the topology's 'model' comm lists (every rank creates every group)."""
     mine = None
     for ranks in topology.get_axis_comm_lists("model"):
@@ -117,14 +105,15 @@ def build_engine(job: JobConfig, topology: ProcessTopology, tp: TensorParallel) 
     return engine
 
 
-def run(job: JobConfig, options: RunOptions) -> None:
+def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) -> None:
     """Train `job` on this rank to spec.training.steps, resuming from the latest checkpoint if there is one."""
+    env = env or PodEnvironment.from_environ(os.environ)
     topology = build_topology(job.plan)
-    launch = launch_from_environment(os.environ)
+    launch = Launch.from_environ(os.environ)
     check_plan_matches(topology, job.plan, launch.world_size)
     check_launch_matches(job.plan, launch)
     stream = data.open_stream(job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed)
-    init_distributed()
+    init_distributed(env)
     coords = coords_of(topology, dist.get_rank())
     tp = tensor_parallel_group(topology, coords)
     engine = build_engine(job, topology, tp)
@@ -144,7 +133,7 @@ def _train_one_step(
     options: RunOptions,
     engine: Any,
     stream: data.TokenStream,
-    coords: RankCoords,
+    coords: Coord,
     step: int,
     writer: metrics.MetricsWriter,
     progress: _Progress,
@@ -179,7 +168,7 @@ def _step_record(
         "tokens_per_s": tokens / seconds,
         "step_time_s": seconds,
         "samples": step * job.train_batch_size,
-        "mfu": metrics.mfu(flops_per_step(job.model, tokens), seconds, job.plan.world_size, _peak(options)),
+        "mfu": metrics.mfu(training_flops(job.model.shape, tokens), seconds, job.plan.world_size, _peak(options)),
     }
 
 
