@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 REFUSED_ON_PURPOSE = {"deepspeed-zero2-pipeline"}
 EXAMPLES = sorted(
     p
-    for p in (REPO / "examples").glob("*.yaml")
+    for p in (REPO / "examples").rglob("*.yaml")
     if "kind: ParallelJob" in p.read_text() and p.stem not in REFUSED_ON_PURPOSE
 )
 OWNER_UID = "u-1"
@@ -111,7 +111,7 @@ def assert_round_trip(resolved: ResolvedJob, tmp: Path) -> None:
             assert layout.coord(launch.rank)._asdict() == planned[node_rank]["coords"][index]
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("example", EXAMPLES, ids=[str(p.relative_to(REPO / "examples")) for p in EXAMPLES])
 def test_every_example_round_trips_from_the_operator_to_the_trainers_reader(example: Path, tmp_path: Path) -> None:
     assert_round_trip(resolved_of(yaml.safe_load(example.read_text())), tmp_path)
 
