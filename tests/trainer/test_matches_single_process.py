@@ -94,7 +94,9 @@ def test_two_nodes_in_data_pipe_model_order_reproduce_single_process_losses(tmp_
     # Axis order data, pipe, model (a planner choice): each node of 4 holds both stages of one replica.
     layout = Layout(pipeline=2, tensor=2, data=2)
     document = _document(layout, "adamw-clip", ranks_per_node=4, axis_order=("data", "pipe", "model"))
-    assert document["plan"]["nodes"][0]["coords"][2] == {"data": 0, "pipe": 1, "model": 0}
+    # The job file carries the layout; node 0's rank 2 (of ranks 0-3) is stage 1 of replica 0.
+    planned = parse_job_config(document).plan.layout
+    assert planned.coord(2)._asdict() == {"pipe": 1, "data": 0, "model": 0}
     gang = harness.Gang()
     gang.start(harness.write_job(tmp_path, document), tmp_path / "out", nproc=4, nnodes=2)
     result = gang.wait(timeout=180)

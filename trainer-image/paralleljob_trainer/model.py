@@ -118,15 +118,41 @@ def layer_specs(model: ModelConfig, seed: int, tp: TensorParallel) -> list[Layer
     return [LayerSpec(Embedding, model, seed, tp), *blocks, LayerSpec(Head, model, seed, tp)]
 
 
-def build_pipeline(model: ModelConfig, seed: int, topology: ProcessTopology, tp: TensorParallel) -> PipelineModule:
+class GPTPipeline(PipelineModule):  # type: ignore[misc]
+    """The GPT as a PipelineModule whose tensor-parallel group is DeepSpeed's own.
+
+    PipelineModule builds a PipelineParallelGrid over the topology, with a process group for every axis, the
+    model (tensor) axis included (its "slice" group), before it builds this stage's layers. `_build` hands
+    the layers that group, so the trainer creates no process group of its own.
+    """
+
+    def __init__(self, model: ModelConfig, seed: int, topology: ProcessTopology) -> None:
+        self.gpt_shape = (model, seed)
+        # Partitioning reads only the layer types; the layers themselves are built in `_build`.
+        placeholder = TensorParallel(rank=0, size=topology.get_dim("model"))
+        super().__init__(
+            layers=layer_specs(model, seed, placeholder),
+            topology=topology,
+            loss_fn=language_model_loss,
+            partition_method="type:TransformerBlock",
+            activation_checkpoint_interval=model.activation_checkpoint_interval,
+            # Only blocks are recomputed: DeepSpeed's reentrant checkpoint gives no gradient to a chunk whose
+            # input needs none (the embedding's token ids), and the head is cheap. Chunks count from a stage's
+            # first layer.
+            checkpointable_layers=[TransformerBlock.__name__],
+        )
+
+    def _build(self) -> None:
+        grid = self._grid
+        size = grid.get_slice_parallel_world_size()
+        self.tensor_parallel = TensorParallel(
+            rank=grid.get_slice_parallel_rank(), size=size, group=grid.slice_proc_group if size > 1 else None
+        )
+        model, seed = self.gpt_shape
+        self._layer_specs = layer_specs(model, seed, self.tensor_parallel)
+        super()._build()
+
+
+def build_pipeline(model: ModelConfig, seed: int, topology: ProcessTopology) -> GPTPipeline:
     """The GPT as a PipelineModule; stages get an even share of transformer blocks."""
-    return PipelineModule(
-        layers=layer_specs(model, seed, tp),
-        topology=topology,
-        loss_fn=language_model_loss,
-        partition_method="type:TransformerBlock",
-        activation_checkpoint_interval=model.activation_checkpoint_interval,
-        # Only blocks are recomputed: DeepSpeed's reentrant checkpoint gives no gradient to a chunk whose input
-        # needs none (the embedding's token ids), and the head is cheap. Chunks count from a stage's first layer.
-        checkpointable_layers=[TransformerBlock.__name__],
-    )
+    return GPTPipeline(model, seed, topology)

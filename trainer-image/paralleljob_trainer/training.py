@@ -27,7 +27,6 @@ from paralleljob_contract.model import training_flops
 from paralleljob_trainer import checkpoint, data, metrics, optimization
 from paralleljob_trainer.hooks import HookCaller, ProgressHook
 from paralleljob_trainer.model import build_pipeline
-from paralleljob_trainer.tensor_parallel import TensorParallel
 from paralleljob_trainer.topology import build_topology, check_launch_matches, check_plan_matches, coords_of
 
 
@@ -65,17 +64,6 @@ def init_distributed(env: PodEnvironment) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def tensor_parallel_group(topology: ProcessTopology, coords: Coord) -> TensorParallel:
-    """This rank's TP group, from the topology's 'model' comm lists (every rank creates every group)."""
-    mine = None
-    for ranks in topology.get_axis_comm_lists("model"):
-        group = dist.new_group(ranks=ranks)
-        if dist.get_rank() in ranks:
-            mine = group
-    size = topology.get_dim("model")
-    return TensorParallel(rank=coords.model, size=size, group=mine if size > 1 else None)
-
-
 def deepspeed_config(job: JobConfig) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The DeepSpeed config with precision set from spec.model.precision, and the optimizer to build here."""
     config, optimizer_section = optimization.split_optimizer(job.deepspeed)
@@ -87,8 +75,10 @@ def deepspeed_config(job: JobConfig) -> tuple[dict[str, Any], dict[str, Any] | N
     return config, optimizer_section
 
 
-def build_engine(job: JobConfig, topology: ProcessTopology, tp: TensorParallel) -> Any:
-    module = build_pipeline(job.model, job.training.seed, topology, tp)
+def build_engine(job: JobConfig, topology: ProcessTopology) -> Any:
+    """DeepSpeed's pipeline engine over the GPT; the process groups, TP's included, are DeepSpeed's grid's."""
+    module = build_pipeline(job.model, job.training.seed, topology)
+    tp = module.tensor_parallel
     config, optimizer_section = deepspeed_config(job)
     optimizer = None
     if optimizer_section is not None:
@@ -115,8 +105,7 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     stream = data.open_stream(job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed)
     init_distributed(env)
     coords = coords_of(topology, dist.get_rank())
-    tp = tensor_parallel_group(topology, coords)
-    engine = build_engine(job, topology, tp)
+    engine = build_engine(job, topology)
     writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, HookCaller(list(options.hooks)))
     try:
         start = checkpoint.resume(engine, options.checkpoint_dir) if options.checkpoint_dir else 0
