@@ -110,3 +110,19 @@ def test_the_lock_pins_the_versions_pyproject_declares() -> None:
 
 def test_the_lock_holds_no_trainer_or_development_packages() -> None:
     assert set(locked_versions()).isdisjoint({"torch", "deepspeed", "numpy", "pytest", "ruff", "mypy", "kmock"})
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "source"),
+    [(OPERATOR_DOCKERFILE, "trainer-image/paralleljob_contract/"), (TRAINER_DOCKERFILE, "paralleljob_contract/")],
+    ids=["operator", "trainer"],
+)
+def test_both_images_ship_the_contract_package(dockerfile: Path, source: str) -> None:
+    """The operator writes the job file and environment through paralleljob_contract, the trainer reads them
+    through it: each image must carry it (and each distribution lists it)."""
+    copies = [args.split()[0] for keyword, args in instructions(dockerfile) if keyword == "COPY"]
+    assert source in copies
+    operator_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    assert operator_dirs["paralleljob_contract"] == "trainer-image/paralleljob_contract"
+    trainer = tomllib.loads((REPO / "trainer-image" / "pyproject.toml").read_text())
+    assert "paralleljob_contract" in trainer["tool"]["setuptools"]["packages"]
