@@ -185,3 +185,9 @@ def test_the_deepspeed_config_passed_to_the_trainer_is_complete_and_keeps_unknow
     assert config["train_batch_size"] == 2 * 8 * 2
     assert config["steps_per_print"] == 7
     assert config["bf16"] == {"enabled": False} and config["fp16"] == {"enabled": False}
+
+
+def test_a_huge_gpus_per_node_gets_its_message_at_once() -> None:
+    # The suggested divisor used to be searched over every integer up to gpusPerNode: validation never ended.
+    result = validate_document(job(spec__gpusPerNode=10**30 + 1, spec__parallelism__tensor=4))
+    assert any("does not divide gpusPerNode" in problem.render() for problem in result.problems)

@@ -63,11 +63,12 @@ def _tensor_fits_node(spec: t.ParallelJobSpec) -> Problem | None:
     gpn, tp = spec.gpus_per_node, spec.parallelism.tensor
     if gpn is None or spec.topology.nvlink_domain_label is not None or tensor_fits(tp, gpn, multi_node_domain=False):
         return None
-    divisors = [d for d in range(1, gpn + 1) if gpn % d == 0 and d <= tp]
+    # The largest divisor of gpusPerNode below tensor, found from tensor down (never gpusPerNode steps).
+    divisor = next(d for d in range(min(gpn, tp), 0, -1) if gpn % d == 0)
     return error(
         "spec.parallelism.tensor",
         f"{tp} does not divide gpusPerNode {gpn}, so a tensor-parallel group would cross nodes and run its "
-        f"all-reduces over the network; set tensor to a divisor of {gpn} (e.g. {divisors[-1]}) or use "
+        f"all-reduces over the network; set tensor to a divisor of {gpn} (e.g. {divisor}) or use "
         "spec.topology.nvlinkDomainLabel for a multi-node NVLink domain.",
     )
 
