@@ -1,4 +1,4 @@
-"""Operator scale benchmark against the hardened kmock emulator: time from creating a ParallelJob to all of
+"""Operator scale benchmark against the strict cluster's API server (tests/cluster, RBAC enforced): time from creating a ParallelJob to all of
 its pods existing, for 16, 128 and 1,024 node ranks, and the API writes the operator makes per job, then
 over a quiet window in which nothing changes.
 
@@ -17,22 +17,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.operator.conftest import Cluster, Operator, job_doc, operator_calls, wait_for
-from tests.operator.emulator import EmulatorThread
+from tests.cluster.apiserver import ClusterThread
+from tests.operator.conftest import Cluster, Operator, install_operator_rbac, job_doc, operator_calls, wait_for
 
 WRITES = {"create", "patch", "delete"}
 
 
-def writes(emulator: EmulatorThread) -> int:
+def writes(emulator: ClusterThread) -> int:
     return sum(1 for verb, *_ in operator_calls(emulator) if verb in WRITES)
 
 
 def measure(nodes: int, quiet_seconds: float) -> dict[str, float]:
     workdir = Path(tempfile.mkdtemp())
-    emulator = EmulatorThread(workdir).start()
+    emulator = ClusterThread(workdir).start()
     cluster = Cluster(emulator)
     cluster.add_nodes(nodes)
-    operator = Operator(emulator, workdir / "operator.log").start()
+    kubeconfig = install_operator_rbac(emulator, cluster.client)
+    operator = Operator(emulator, workdir / "operator.log", kubeconfig).start()
     try:
         time.sleep(3)  # let kopf list the nodes before the clock starts
         data = nodes // 4  # PP 4 x TP 4 x DP on 4-GPU nodes: 4 node ranks per data-parallel replica
@@ -56,6 +57,7 @@ def measure(nodes: int, quiet_seconds: float) -> dict[str, float]:
         quiet_before = writes(emulator)
         time.sleep(quiet_seconds)
         quiet = writes(emulator) - quiet_before
+        assert emulator.server.denied == [], emulator.server.denied[:3]
         return {"nodes": nodes, "seconds": elapsed, "writes": per_job, "quiet_writes": quiet}
     finally:
         operator.stop()

@@ -1,7 +1,8 @@
-"""The chart on an API server: `helm template | kubectl apply` against the hardened Kubernetes emulator of the
-operator tests, then the operator run with the Deployment's own arguments reconciles an example job through a
-start, a gang restart and completion; the API calls it made are then checked against the chart's RBAC, both
-ways: every call is allowed, and every permission is used (the few exceptions are named and explained below).
+"""The chart on an API server: `helm template | kubectl apply` against the strict cluster (tests/cluster), then
+the operator, run with the Deployment's own arguments as the chart's ServiceAccount (its token, so RBAC is
+enforced on every call), reconciles an example job through a start, a gang restart and completion. The API calls
+it made are then checked against the chart's RBAC, both ways, within this test session: no call was refused,
+and every permission is used (the few exceptions are named and explained below).
 """
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import kmock
 import pytest
 import yaml
 
 from paralleljob.manifests import rbac as progress_rbac
 from tests.chart.conftest import RELEASE_NAMESPACE, REPO, only, render, render_text, tool
-from tests.operator import emulator
-from tests.operator.conftest import RECORD as OPERATOR_TESTS_RECORD
+from tests.cluster.apiserver import ClusterThread
 from tests.operator.conftest import operator_calls
 
 JOB_NAMESPACE = "research"
@@ -51,24 +50,10 @@ items:
 """
     for i in range(3)
 )
-# Kinds the chart renders that the operator tests' emulator does not serve.
-CHART_RESOURCES = {
-    "apps/v1/deployments": ("Deployment", True),
-    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False),
-    "rbac.authorization.k8s.io/v1/clusterroles": ("ClusterRole", False),
-    "rbac.authorization.k8s.io/v1/clusterrolebindings": ("ClusterRoleBinding", False),
-}
 
 
-class ChartEmulator(emulator.HardenedEmulator):
-    """The operator tests' emulator, serving the chart's kinds too."""
-
-    def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
-        for key, (kind, namespaced) in CHART_RESOURCES.items():
-            self.resources[key] = kmock.ResourceInfo(
-                kind=kind, namespaced=namespaced, verbs=emulator.VERBS, subresources=set()
-            )
+def namespace_doc(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
 
 def free_port() -> int:
@@ -248,14 +233,20 @@ def reconciled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 def install_and_reconcile(values: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    server = emulator.EmulatorThread(workdir, ChartEmulator).start()
+    server = ClusterThread(workdir, crds=()).start()  # the chart brings the CRD
     try:
         cluster = Cluster(server.kubeconfig)
+        for namespace in (RELEASE_NAMESPACE, JOB_NAMESPACE):
+            cluster.kubectl("apply", "--validate=false", "-f", "-", stdin=json.dumps(namespace_doc(namespace)))
+        # --validate=false: the test server serves no OpenAPI documents for kubectl's client-side check; the
+        # server validates every object itself.
         applied = cluster.kubectl("apply", "--validate=false", "-f", "-", stdin=render_text(values, RELEASE_NAMESPACE))
         cluster.kubectl("apply", "--validate=false", "-f", "-", stdin=NODES_YAML)
         log = workdir / "operator.log"
         objects = render(values)
-        with operator_process(operator_args(values, free_port(), free_port()), server.kubeconfig, log) as process:
+        account = only(objects, "ServiceAccount")["metadata"]
+        as_operator = server.kubeconfig_for(account["namespace"], account["name"])
+        with operator_process(operator_args(values, free_port(), free_port()), as_operator, log) as process:
             job = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
             job["metadata"]["namespace"] = JOB_NAMESPACE
             cluster.kubectl("apply", "--validate=false", "-f", "-", stdin=json.dumps(job))
@@ -267,7 +258,15 @@ def install_and_reconcile(values: dict[str, Any], workdir: Path) -> dict[str, An
         stored = json.loads(
             cluster.kubectl("get", "-f", "-", "-o", "json", stdin=render_text(values, RELEASE_NAMESPACE))
         )
-        return {"applied": applied, "objects": objects, "stored": stored, "calls": calls, "trace": trace}
+        denied = list(server.server.denied)
+        return {
+            "applied": applied,
+            "objects": objects,
+            "stored": stored,
+            "calls": calls,
+            "denied": denied,
+            "trace": trace,
+        }
     finally:
         server.stop()
 
@@ -327,6 +326,10 @@ def test_the_operator_reconciles_the_example_job_through_a_restart_to_success(re
     assert status["restarts"] == 1
 
 
+def test_the_api_server_refused_no_call_of_the_operator(reconciled: dict[str, Any]) -> None:
+    assert reconciled["denied"] == []
+
+
 def test_the_operator_calls_only_what_the_chart_allows(reconciled: dict[str, Any]) -> None:
     objects = reconciled["objects"]
     account = only(objects, "ServiceAccount")["metadata"]["name"]
@@ -344,15 +347,3 @@ def test_the_rbac_check_notices_a_missing_and_an_unused_permission() -> None:
     calls = {("list", "", "pods", ""), ("create", "", "pods", "ns"), ("delete", "", "pods", "other")}
     assert forbidden_calls(granted, calls) == [("create", "", "pods", "ns"), ("delete", "", "pods", "other")]
     assert unused_grants(granted, calls) == [("Role/y", "ns", "", "pods", "delete")]
-
-
-def test_the_chart_allows_every_call_the_operator_tests_recorded() -> None:
-    """tests/operator records the union of the operator's calls over its scenarios (competition, invalid jobs,
-    kill and restart...); each must be allowed by the chart in the all-namespaces install."""
-    if not OPERATOR_TESTS_RECORD.exists():
-        pytest.skip(f"no {OPERATOR_TESTS_RECORD.name}: run tests/operator before tests/chart to check it")
-    objects = render()
-    granted = {g[2:] for g in chart_grants(objects, only(objects, "ServiceAccount")["metadata"]["name"])}
-    recorded = json.loads(OPERATOR_TESTS_RECORD.read_text())
-    missing = [r for r in recorded if (r["apiGroup"], r["resource"], r["verb"]) not in granted]
-    assert missing == []

@@ -1,15 +1,15 @@
-"""Fixtures for operator tests: the hardened emulator on a real port, the operator as a `paralleljob operator`
-process talking to it over HTTP, a kubernetes client for the test's own reads and writes, and builders.
+"""Fixtures for operator tests: the strict cluster's API server on a real port (tests/cluster), the operator as
+a `paralleljob operator` process talking to it over HTTP as the ServiceAccount the chart renders, with the
+chart's RBAC from `helm template` applied, a kubernetes client (the admin's) for the test's own reads and
+writes, and builders.
 
 Nothing of ours is monkeypatched: the operator process runs the real kopf handlers and the real
-`paralleljob.k8s` calls. Every API call the operator makes is recorded by the emulator; the union over the
-session is written to `.pytest_cache/paralleljob/operator-api-calls.json` (see docs/operator.md).
+`paralleljob.k8s` calls, and every one of them passes RBAC or is refused with 403 (each test fails on a refusal).
 """
 
 from __future__ import annotations
 
-import collections
-import json
+import functools
 import os
 import subprocess
 import sys
@@ -22,20 +22,39 @@ import kubernetes
 import pytest
 import yaml
 
+from tests.chart.conftest import RELEASE_NAMESPACE, render
+from tests.cluster.apiserver import ClusterThread
 from tests.manifests.conftest import JOB_YAML
-from tests.operator.emulator import EmulatorThread
 
 OPERATOR_AGENTS = ("kopf", "paralleljob-operator")  # kopf's own requests, and paralleljob.k8s's
 
 
-def operator_calls(emulator: EmulatorThread) -> list[tuple[str, str, str, str]]:
+def operator_calls(emulator: ClusterThread) -> list[tuple[str, str, str, str]]:
     """(verb, group, resource, namespace) of every resource request the operator process made."""
     assert emulator.emulator is not None
     return [call[:4] for call in emulator.emulator.calls if call[4].startswith(OPERATOR_AGENTS) and call[2]]
 
 
-RECORD = Path(__file__).resolve().parents[2] / ".pytest_cache" / "paralleljob" / "operator-api-calls.json"
-_recorded: collections.Counter[tuple[str, str, str]] = collections.Counter()
+# The chart's objects that make the operator's identity and permissions (the rest is its Deployment).
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+@functools.cache
+def chart_rbac() -> tuple[dict[str, Any], ...]:
+    """The operator's ServiceAccount and RBAC as `helm template` renders them with the chart's defaults."""
+    return tuple(o for o in render() if o["kind"] in RBAC_KINDS)
+
+
+def install_operator_rbac(emulator: ClusterThread, client: kubernetes.client.ApiClient) -> Path:
+    """Apply the chart's ServiceAccount and RBAC (as the admin), and return a kubeconfig for that account."""
+    kubernetes.utils.create_from_dict(
+        client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": RELEASE_NAMESPACE}}
+    )
+    for obj in chart_rbac():
+        kubernetes.utils.create_from_dict(client, obj)
+    (account,) = (o for o in chart_rbac() if o["kind"] == "ServiceAccount")
+    return emulator.kubeconfig_for(account["metadata"]["namespace"], account["metadata"]["name"])
+
 
 # The operator's scenarios run the manifests tests' job (tests/manifests/conftest.py) at 16 nodes: 4x4x4 on
 # 4-GPU nodes, with two restarts allowed.
@@ -80,11 +99,13 @@ def node_doc(
 class Cluster:
     """The test's view of the emulated cluster, through the kubernetes client (as kubectl would)."""
 
-    def __init__(self, emulator: EmulatorThread) -> None:
+    def __init__(self, emulator: ClusterThread, namespaces: Sequence[str] = ("research",)) -> None:
         self.emulator = emulator
-        client = kubernetes.config.new_client_from_config(str(emulator.kubeconfig))
-        self.core = kubernetes.client.CoreV1Api(client)
-        self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.client = kubernetes.config.new_client_from_config(str(emulator.kubeconfig))
+        self.core = kubernetes.client.CoreV1Api(self.client)
+        self.custom = kubernetes.client.CustomObjectsApi(self.client)
+        for namespace in namespaces:
+            self.core.create_namespace({"metadata": {"name": namespace}})
 
     def add_nodes(self, count: int, prefix: str = "gpu-", start: int = 0, **kwargs: Any) -> None:
         for index in range(start, start + count):
@@ -108,11 +129,21 @@ class Cluster:
     def set_pod_phase(self, name: str, phase: str, namespace: str = "research", **extra: Any) -> None:
         self.core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": phase, **extra}})
 
+    def bind(self, pod: str, node: str, namespace: str = "research") -> None:
+        """What the scheduler does: POST pods/<pod>/binding (spec.nodeName cannot be patched)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": pod},
+            "target": {"kind": "Node", "name": node},
+        }
+        self.core.create_namespaced_pod_binding(pod, namespace, body, _preload_content=False)
+
     def bind_all(self, job: str = "gpt", namespace: str = "research", phase: str = "Running") -> None:
         """What the scheduler and kubelet would do: bind each pod to its pinned node and start it."""
         for pod in self.pods(job, namespace):
-            node = pod["metadata"]["labels"]["paralleljob.io/node"]
-            self.core.patch_namespaced_pod(pod["metadata"]["name"], namespace, {"spec": {"nodeName": node}})
+            if not pod["spec"].get("nodeName"):
+                self.bind(pod["metadata"]["name"], pod["metadata"]["labels"]["paralleljob.io/node"], namespace)
             self.set_pod_phase(pod["metadata"]["name"], phase, namespace)
 
     def set_node_ready(self, name: str, ready: bool) -> None:
@@ -138,18 +169,43 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "con
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
+def operator_requests(emulator: ClusterThread) -> list[tuple[str, str, str, str]]:
+    """paralleljob.k8s's requests (kopf's list-and-watch is the framework's, made once at startup)."""
+    return [c[:4] for c in emulator.server.calls if c[4].startswith("paralleljob-operator") and c[2]]
+
+
+def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str = "research") -> None:
+    """Return once every pass the operator started on the job so far has ended, proven by recorded requests:
+    kopf handles one object's events one after another, so when the operator reads the job for a change made
+    after it read the job for an earlier change, the earlier pass, writes included, is over."""
+    for poke in ("1", "2"):
+        mark = len(cluster.emulator.server.calls)
+        patch = {"metadata": {"labels": {"test.paralleljob.io/poke": f"{time.monotonic_ns()}-{poke}"}}}
+        cluster.custom.patch_namespaced_custom_object(
+            "paralleljob.io", "v1alpha1", namespace, "paralleljobs", name, patch
+        )
+
+        def read_since(mark: int = mark) -> bool:
+            later = cluster.emulator.server.calls[mark:]
+            return any(
+                c[0] == "get" and c[2] == "paralleljobs" and c[4].startswith("paralleljob-operator") for c in later
+            )
+
+        wait_for(read_since, what=f"the operator's pass over the change {poke}")
+
+
 class Operator:
     """`paralleljob operator` as a process; `kill()` is SIGKILL, `start()` runs a fresh one."""
 
     # Short enough for tests: pods stuck Terminating on a lost node go after a second.
     ARGS = ("--force-delete-after", "1")
 
-    def __init__(self, emulator: EmulatorThread, log: Path, args: Sequence[str] = ARGS) -> None:
-        self.emulator, self.log, self.args = emulator, log, list(args)
+    def __init__(self, emulator: ClusterThread, log: Path, kubeconfig: Path, args: Sequence[str] = ARGS) -> None:
+        self.emulator, self.log, self.kubeconfig, self.args = emulator, log, kubeconfig, list(args)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Operator:
-        env = {**os.environ, "KUBECONFIG": str(self.emulator.kubeconfig)}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         command = [
             sys.executable,
             "-m",
@@ -186,7 +242,7 @@ class Operator:
                 self.kill()
 
 
-def generations_overlapping(emulator: EmulatorThread, job: str = "gpt") -> list[str]:
+def generations_overlapping(emulator: ClusterThread, job: str = "gpt") -> list[str]:
     """Replays the emulator's history of the job's pods: every moment a pod of one attempt was created while
     a pod of another attempt still existed (Terminating included)."""
     assert emulator.emulator is not None
@@ -205,7 +261,7 @@ def generations_overlapping(emulator: EmulatorThread, job: str = "gpt") -> list[
     return overlaps
 
 
-def gpus_oversubscribed(emulator: EmulatorThread, gpus_per_node: int = 4) -> list[str]:
+def gpus_oversubscribed(emulator: ClusterThread, gpus_per_node: int = 4) -> list[str]:
     """Replays the history of every pod: each moment the pods pinned to a node (label paralleljob.io/node)
     and not finished requested more GPUs than the node has."""
     assert emulator.emulator is not None
@@ -227,19 +283,16 @@ def gpus_oversubscribed(emulator: EmulatorThread, gpus_per_node: int = 4) -> lis
 
 
 @pytest.fixture
-def emulator(tmp_path: Path) -> Iterator[EmulatorThread]:
-    thread = EmulatorThread(tmp_path).start()
+def emulator(tmp_path: Path) -> Iterator[ClusterThread]:
+    thread = ClusterThread(tmp_path).start()
     yield thread
-    assert thread.emulator is not None
-    calls = operator_calls(thread)
+    denied = thread.server.denied
     thread.stop()
-    if calls:
-        _recorded.update((verb, group, resource) for verb, group, resource, _ in calls)
-        write_record()
+    assert denied == [], "the API server refused requests (least privilege or a missing permission)"
 
 
 @pytest.fixture
-def cluster(emulator: EmulatorThread) -> Cluster:
+def cluster(emulator: ClusterThread) -> Cluster:
     return Cluster(emulator)
 
 
@@ -250,16 +303,11 @@ def operator_args() -> Sequence[str]:
 
 
 @pytest.fixture
-def operator(emulator: EmulatorThread, tmp_path: Path, operator_args: Sequence[str]) -> Iterator[Operator]:
-    process = Operator(emulator, tmp_path / "operator.log", operator_args).start()
+def operator(
+    emulator: ClusterThread, cluster: Cluster, tmp_path: Path, operator_args: Sequence[str]
+) -> Iterator[Operator]:
+    kubeconfig = install_operator_rbac(emulator, cluster.client)
+    process = Operator(emulator, tmp_path / "operator.log", kubeconfig, operator_args).start()
     yield process
     process.stop()
     sys.stderr.write((tmp_path / "operator.log").read_text()[-4000:])
-
-
-def write_record() -> None:
-    """The union of (verb, group, resource) the operator called so far in this session, for the chart's RBAC
-    check. Written after every test, not at session end, so that tests/chart later in the same run reads it."""
-    RECORD.parent.mkdir(parents=True, exist_ok=True)
-    rows = [{"verb": v, "apiGroup": g, "resource": r, "count": n} for (v, g, r), n in sorted(_recorded.items())]
-    RECORD.write_text(json.dumps(rows, indent=2) + "\n")

@@ -13,11 +13,12 @@ from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 
 from paralleljob import cli, planning
 from paralleljob.api import types as api_types
 from paralleljob.planning import Reservation
-from tests.operator import emulator
+from tests.cluster.apiserver import ClusterThread
 from tests.planning import clusters
 
 
@@ -30,7 +31,10 @@ def parallel_job(
         "status": {
             "phase": phase,
             "gpusPerNode": 8,
-            "placement": [{"nodeRank": i, "node": node, "pod": pod} for i, (node, pod) in enumerate(placed)],
+            "placement": [
+                {"nodeRank": i, "node": node, "pod": pod, "ranks": f"{8 * i}-{8 * i + 7}"}
+                for i, (node, pod) in enumerate(placed)
+            ],
         },
     }
 
@@ -67,20 +71,14 @@ def test_job_reservations(jobs: list[dict[str, Any]], pods: list[dict[str, Any]]
     assert planning.job_reservations(jobs, pods, exclude=("research", "self")) == expected
 
 
-class EmulatorWithoutCRD(emulator.HardenedEmulator):
-    """An API server on which the ParallelJob CRD is not installed."""
-
-    def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
-        del self.resources[f"{api_types.API_VERSION}/{api_types.PLURAL}"]
-
-
 @contextlib.contextmanager
 def live_cluster(tmp_path: Any, with_crd: bool = True) -> Iterator[dict[str, Any]]:
-    """The hardened API emulator over HTTP; the test fills it through the kubernetes client, as kubectl would."""
-    server = emulator.EmulatorThread(tmp_path, emulator.HardenedEmulator if with_crd else EmulatorWithoutCRD)
+    """The strict cluster's API server (with or without the ParallelJob CRD installed); the test fills it through
+    the kubernetes client, as kubectl would."""
+    server = ClusterThread(tmp_path) if with_crd else ClusterThread(tmp_path, crds=())
     server.start()
     client = kubernetes.config.new_client_from_config(str(server.kubeconfig))
+    kubernetes.client.CoreV1Api(client).create_namespace({"metadata": {"name": "research"}})
     try:
         yield {
             "kubeconfig": str(server.kubeconfig),
@@ -94,7 +92,10 @@ def live_cluster(tmp_path: Any, with_crd: bool = True) -> Iterator[dict[str, Any
 def add_job_with_placement(live: dict[str, Any], job: dict[str, Any]) -> None:
     """Create a ParallelJob, then write its status through the status subresource, as the operator does."""
     args = (api_types.GROUP, api_types.VERSION, job["metadata"]["namespace"], api_types.PLURAL)
-    live["custom"].create_namespaced_custom_object(*args, {**job, "status": {}, "spec": {}})
+    spec = yaml.safe_load(JOB)["spec"]
+    live["custom"].create_namespaced_custom_object(
+        *args, {**job, "apiVersion": api_types.API_VERSION, "status": {}, "spec": spec}
+    )
     live["custom"].patch_namespaced_custom_object_status(*args, job["metadata"]["name"], {"status": job["status"]})
 
 
