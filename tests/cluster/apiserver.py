@@ -222,6 +222,8 @@ class APIServer(kmock.KubernetesEmulator):
     definitions: dict[tuple[str, str], crd.Definition] = attrs.field(factory=dict)
     # Called after every change (ADDED/MODIFIED/DELETED) with the plural, so a scheduler or kubelet can react.
     watchers: list[Callable[[str], None]] = attrs.field(factory=list)
+    # The TCP port it serves on (set by ClusterThread), for kubelets that tell pods where the API is.
+    port: int = 0
     # Creation order of objects by uid: the scheduler's queue is FIFO.
     created_order: dict[str, int] = attrs.field(factory=dict)
     # Set by a process kubelet: it confirms graceful deletions itself, when the processes have exited.
@@ -735,7 +737,7 @@ class ClusterThread:
             HTTPServer(server, server_cls=self._https_server()) as http,
         ):
             self.emulator = server
-            self.port = http.url.port
+            self.port = server.port = int(http.url.port or 0)
             self.components = [factory(server) for factory in self.component_factories]
             tasks = [asyncio.create_task(component.run()) for component in self.components]
             self._ready.set()

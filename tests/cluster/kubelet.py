@@ -1,0 +1,388 @@
+"""Kubelets for the strict cluster.
+
+The phase-only kubelet is the API server's own: tests set pod phases themselves, and a deleted pod on a node goes
+after `termination_seconds` (see `apiserver`). The fast tests use it.
+
+`ProcessKubelet`, opt-in per test (`components=[functools.partial(ProcessKubelet, root=tmp_path)]`), runs every
+pod bound to a node as local processes, the way a kubelet runs containers:
+- the container's command and args, with the project's venv first on PATH (the image name is ignored) and the
+  pod's environment (values and the downward API's fieldRefs), `KUBERNETES_SERVICE_HOST`/`_PORT` pointing at
+  the API server;
+- in its own mount and UTS namespace (`tests.cluster.sandbox`): ConfigMap volumes as files, emptyDir and
+  /dev/shm as private folders, a folder per PersistentVolumeClaim shared by the pods that mount it, hostPath
+  as a folder under the kubelet's root, the ServiceAccount token, CA and namespace where the Kubernetes client
+  looks for them, and an /etc/hosts mapping every pod's `<hostname>.<subdomain>` to its own loopback address;
+- it reports phase, containerStatuses (exit codes and reasons) and Ready, honours graceful deletion (SIGTERM,
+  the grace period, SIGKILL, then the pod object goes), and simulates faults (see `faults`).
+Pods use restartPolicy Never semantics: a container that exits ends the pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from paralleljob.k8s import timestamps
+from tests.cluster import apiserver
+
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+# The longest a test waits for a pod's processes to exit after SIGTERM (its own grace period may be longer).
+GRACE_CAP_SECONDS = 10.0
+
+
+class PodProcess:
+    """One pod's running container (its first), and what the kubelet knows about it."""
+
+    def __init__(self, key: Any, uid: str, node: str, process: asyncio.subprocess.Process, folder: Path) -> None:
+        self.key, self.uid, self.node, self.process, self.folder = key, uid, node, process, folder
+        self.started_at = timestamps.now()
+        self.stopping = False
+        self.waiter: asyncio.Task[None] | None = None
+
+
+class ProcessKubelet:
+    def __init__(self, server: apiserver.APIServer, *, root: Path, grace_cap: float = GRACE_CAP_SECONDS) -> None:
+        self.server, self.root, self.grace_cap = server, root, grace_cap
+        self.running: dict[str, PodProcess] = {}  # by pod uid
+        self.finished: set[str] = set()
+        # Pods that cannot start, by uid: why (an image pull error stays; a missing ConfigMap is retried).
+        self.blocked: dict[str, str] = {}
+        self.addresses: dict[str, str] = {}
+        # Faults: images that fail to pull, nodes whose kubelet stopped or whose machine is gone.
+        self.pull_errors: set[str] = set()
+        self.silent_nodes: set[str] = set()
+        self._wake = asyncio.Event()
+        server.kubelet_confirms_deletion = True
+        server.watchers.append(self._changed)
+
+    def _changed(self, plural: str) -> None:
+        if plural == "configmaps":
+            for uid in [u for u, reason in self.blocked.items() if reason == "CreateContainerConfigError"]:
+                del self.blocked[uid]
+        if plural in ("pods", "configmaps"):
+            self._wake.set()
+
+    async def run(self) -> None:
+        self._wake.set()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            async with self.server._lock:
+                await self.sync()
+
+    def stop(self) -> None:
+        self.server.watchers.remove(self._changed)
+        for pod in self.running.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pod.process.pid, signal.SIGKILL)
+
+    # -- the sync loop -----------------------------------------------------------------------------------
+
+    async def sync(self) -> None:
+        pods = {p["metadata"]["uid"]: p for p in self.server.live_objects("pods")}
+        for uid, pod in list(self.running.items()):
+            if uid not in pods:
+                self._signal(pod, signal.SIGKILL)  # force-deleted: the object went first
+            elif pods[uid]["metadata"].get("deletionTimestamp") and not pod.stopping:
+                self._terminate(pod, pods[uid])
+        self._write_hosts_files(pods.values())
+        for uid, pod in pods.items():
+            node = (pod.get("spec") or {}).get("nodeName")
+            if not node or node in self.silent_nodes or uid in self.running or uid in self.finished:
+                continue
+            if uid in self.blocked:
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                await self.server.finish_termination(self._key(pod), locked=True)  # nothing was started
+                continue
+            await self._start(pod)
+
+    def _key(self, pod: dict[str, Any]) -> Any:
+        return self.server.key_of("pods", pod["metadata"].get("namespace") or "", pod["metadata"]["name"])
+
+    # -- starting --------------------------------------------------------------------------------------------
+
+    def _address(self, uid: str) -> str:
+        if uid not in self.addresses:
+            n = len(self.addresses)
+            self.addresses[uid] = f"127.0.{1 + n // 250}.{2 + n % 250}"
+        return self.addresses[uid]
+
+    def _hosts(self, namespace: str, pods: Any) -> str:
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        for pod in pods:
+            meta, spec = pod["metadata"], pod.get("spec") or {}
+            if meta.get("namespace") != namespace:
+                continue
+            hostname = spec.get("hostname") or meta["name"]
+            names = [hostname]
+            if spec.get("subdomain"):
+                sub = f"{hostname}.{spec['subdomain']}"
+                names = [f"{sub}.{namespace}.svc.cluster.local", f"{sub}.{namespace}.svc", sub, hostname]
+            lines.append(f"{self._address(meta['uid'])}\t{' '.join(names)}")
+        return "\n".join(lines) + "\n"
+
+    def _write_hosts_files(self, pods: Any) -> None:
+        pods = list(pods)
+        for running in self.running.values():
+            hosts = running.folder / "hosts"
+            namespace = running.key[1] or ""
+            text = self._hosts(namespace, pods)
+            if hosts.read_text() != text:
+                with hosts.open("r+") as out:  # in place: the pod's bind mount keeps the same file
+                    out.seek(0)
+                    out.write(text)
+                    out.truncate()
+
+    def _env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        fields = {
+            "metadata.name": meta["name"],
+            "metadata.namespace": meta.get("namespace") or "",
+            "metadata.uid": meta["uid"],
+            "spec.nodeName": spec.get("nodeName") or "",
+            "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
+            "status.podIP": self._address(meta["uid"]),
+            "status.hostIP": "127.0.0.1",
+        }
+        for kind in ("labels", "annotations"):
+            for name, value in (meta.get(kind) or {}).items():
+                fields[f"metadata.{kind}['{name}']"] = value
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/root",
+            "HOSTNAME": spec.get("hostname") or meta["name"],
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(self.server_port),
+        }
+        for item in container.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+            elif ref := ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath"):
+                env[item["name"]] = fields.get(ref, "")
+        return env
+
+    @property
+    def server_port(self) -> int:
+        return int(self.server.port)
+
+    def _volume_folder(self, pod: dict[str, Any], folder: Path, volume: dict[str, Any]) -> Path | None:
+        namespace = pod["metadata"].get("namespace") or ""
+        path = folder / "volumes" / volume["name"]
+        if "configMap" in volume:
+            source = self.server.lookup("configmaps", namespace, volume["configMap"]["name"])
+            if source is None:
+                return None
+            path.mkdir(parents=True, exist_ok=True)
+            items = volume["configMap"].get("items") or [{"key": k, "path": k} for k in source.get("data") or {}]
+            for item in items:
+                (path / item["path"]).write_text((source.get("data") or {}).get(item["key"], ""))
+            return path
+        if "persistentVolumeClaim" in volume:
+            path = self.root / "pvc" / namespace / volume["persistentVolumeClaim"]["claimName"]
+        elif "hostPath" in volume:
+            path = self.root / "host" / volume["hostPath"]["path"].lstrip("/")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _service_account_folder(self, pod: dict[str, Any], folder: Path) -> Path:
+        namespace = pod["metadata"].get("namespace") or ""
+        account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+        path = folder / "serviceaccount"
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "token").write_text(self.server.tokens.mint(namespace, account))
+        (path / "namespace").write_text(namespace)
+        (path / "ca.crt").write_bytes(self.server_ca.read_bytes())
+        return path
+
+    @property
+    def server_ca(self) -> Path:
+        from tests.cluster import certificates
+
+        return certificates.serving_certificates().ca
+
+    def _mounts(self, pod: dict[str, Any], container: dict[str, Any], folder: Path) -> list[dict[str, Any]] | None:
+        spec = pod.get("spec") or {}
+        volumes = {}
+        for volume in spec.get("volumes") or []:
+            made = self._volume_folder(pod, folder, volume)
+            if made is None:
+                return None
+            volumes[volume["name"]] = made
+        mounts = [
+            {
+                "source": str(volumes[m["name"]] / m.get("subPath", "")),
+                "target": m["mountPath"],
+                "readOnly": bool(m.get("readOnly")),
+            }
+            for m in container.get("volumeMounts") or []
+        ]
+        if not any(m["target"] == "/dev/shm" for m in mounts):
+            (folder / "shm").mkdir(exist_ok=True)
+            mounts.append({"source": str(folder / "shm"), "target": "/dev/shm"})
+        if spec.get("automountServiceAccountToken", True):
+            mounts.append(
+                {
+                    "source": str(self._service_account_folder(pod, folder)),
+                    "target": SERVICE_ACCOUNT_MOUNT,
+                    "readOnly": True,
+                }
+            )
+        mounts.append({"source": str(folder / "hosts"), "target": "/etc/hosts"})
+        return mounts
+
+    async def _start(self, pod: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        container = (spec.get("containers") or [{}])[0]
+        key = self._key(pod)
+        if container.get("image") in self.pull_errors:
+            await self._waiting(
+                key, pod, container, "ErrImagePull", f'Failed to pull image "{container["image"]}": not found'
+            )
+            return
+        folder = self.root / "pods" / f"{meta.get('namespace')}_{meta['name']}_{meta['uid'][:8]}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts").write_text(self._hosts(meta.get("namespace") or "", self.server.live_objects("pods")))
+        mounts = self._mounts(pod, container, folder)
+        if mounts is None:
+            await self._waiting(
+                key, pod, container, "CreateContainerConfigError", "a ConfigMap volume's ConfigMap is missing"
+            )
+            return
+        command = [*(container.get("command") or []), *(container.get("args") or [])]
+        sandbox = {
+            "root": str(folder / "root"),
+            "hostname": spec.get("hostname") or meta["name"],
+            "mounts": mounts,
+            "workingDir": container.get("workingDir") or "/",
+            "command": command,
+            "env": self._env(pod, container),
+        }
+        (folder / "sandbox.json").write_text(json.dumps(sandbox, indent=1))
+        log = (folder / "container.log").open("ab")
+        process = await asyncio.create_subprocess_exec(
+            "unshare", "--mount", "--uts", "--propagation", "private",
+            sys.executable, "-m", "tests.cluster.sandbox", str(folder / "sandbox.json"),
+            cwd=apiserver.REPO, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        running = PodProcess(key, meta["uid"], spec["nodeName"], process, folder)
+        self.running[meta["uid"]] = running
+        running.waiter = asyncio.create_task(self._wait(running, container))
+        await self._report_running(key, pod, container, running)
+
+    # -- reporting ---------------------------------------------------------------------------------------
+
+    def _conditions(self, ready: bool) -> list[dict[str, Any]]:
+        now = timestamps.now()
+        value = "True" if ready else "False"
+        return [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": value, "lastTransitionTime": now},
+            {"type": "Ready", "status": value, "lastTransitionTime": now},
+        ]
+
+    async def _write_status(self, key: Any, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        current = self.server.lookup("pods", key[1] or "", key[2])
+        if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
+            return
+        updated = copy.deepcopy(current)
+        updated["status"] = {**(current.get("status") or {}), **status}
+        await self.server.replace_stored(key, updated)
+
+    async def _report_running(
+        self, key: Any, pod: dict[str, Any], container: dict[str, Any], running: PodProcess
+    ) -> None:
+        state = {"running": {"startedAt": running.started_at}}
+        status = {
+            "phase": "Running",
+            "podIP": self._address(pod["metadata"]["uid"]),
+            "hostIP": "127.0.0.1",
+            "startTime": running.started_at,
+            "conditions": self._conditions(True),
+            "containerStatuses": [self._container_status(container, state, ready=True)],
+        }
+        await self._write_status(key, pod, status)
+
+    def _container_status(self, container: dict[str, Any], state: dict[str, Any], *, ready: bool) -> dict[str, Any]:
+        return {
+            "name": container.get("name", ""),
+            "image": container.get("image", ""),
+            "imageID": "",
+            "ready": ready,
+            "started": "running" in state,
+            "restartCount": 0,
+            "state": state,
+        }
+
+    async def _waiting(
+        self, key: Any, pod: dict[str, Any], container: dict[str, Any], reason: str, message: str
+    ) -> None:
+        self.blocked[pod["metadata"]["uid"]] = reason
+        state = {"waiting": {"reason": reason, "message": message}}
+        status = {
+            "phase": "Pending",
+            "conditions": self._conditions(False),
+            "containerStatuses": [self._container_status(container, state, ready=False)],
+        }
+        await self._write_status(key, pod, status)
+
+    async def _wait(self, running: PodProcess, container: dict[str, Any]) -> None:
+        code = await running.process.wait()
+        async with self.server._lock:
+            self.running.pop(running.uid, None)
+            self.finished.add(running.uid)
+            if running.node in self.silent_nodes:
+                return  # a lost node reports nothing
+            pod = self.server.lookup("pods", running.key[1] or "", running.key[2])
+            if pod is None or pod["metadata"]["uid"] != running.uid:
+                return
+            exit_code = 128 - code if code < 0 else code  # killed by a signal: 128 + its number
+            terminated = {
+                "exitCode": exit_code,
+                "reason": "Completed" if exit_code == 0 else "Error",
+                "startedAt": running.started_at,
+                "finishedAt": timestamps.now(),
+            }
+            status = {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "conditions": self._conditions(False),
+                "containerStatuses": [self._container_status(container, {"terminated": terminated}, ready=False)],
+            }
+            await self._write_status(running.key, pod, status)
+            if pod["metadata"].get("deletionTimestamp"):
+                await self.server.finish_termination(running.key, locked=True)
+
+    # -- stopping ----------------------------------------------------------------------------------------
+
+    def _signal(self, pod: PodProcess, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pod.process.pid, signum)
+
+    def _terminate(self, running: PodProcess, pod: dict[str, Any]) -> None:
+        """Graceful deletion: SIGTERM now, SIGKILL when the grace period (at most `grace_cap`) has passed."""
+        running.stopping = True
+        grace = float(pod["metadata"].get("deletionGracePeriodSeconds") or 30)
+        self._signal(running, signal.SIGTERM)
+        asyncio.get_running_loop().call_later(min(grace, self.grace_cap), self._signal, running, signal.SIGKILL)
+
+    # -- faults ------------------------------------------------------------------------------------------
+
+    def kill_processes_of(self, node: str) -> None:
+        for running in list(self.running.values()):
+            if running.node == node:
+                self._signal(running, signal.SIGKILL)
+
+    def kill_container(self, namespace: str, pod: str) -> None:
+        """What the OOM killer or a crash does to a pod's main process: SIGKILL, then it is reported Failed."""
+        for running in self.running.values():
+            if running.key[1:] == (namespace, pod):
+                self._signal(running, signal.SIGKILL)

@@ -1,0 +1,126 @@
+"""A pod's filesystem view, built inside its own mount (and UTS) namespace, then its container's command.
+
+The process kubelet runs `unshare --mount --uts --propagation private python -m tests.cluster.sandbox SPEC`.
+Inside, this module makes a tmpfs root that mirrors the machine's top-level folders by bind mounts, mounts each
+volume at its real `mountPath` (a folder of the machine is never written: a folder that needs a new mount point
+is shadowed by a tmpfs that re-binds its children), sets the pod's hostname, chroots and execs the command.
+Nothing done here is visible outside the pod's namespace.
+
+SPEC is a JSON file: {"root", "hostname", "mounts": [{"source", "target", "readOnly"}], "workingDir",
+"command", "env"}.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 16384
+SKIPPED_TOP_LEVEL = {"lost+found"}
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def mount(source: str, target: str, fstype: str | None = None, flags: int = 0, data: str | None = None) -> None:
+    result = _libc.mount(
+        source.encode(), target.encode(), fstype.encode() if fstype else None, flags, data.encode() if data else None
+    )
+    if result != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"mount {source} on {target}: {os.strerror(error)}")
+
+
+def mirror(host: Path, inside: Path) -> None:
+    """Make `inside` show `host` (a folder, a file or a symlink), by a bind mount or a copy of the link."""
+    if host.is_symlink():
+        inside.symlink_to(os.readlink(host))
+    elif host.is_dir():
+        inside.mkdir(exist_ok=True)
+        mount(str(host), str(inside), flags=MS_BIND | MS_REC)
+    elif host.exists():
+        inside.touch()
+        mount(str(host), str(inside), flags=MS_BIND)
+
+
+def make_root(root: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    mount("tmpfs", str(root), "tmpfs", 0, "mode=755")
+    for entry in sorted(Path("/").iterdir()):
+        if entry.name not in SKIPPED_TOP_LEVEL:
+            mirror(entry, root / entry.name)
+
+
+def shadow(root: Path, folder: str) -> None:
+    """Let new mount points be made in `folder` (a bind of the machine's folder) without writing to the
+    machine: a tmpfs over it, with each of the machine's entries bound back in."""
+    inside = root / folder.lstrip("/")
+    entries = sorted(Path(folder).iterdir()) if Path(folder).is_dir() else []
+    mount("tmpfs", str(inside), "tmpfs", 0, "mode=755")
+    for entry in entries:
+        mirror(entry, inside / entry.name)
+
+
+def resolve(root: Path, path: str) -> str:
+    """`path` as the pod sees it, with symlinks inside the pod's root followed."""
+    resolved = "/"
+    for part in [p for p in path.split("/") if p]:
+        candidate = os.path.join(resolved, part)
+        inside = root / candidate.lstrip("/")
+        if inside.is_symlink():
+            target = os.readlink(inside)
+            candidate = resolve(root, target if target.startswith("/") else os.path.join(resolved, target))
+        resolved = os.path.normpath(candidate)
+    return resolved
+
+
+def mount_point(root: Path, target: str, is_dir: bool, shadowed: set[str]) -> Path:
+    """The mount point for `target` inside the root, made without touching the machine's folders."""
+    path = resolve(root, target)
+    parts = [p for p in path.split("/") if p]
+    current = "/"
+    for index, part in enumerate(parts):
+        following = os.path.join(current, part)
+        inside = root / following.lstrip("/")
+        if not inside.exists():
+            if current != "/" and current not in shadowed:
+                shadow(root, current)
+                shadowed.add(current)
+            last = index == len(parts) - 1
+            if last and not is_dir:
+                inside.touch()
+            else:
+                inside.mkdir()
+            if current != "/":
+                shadowed.add(following)  # made on a tmpfs: deeper folders need no shadow
+        current = following
+    return root / path.lstrip("/")
+
+
+def enter(spec: dict[str, Any]) -> None:
+    root = Path(spec["root"])
+    make_root(root)
+    shadowed: set[str] = set()
+    for item in spec["mounts"]:
+        source = Path(item["source"])
+        target = mount_point(root, item["target"], source.is_dir(), shadowed)
+        mount(str(source), str(target), flags=MS_BIND | MS_REC)
+        if item.get("readOnly"):
+            mount(str(source), str(target), flags=MS_BIND | MS_REMOUNT | MS_RDONLY)
+    socket.sethostname(spec["hostname"])
+    os.chroot(root)
+    os.chdir(spec.get("workingDir") or "/")
+
+
+def main(argv: list[str]) -> None:
+    spec = json.loads(Path(argv[1]).read_text())
+    enter(spec)
+    command = spec["command"]
+    os.execvpe(command[0], command, spec["env"])
+
+
+if __name__ == "__main__":
+    main(sys.argv)
