@@ -9,10 +9,14 @@ BIN := $(VENV)/bin
 # DeepSpeed's shared-memory comm op is compiled once at install time instead of at every first run.
 DEEPSPEED_INSTALL := DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install --no-build-isolation deepspeed==0.19.8
 
-.PHONY: quickstart test lint setup setup-dev tools
+.PHONY: quickstart test lint setup setup-dev tools cluster-demo
 
 quickstart: $(VENV)/.stamp-run
 	$(BIN)/paralleljob run examples/quickstart.yaml --output runs/quickstart
+
+# The operator and trainer on a simulated control plane (tests/cluster): see README.md, "A cluster on one machine".
+cluster-demo: $(VENV)/.stamp-dev tools
+	$(BIN)/python scripts/cluster_demo.py
 
 test: $(VENV)/.stamp-dev tools lint
 	$(BIN)/pytest

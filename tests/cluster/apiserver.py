@@ -303,6 +303,9 @@ class APIServer(kmock.KubernetesEmulator):
         payload = await super()._serve_version(request)
         if payload.get("groupVersion") == "/v1":
             payload["groupVersion"] = "v1"
+        for resource in payload.get("resources") or []:
+            if "/" in resource.get("name", ""):
+                resource.pop("shortNames", None)  # a subresource has no short names of its own
         return payload
 
     # -- recording -------------------------------------------------------------------------------------
@@ -353,6 +356,8 @@ class APIServer(kmock.KubernetesEmulator):
                     return await self._delete(request)
             if request.action == enums.action.FETCH and request.subresource:
                 return await self._fetch_subresource(request)
+            if request.action == enums.action.WATCH:
+                return await self._watch(request)
             return await super()._handle(request)
         except statuses.APIError as refusal:
             return refusal.response()
@@ -655,6 +660,40 @@ class APIServer(kmock.KubernetesEmulator):
             raise statuses.not_found(request.resource.plural, request.name, request.resource.group or "")
         return aiohttp.web.json_response(current)
 
+    def _wants_table(self, request: kmock.Request) -> crd.Definition | None:
+        """The CRD whose printer columns answer this request, when the client asks for a Table (kubectl get)."""
+        if "as=Table" not in request.headers.get("Accept", ""):
+            return None
+        return self._definition(request)
+
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        found = await super()._serve_fetch(request)
+        if (definition := self._wants_table(request)) is not None:
+            return crd.table(definition, [found], str(found["metadata"].get("resourceVersion", "")))
+        return found
+
+    async def _watch(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """A watch stream as kube-apiserver sends it: JSON lines under a JSON content type (kmock's stream is
+        octet-stream, which kubectl refuses), filtered by labelSelector, with Table objects when asked."""
+        definition = self._wants_table(request)
+        selector = request.params.get("labelSelector") or ""
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request._raw_request)
+        try:
+            async for event in self._serve_watch(request):
+                obj = event.get("object") if isinstance(event, dict) else None
+                if not isinstance(obj, dict):
+                    continue
+                if selector and not matches_selector((obj.get("metadata") or {}).get("labels") or {}, selector):
+                    continue
+                if definition is not None:
+                    version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+                    event = {**event, "object": crd.table(definition, [obj], version)}
+                await response.write(json.dumps(event).encode() + b"\n")
+        except ConnectionResetError:
+            pass
+        return response
+
     async def _serve_list(self, request: kmock.Request) -> Any:
         listing = await super()._serve_list(request)
         selector = request.params.get("labelSelector")
@@ -663,6 +702,8 @@ class APIServer(kmock.KubernetesEmulator):
             items = [i for i in items if matches_selector((i.get("metadata") or {}).get("labels") or {}, selector)]
         info = self.resources.get(request.resource)
         group, version = request.resource.group, request.resource.version
+        if (definition := self._wants_table(request)) is not None:
+            return crd.table(definition, items, str(next(self._versions)))
         return {
             "apiVersion": f"{group}/{version}" if group else version,
             "kind": f"{info.kind if info and info.kind else 'Object'}List",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 import functools
 import json
 import re
@@ -39,6 +40,7 @@ class Definition:
     namespaced: bool
     schema: Mapping[str, Any]
     status_subresource: bool
+    printer_columns: tuple[Mapping[str, Any], ...] = ()
 
     @classmethod
     def of(cls, crd: Mapping[str, Any]) -> Definition:
@@ -55,6 +57,7 @@ class Definition:
             namespaced=spec.get("scope", "Namespaced") == "Namespaced",
             schema=(version.get("schema") or {}).get("openAPIV3Schema") or {},
             status_subresource="status" in (version.get("subresources") or {}),
+            printer_columns=tuple(version.get("additionalPrinterColumns") or ()),
         )
 
 
@@ -66,6 +69,65 @@ def crd_errors(crd: Mapping[str, Any]) -> list[FieldError]:
     if name != expected:
         return [FieldError("metadata.name", "Invalid value", 'must be spec.names.plural+"."+spec.group', name)]
     return []
+
+
+# -- server-side printing (`kubectl get`) ------------------------------------------------------------------
+
+NAME_COLUMN = {
+    "name": "Name",
+    "type": "string",
+    "format": "name",
+    "description": "Name must be unique within a namespace.",
+    "priority": 0,
+}
+
+
+def _json_path(obj: Any, path: str) -> Any:
+    """The simple JSONPaths printer columns use: `.status.progress.step`."""
+    for part in [p for p in path.strip().lstrip(".").split(".") if p]:
+        if not isinstance(obj, Mapping) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def _age(timestamp: str, now: datetime.datetime) -> str:
+    """kubectl's short human duration: 45s, 3m, 2h, 4d."""
+    seconds = int((now - datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size * (2 if unit != "d" else 1):
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def table(definition: Definition, objects: list[Mapping[str, Any]], resource_version: str) -> dict[str, Any]:
+    """A meta.k8s.io/v1 Table of the objects with the CRD's additionalPrinterColumns, as kubectl asks for."""
+    now = datetime.datetime.now(datetime.UTC)
+    columns = [NAME_COLUMN] + [
+        {
+            "name": c["name"],
+            "type": c.get("type", "string"),
+            "format": c.get("format", ""),
+            "description": c.get("description", ""),
+            "priority": int(c.get("priority", 0)),
+        }
+        for c in definition.printer_columns
+    ]
+    rows = []
+    for obj in objects:
+        cells: list[Any] = [obj["metadata"]["name"]]
+        for column in definition.printer_columns:
+            value = _json_path(obj, column["jsonPath"])
+            cells.append(_age(value, now) if column.get("type") == "date" and isinstance(value, str) else value)
+        partial = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+        rows.append({"cells": cells, "object": partial})
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": columns,
+        "rows": rows,
+    }
 
 
 # -- pruning and defaults ------------------------------------------------------------------------------------

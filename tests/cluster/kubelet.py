@@ -95,12 +95,13 @@ class ProcessKubelet:
         self._write_hosts_files(pods.values())
         for uid, pod in pods.items():
             node = (pod.get("spec") or {}).get("nodeName")
-            if not node or node in self.silent_nodes or uid in self.running or uid in self.finished:
-                continue
-            if uid in self.blocked:
+            if not node or node in self.silent_nodes or uid in self.running:
                 continue
             if pod["metadata"].get("deletionTimestamp"):
-                await self.server.finish_termination(self._key(pod), locked=True)  # nothing was started
+                # Its containers have exited (or never started): the kubelet confirms the deletion at once.
+                await self.server.finish_termination(self._key(pod), locked=True)
+                continue
+            if uid in self.finished or uid in self.blocked:
                 continue
             await self._start(pod)
 
@@ -273,6 +274,7 @@ class ProcessKubelet:
             cwd=apiserver.REPO, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         log.close()
+        (folder / "pid").write_text(f"{process.pid}\n")  # its process group, for a person who wants to kill it
         running = PodProcess(key, meta["uid"], spec["nodeName"], process, folder)
         self.running[meta["uid"]] = running
         running.waiter = asyncio.create_task(self._wait(running, container))

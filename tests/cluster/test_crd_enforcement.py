@@ -135,3 +135,21 @@ def test_kubectl_apply_of_a_bad_job_prints_the_api_message(cluster, admin, tmp_p
     )
     assert completed.returncode == 1
     assert 'The ParallelJob "quickstart" is invalid: spec.parallelism.pipeline: Invalid value: 0:' in completed.stderr
+
+
+def test_kubectl_get_shows_the_printer_columns_and_watch_streams_them(cluster, admin):
+    admin.ok(admin.create(JOBS, quickstart(metadata={"name": "watched"})))
+    command = [tool("kubectl"), "--kubeconfig", str(cluster.kubeconfig), "get", "pj", "watched", "-n", "research"]
+    header = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout.splitlines()[0]
+    assert header.split() == ["NAME", "LAYOUT", "GPUS", "NODES", "PHASE", "STEP", "LOSS", "RESTARTS", "AGE"]
+    with subprocess.Popen([*command, "-w", "--no-headers"], stdout=subprocess.PIPE, text=True) as watch:
+        try:
+            assert watch.stdout is not None
+            first = watch.stdout.readline()
+            assert first.split()[0] == "watched"
+            status = {"status": {"phase": "Running", "layout": "2x2x2", "progress": {"step": 7, "loss": 3.25}}}
+            admin.ok(admin.patch(f"{JOBS}/watched/status", status))
+            changed = watch.stdout.readline().split()
+            assert changed[:5] == ["watched", "2x2x2", "Running", "7", "3.25"]  # empty cells print as spaces
+        finally:
+            watch.kill()

@@ -173,3 +173,14 @@ def test_a_lost_node_kills_its_pods_and_reports_nothing(cluster, admin):
     assert kubelet.running == {}
     # The API still shows it Running: nobody is left to report its end.
     assert admin.ok(admin.send("GET", f"{PODS}/on-lost-node"))["status"]["phase"] == "Running"
+
+
+def test_a_finished_pod_that_is_deleted_goes_at_once(cluster, admin):
+    """Its containers have exited already: the kubelet confirms the deletion without waiting for anything."""
+    admin.ok(admin.create(PODS, shell_pod("done", "exit 1")))
+    wait_pod(admin, "done", phase("Failed"))
+    admin.ok(admin.send("DELETE", f"{PODS}/done"))
+    deadline = time.monotonic() + 30
+    while admin.send("GET", f"{PODS}/done").status_code != 404 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert admin.send("GET", f"{PODS}/done").status_code == 404

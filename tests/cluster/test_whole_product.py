@@ -1,0 +1,110 @@
+"""The whole product on the strict cluster: the chart's CRD and RBAC applied with the real kubectl from
+`helm template`, the real operator process as the chart's ServiceAccount, the quickstart job applied with
+kubectl, pods scheduled and run by the process kubelet with the unmodified bundled trainer (torchrun, DeepSpeed
+on gloo), progress in `kubectl get pj` written by rank 0 through its own token; one pod's process killed, the
+gang restarted from the checkpoint, the job Succeeded, and its losses equal those of `paralleljob run`.
+
+The quickstart runs 24 steps instead of 60 (CI's time), and gets the two things a cluster needs that a laptop does not: a checkpoint volume shared by the
+pods (a PVC; without one each pod's /checkpoints is its own and a restart starts over), and a data source the
+pods can read (synthetic: the example's relative text path names a folder of this repository, which no pod
+has).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster import faults
+from tests.cluster.product import CHECKPOINT_EVERY, JOB, Product, cluster_quickstart
+from tests.operator.conftest import OPERATOR_AGENTS
+
+
+def wait_for(what: str, condition: Any, log: Path, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"timed out waiting for {what}; the operator's log ends:\n{log.read_text()[-3000:]}")
+
+
+def checkpoint_saved(folder: Path, step: int) -> bool:
+    """DeepSpeed writes `latest` after a checkpoint's files: the checkpoint is whole once it names it."""
+    latest = folder / "latest"
+    return latest.exists() and latest.read_text().strip() == f"global_step{step}"
+
+
+def losses(metrics: Path) -> dict[int, float]:
+    """Loss by step from a metrics.jsonl; a step trained again after a restart keeps its last value."""
+    found = {}
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("event") == "step":
+            found[int(record["step"])] = float(record["loss"])
+    return found
+
+
+@pytest.mark.slow
+def test_the_quickstart_survives_a_killed_pod_on_the_strict_cluster_and_matches_the_local_run(tmp_path):
+    product = Product(tmp_path)
+    log = product.log
+    try:
+        product.start()
+        kubectl, cluster = product.kubectl, product.cluster
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump(cluster_quickstart()))
+        kubectl("apply", "--validate=false", "-f", str(tmp_path / "job.yaml"))
+
+        rows = []  # `kubectl get pj` as the user watches it
+
+        def row() -> dict[str, str]:
+            rows.append(kubectl.job_row())
+            return rows[-1]
+
+        def progressed() -> bool:
+            seen = row()
+            return seen.get("PHASE") == "Running" and seen.get("STEP", "").isdigit()
+
+        wait_for("Running with progress", progressed, log, timeout=150)
+        wait_for(
+            "the first checkpoint",
+            lambda: row() and checkpoint_saved(product.checkpoints(), CHECKPOINT_EVERY),
+            log,
+            timeout=150,
+        )
+        faults.kill_container(cluster, "default", f"{JOB}-1")
+        wait_for("Succeeded", lambda: row().get("PHASE") in ("Succeeded", "Failed"), log, timeout=240)
+        final = rows[-1]
+    finally:
+        server = product.cluster.server
+        product.stop()
+    assert final["PHASE"] == "Succeeded", final
+    assert final["RESTARTS"] == "1"
+    running = [r for r in rows if r.get("PHASE") == "Running" and r.get("LOSS")]
+    assert float(running[-1]["LOSS"]) < float(running[0]["LOSS"]), "kubectl get pj shows a falling loss"
+    trainer_patches = [
+        c
+        for c in server.calls
+        if c[:3] == ("patch", "paralleljob.io", "paralleljobs/status") and not c[4].startswith(OPERATOR_AGENTS)
+    ]
+    assert trainer_patches, "rank 0 patched the job's status with its own token"
+    assert server.denied == []
+
+    reference = tmp_path / "reference"
+    subprocess.run(
+        [sys.executable, "-m", "paralleljob", "run", str(tmp_path / "job.yaml"), "--output", str(reference)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    on_cluster = losses(product.checkpoints() / "metrics" / "metrics.jsonl")
+    expected = losses(reference / "metrics.jsonl")
+    assert sorted(on_cluster) == sorted(expected)
+    assert on_cluster == pytest.approx(expected, abs=1e-6)
