@@ -129,6 +129,20 @@ def matches_selector(labels: Mapping[str, str], selector: str) -> bool:
     return True
 
 
+def matches_fields(obj: Mapping[str, Any], selector: str) -> bool:
+    """Field selectors the API serves on every kind: `metadata.name=x`, `metadata.namespace=x`, and `!=`;
+    plus pods' `spec.nodeName` and `status.phase`."""
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        negated = "!=" in term
+        field, value = term.split("!=" if negated else "=", 1)
+        node: Any = obj
+        for part in field.lstrip("=").split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if ((node or "") == value.lstrip("=")) == negated:
+            return False
+    return True
+
+
 def status_response(code: int, reason: str, message: str) -> aiohttp.web.Response:
     return statuses.status_response(code, reason, message)
 
@@ -230,6 +244,10 @@ class APIServer(kmock.KubernetesEmulator):
     kubelet_confirms_deletion: bool = False
     _versions: Any = attrs.field(factory=lambda: itertools.count(1))
     authorizer: auth.Authorizer = attrs.field(init=False)
+    # Live objects' store keys by (plural, namespace, name), and by plural in creation order: lookups for
+    # RBAC, admission, the scheduler and kubelets stay O(1) with thousands of pods.
+    _keys: dict[tuple[str, str, str], Any] = attrs.field(factory=dict)
+    _plural_keys: dict[str, dict[Any, None]] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -265,24 +283,29 @@ class APIServer(kmock.KubernetesEmulator):
         self._stamp(obj)
         key = (self._resource(group, version, plural), meta.get("namespace"), meta["name"])
         self.objects[key] = obj
+        self._index(key)
         self._after_create(plural, obj)
         return obj
 
+    def _index(self, key: Any) -> None:
+        plural = key[0].plural or ""
+        self._keys[(plural, key[1] or "", key[2])] = key
+        self._plural_keys.setdefault(plural, {})[key] = None
+
+    def _unindex(self, key: Any) -> None:
+        plural = key[0].plural or ""
+        self._keys.pop((plural, key[1] or "", key[2]), None)
+        self._plural_keys.get(plural, {}).pop(key, None)
+
     def live_objects(self, plural: str) -> list[dict[str, Any]]:
-        return [obj.raw for (res, _, _), obj in self.objects.items() if res.plural == plural and not obj.deleted]
+        return [self.objects[key].raw for key in self._plural_keys.get(plural, {})]
 
     def lookup(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-        for (res, ns, obj_name), obj in self.objects.items():
-            if res.plural == plural and obj_name == name and (ns or "") == namespace and not obj.deleted:
-                return dict(obj.raw)
-        return None
+        key = self._keys.get((plural, namespace, name))
+        return dict(self.objects[key].raw) if key is not None else None
 
     def key_of(self, plural: str, namespace: str, name: str) -> Any:
-        for key, obj in self.objects.items():
-            res, ns, obj_name = key
-            if res.plural == plural and obj_name == name and (ns or "") == namespace and not obj.deleted:
-                return key
-        return None
+        return self._keys.get((plural, namespace, name))
 
     async def add_unchecked(self, group: str, version: str, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Store an object no admission saw (one written before a CRD rule existed), and tell watchers."""
@@ -468,6 +491,7 @@ class APIServer(kmock.KubernetesEmulator):
             self.objects[key].create(body)
         else:
             self.objects[key] = body
+        self._index(key)
         self._after_create(request.resource.plural or "", body)
         await self._emit(request.resource, "ADDED", body)
         return self._respond(body, 201, warnings)
@@ -627,6 +651,7 @@ class APIServer(kmock.KubernetesEmulator):
 
     async def _remove(self, key: Any, current: dict[str, Any]) -> None:
         self.objects[key].delete()
+        self._unindex(key)
         await self._emit(key[0], "DELETED", current)
         if key[0].plural == "serviceaccounts":
             self.tokens.revoke(key[1] or "", key[2])
@@ -677,6 +702,7 @@ class APIServer(kmock.KubernetesEmulator):
         octet-stream, which kubectl refuses), filtered by labelSelector, with Table objects when asked."""
         definition = self._wants_table(request)
         selector = request.params.get("labelSelector") or ""
+        fields = request.params.get("fieldSelector") or ""
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request._raw_request)
         try:
@@ -685,6 +711,8 @@ class APIServer(kmock.KubernetesEmulator):
                 if not isinstance(obj, dict):
                     continue
                 if selector and not matches_selector((obj.get("metadata") or {}).get("labels") or {}, selector):
+                    continue
+                if fields and not matches_fields(obj, fields):
                     continue
                 if definition is not None:
                     version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
@@ -700,6 +728,8 @@ class APIServer(kmock.KubernetesEmulator):
         items = listing["items"]
         if selector:
             items = [i for i in items if matches_selector((i.get("metadata") or {}).get("labels") or {}, selector)]
+        if fields := request.params.get("fieldSelector"):
+            items = [i for i in items if matches_fields(i, fields)]
         info = self.resources.get(request.resource)
         group, version = request.resource.group, request.resource.version
         if (definition := self._wants_table(request)) is not None:

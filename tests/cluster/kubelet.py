@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from paralleljob.k8s import timestamps
 from tests.cluster import apiserver
 
@@ -80,8 +82,7 @@ class ProcessKubelet:
     def stop(self) -> None:
         self.server.watchers.remove(self._changed)
         for pod in self.running.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pod.process.pid, signal.SIGKILL)
+            self._signal(pod, signal.SIGKILL)
 
     # -- the sync loop -----------------------------------------------------------------------------------
 
@@ -366,8 +367,18 @@ class ProcessKubelet:
     # -- stopping ----------------------------------------------------------------------------------------
 
     def _signal(self, pod: PodProcess, signum: int) -> None:
+        """SIGTERM to the container's process group (torchrun passes it on to its ranks); SIGKILL to every
+        process the container started, as a runtime kills a container's cgroup (torchrun starts each rank in a
+        session of its own, out of the group's reach)."""
+        family = []
+        if signum == signal.SIGKILL:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                family = psutil.Process(pod.process.pid).children(recursive=True)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pod.process.pid, signum)
+        for process in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
 
     def _terminate(self, running: PodProcess, pod: dict[str, Any]) -> None:
         """Graceful deletion: SIGTERM now, SIGKILL when the grace period (at most `grace_cap`) has passed."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.cluster import faults
@@ -184,3 +185,30 @@ def test_a_finished_pod_that_is_deleted_goes_at_once(cluster, admin):
     while admin.send("GET", f"{PODS}/done").status_code != 404 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert admin.send("GET", f"{PODS}/done").status_code == 404
+
+
+def test_a_killed_container_takes_every_process_it_started_with_it(cluster, admin):
+    """A process that left the container's process group (torchrun's ranks do) dies with the container."""
+    script = "setsid sleep 300 & echo $! > /tmp/escaped.pid; wait"
+    admin.ok(
+        admin.create(
+            PODS,
+            shell_pod(
+                "leaky",
+                script,
+                container={"volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]},
+                volumes=[{"name": "tmp", "emptyDir": {}}],
+            ),
+        )
+    )
+    wait_pod(admin, "leaky", phase("Running"))
+    (folder,) = (cluster.workdir / "kubelet" / "pods").glob("research_leaky_*")
+    pid_file = folder / "volumes" / "tmp" / "escaped.pid"
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    escaped = psutil.Process(int(pid_file.read_text()))
+    faults.kill_container(cluster, "research", "leaky")
+    wait_pod(admin, "leaky", phase("Failed"))
+    escaped.wait(10)
+    assert not escaped.is_running()

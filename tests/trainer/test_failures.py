@@ -1,8 +1,9 @@
 """Proof 4: a bad job stops every rank with a one-line message naming the problem, and nothing hangs.
 
 Ranks are started directly (as torchrun would start them) so that each rank's own exit code and message can
-be checked; torchrun would tear down the others as soon as the first one failed. The wall-time bound is far
-below the process-group timeout (60 s here), so a rank that waited for a dead peer would fail the test.
+be checked; torchrun would tear down the others as soon as the first one failed. The process-group timeout is
+an hour there, far beyond the gang's wait, so a rank that waited for a dead peer would fail the test; how long
+the ranks take is measured in bench/failure_detection.py, not asserted here.
 Those failures are all found before any process group exists; a rank frozen in the middle of training shows
 that its peers, blocked in collectives and pipeline transfers, give up within the process-group timeout. (A
 frozen rank rather than a killed one: gloo notices a killed peer's closed sockets within seconds, while a
@@ -23,20 +24,19 @@ from paralleljob_contract.layout import Layout
 from tests.trainer import harness
 
 SGD = {"type": "SGD", "params": {"lr": 0.1}}
-NO_HANG_S = 45
 PG_TIMEOUT_S = 20
-# Start-up of the survivors' error handling and exit, on a loaded 2-core machine.
-EXIT_MARGIN_S = 25
+# A rank that waits for a dead peer waits for its process-group timeout: an hour here, past any wait below.
+HANG_PG_TIMEOUT = {"PARALLELJOB_PG_TIMEOUT_SECONDS": "3600"}
+# How long a frozen peer's survivors may take before the test calls it a hang: many process-group timeouts.
+HANG_AFTER_S = 10 * PG_TIMEOUT_S
 
 
 def _run_ranks(tmp_path: Path, document: dict[str, Any], checkpoint_dir: Path | None = None) -> harness.Result:
     job = harness.write_job(tmp_path, document)
     gang = harness.Gang()
-    started = time.monotonic()
-    gang.start_ranks(job, tmp_path / "out", world=int(document["plan"]["worldSize"]), checkpoint_dir=checkpoint_dir)
-    result = gang.wait(timeout=120)
-    assert time.monotonic() - started < NO_HANG_S, "a rank waited for a dead peer"
-    return result
+    world = int(document["plan"]["worldSize"])
+    gang.start_ranks(job, tmp_path / "out", world=world, checkpoint_dir=checkpoint_dir, extra_env=HANG_PG_TIMEOUT)
+    return gang.wait(timeout=300)
 
 
 def _error_lines(log: str) -> list[str]:
@@ -140,16 +140,14 @@ def test_every_peer_of_a_rank_frozen_during_training_exits_within_the_timeout(tm
         _wait_for_step(tmp_path / "out", 2, timeout=120)
         victim.send_signal(signal.SIGSTOP)
         frozen = time.monotonic()
-        while any(p.poll() is None for p in peers) and time.monotonic() < frozen + PG_TIMEOUT_S + EXIT_MARGIN_S:
+        while any(p.poll() is None for p in peers) and time.monotonic() < frozen + HANG_AFTER_S:
             time.sleep(0.2)
         still_running = [rank for rank, p in enumerate(peers) if p.poll() is None]
     finally:
         victim.send_signal(signal.SIGCONT)
         gang.stop()
     logs = "\n".join(f"rank {rank}: {path.read_text()[-600:]}" for rank, path in enumerate(gang.log_paths))
-    assert not still_running, (
-        f"ranks {still_running} outlived a frozen peer by {PG_TIMEOUT_S + EXIT_MARGIN_S} s\n{logs}"
-    )
+    assert not still_running, f"ranks {still_running} outlived a frozen peer by {HANG_AFTER_S} s\n{logs}"
     assert all(p.returncode != 0 for p in peers), logs
     # Each peer says in one line that it lost a peer (exit 4); none dies with a traceback.
     peer_logs = [path.read_text() for path in gang.log_paths[:-1]]
