@@ -114,7 +114,15 @@ def validate_document(doc: Any) -> ValidationResult:
     job, problems = parsing.parse_job(doc)
     if job is None:
         return ValidationResult(problems, None, name)
-    problems = problems + rules.check_rules(job.spec)
+    return validate_job(job, problems)
+
+
+def validate_job(job: t.ParallelJob, problems: list[Problem] | None = None) -> ValidationResult:
+    """Run every rule on a parsed job (after `problems` the parser found): what `validate_document` does once
+    the YAML is parsed. The layout search calls it on each candidate, so a candidate is valid exactly when
+    the same job written as YAML would be."""
+    name = job.metadata.name
+    problems = list(problems or []) + rules.check_rules(job.spec)
     resolved_batch, batch_problems = batch_math.resolve_batch(job.spec.deepspeed, job.spec.parallelism.data)
     problems += [p for p in batch_problems if p.path not in {q.path for q in problems}]
     if resolved_batch is not None:

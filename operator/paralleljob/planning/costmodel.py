@@ -122,21 +122,36 @@ def price(
     groups: Mapping[str, list[list[int]]] | None = None,
 ) -> CommCost:
     """Cost of one step's communication with node rank i on sites[i]; `groups` are `rank_groups(layout, ...)`,
-    passed in when the caller prices several node orders of one layout.
+    passed in when the caller prices several node orders of one layout."""
+    groups = groups or rank_groups(layout, ranks_per_node)
+    return price_reached(reach(ranks_per_node, sites, groups), volume, bw)
 
-    A kind of group costs what its slowest link level costs. Above the leaf, links are oversubscribed and
+
+def reach(
+    ranks_per_node: int, sites: Sequence[Site], groups: Mapping[str, list[list[int]]]
+) -> dict[str, list[LinkLevel]]:
+    """The link level each group of each kind spans, with node rank i on sites[i]. It depends on the layout
+    and the node order only, not on the bytes, so the layout search prices many batch splits from one."""
+    return {
+        kind: [span_level([sites[r // ranks_per_node] for r in members]) for members in groups[kind]]
+        for kind in ("tensor", "pipeline", "data")
+    }
+
+
+def price_reached(
+    reached: Mapping[str, list[LinkLevel]], volume: estimates.CommBytes, bw: Mapping[LinkLevel, float]
+) -> CommCost:
+    """A kind of group costs what its slowest link level costs. Above the leaf, links are oversubscribed and
     shared: when a fraction f of a kind's groups reach a level, each gets min(1, factor / f) of the leaf
     bandwidth there (factor = bw[level] / bw[LEAF]), so fewer crossing groups cost less.
     """
-    groups = groups or rank_groups(layout, ranks_per_node)
     found: dict[str, tuple[float, LinkLevel]] = {}
     total, count = 0.0, 0
     for kind, nbytes in (("tensor", volume.tensor), ("pipeline", volume.pipeline), ("data", volume.data)):
-        reached = [span_level([sites[r // ranks_per_node] for r in members]) for members in groups[kind]]
-        seconds, level = _kind_seconds(reached, nbytes, bw)
-        found[kind] = (seconds, level)
-        total += sum(nbytes / bw[lv] for lv in reached)
-        count += len(reached)
+        levels_reached = reached[kind]
+        found[kind] = _kind_seconds(levels_reached, nbytes, bw)
+        total += sum(nbytes / bw[lv] for lv in levels_reached)
+        count += len(levels_reached)
     return CommCost(
         found["tensor"][0],
         found["pipeline"][0],

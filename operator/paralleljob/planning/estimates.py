@@ -190,6 +190,34 @@ def _flops(work: Workload, recompute: bool) -> float:
     return model_math.training_flops(work.shape, work.train_batch * work.sequence, recompute)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """Modeled seconds of one training step, by what they are spent on (docs/planning.md, Estimates)."""
+
+    compute: float  # matmuls at kernel efficiency, spread over the GPUs
+    tensor: float  # TP all-reduces of the slowest group, inside the pipeline's time slots
+    pipeline: float  # activations and gradients between neighbouring stages
+    bubble: float  # 1F1B idle slots: (p-1)/m of the compute and in-pipeline communication
+    data: float  # the gradient all-reduce after the last micro-batch
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tensor + self.pipeline + self.bubble + self.data
+
+
+def step_time(
+    work: Workload, peak_flops: float, kernel_efficiency: float, tensor: float, pipeline: float, data: float
+) -> StepTime:
+    """(hardware FLOPs/(world * peak * efficiency) + TP + PP) * (m+p-1)/m + DP, split by where it goes.
+
+    `tensor`, `pipeline` and `data` are the modeled communication seconds of the slowest group of each kind.
+    """
+    compute = flops_per_step(work) / (work.world_size * peak_flops * kernel_efficiency)
+    in_pipeline = compute + tensor + pipeline
+    bubble = in_pipeline * (work.pipeline - 1) / work.micro_batches  # 1F1B: m + p - 1 slots for m
+    return StepTime(compute, tensor, pipeline, bubble, data)
+
+
 def bubble_fraction(work: Workload) -> float:
     """Share of a 1F1B step the pipeline idles: (p-1)/(m+p-1)."""
     p, m = work.pipeline, work.micro_batches

@@ -242,9 +242,7 @@ def _estimates(ctx: _Context, product: str, cost: CommCost, gpu_memory: float | 
     flops = estimates.flops_per_step(work)
     model_flops = estimates.model_flops_per_step(work)
     peak = model.peak_flops(product)
-    compute = flops / (work.world_size * peak * model.kernel_efficiency)
-    stretch = (work.micro_batches + work.pipeline - 1) / work.micro_batches  # 1F1B: m + p - 1 slots for m
-    step = (compute + cost.tensor + cost.pipeline) * stretch + cost.data
+    step = estimates.step_time(work, peak, model.kernel_efficiency, cost.tensor, cost.pipeline, cost.data).total
     bandwidths = {level.name.lower(): bps / 1e9 for level, bps in model.link_bandwidths(product).items()}
     return Estimates(
         parameters=work.parameters,
