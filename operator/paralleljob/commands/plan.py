@@ -24,7 +24,7 @@ from paralleljob import planning
 from paralleljob.api import documents
 from paralleljob.api.problems import errors_of, warnings_of
 from paralleljob.api.validation import validate_document
-from paralleljob.commands import validate
+from paralleljob.commands import plan_auto, validate
 from paralleljob.k8s import live
 from paralleljob.planning import costmodel, inventory, picture
 from paralleljob.planning.estimates import GIB
@@ -47,8 +47,8 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--cluster",
         metavar="NODES.yaml",
-        help="Nodes as `kubectl get nodes -o yaml` prints them (may also hold Pods and ParallelJobs); "
-        "default: the live cluster",
+        help="Nodes as `kubectl get nodes -o json` (fastest: read with the C JSON parser) or `-o yaml` prints "
+        "them (may also hold Pods and ParallelJobs); default: the live cluster",
     )
     parser.add_argument(
         "--pods",
@@ -68,6 +68,16 @@ def register(sub: Any) -> None:
         metavar="LEVEL=GBPS",
         help="override a link bandwidth per GPU in GB/s; LEVEL is node, nvlink, leaf, block or top",
     )
+    parser.add_argument(
+        "--auto",
+        action="store_true",
+        help="choose the layout (PP x TP x DP, micro-batch, recomputation, ZeRO) for a GPU budget: the job's "
+        "own size, or --gpus / --nodes",
+    )
+    parser.add_argument(
+        "--gpus", metavar="N|A..B", help="with --auto: the GPU budget, or a range to show how throughput scales"
+    )
+    parser.add_argument("--nodes", type=int, metavar="N", help="with --auto: the budget in nodes (x GPUs per node)")
     parser.set_defaults(run=run)
 
 
@@ -75,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     reasons = sys.stdout if args.output == "table" else sys.stderr
     try:
         options = planning.PlanningOptions(costmodel.CostModel(bandwidths=_bandwidths(args.bandwidth)))
+        request = _budget_request(args)
         jobs = _load_jobs(args.job, reasons)
         if jobs is None:
             return 1
@@ -82,14 +93,54 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"paralleljob plan: {exc}", file=sys.stderr)
         return 2
+    if request is not None:
+        return _run_auto(args, jobs, found, request, options, reasons)
     outcomes, ok = _plan_all(jobs, found, options, reasons)
     if not outcomes:
         return 1
-    text = render(outcomes, planning.build_cluster(found.nodes, found.pods), args.output)
+    # Only the picture needs the whole cluster again; building it is a pass over every node.
+    cluster = planning.build_cluster(found.nodes, found.pods) if args.output == "svg" else None
+    text = render(outcomes, cluster, args.output)
+    return _finish(text, args.out, ok)
+
+
+def _budget_request(args: argparse.Namespace) -> plan_auto.BudgetRequest | None:
+    """The --auto budget, or None without --auto (where --gpus and --nodes are refused)."""
+    if not args.auto:
+        if args.gpus is not None or args.nodes is not None:
+            raise UsageError("--gpus and --nodes choose a budget for --auto; add --auto")
+        return None
+    if args.output == "svg":
+        raise UsageError("--auto prints table, json or yaml; plan the chosen layout without --auto for svg")
     try:
-        _write(text, args.out)
+        return plan_auto.parse_budget(args.gpus, args.nodes)
+    except plan_auto.BudgetError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _run_auto(
+    args: argparse.Namespace,
+    jobs: list[tuple[str, Any]],
+    found: inventory.ClusterObjects,
+    request: plan_auto.BudgetRequest,
+    options: planning.PlanningOptions,
+    reasons: TextIO,
+) -> int:
+    def cluster_for(job: Any, held: list[planning.Reservation]) -> planning.Cluster:
+        others = planning.job_reservations(found.jobs, found.pods, exclude=(job.namespace, job.name))
+        return planning.build_cluster(found.nodes, found.pods, [*others, *held])
+
+    chosen, ok = plan_auto.choose_all(jobs, cluster_for, request, options, reasons)
+    if not chosen:
+        return 1
+    return _finish(plan_auto.render(chosen, args.output, render_table), args.out, ok)
+
+
+def _finish(text: str, out: str | None, ok: bool) -> int:
+    try:
+        _write(text, out)
     except OSError as exc:
-        print(f"paralleljob plan: cannot write --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"paralleljob plan: cannot write --out {out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     return 0 if ok else 1
 
@@ -147,7 +198,7 @@ def _load_cluster(
     else:
         found = inventory.split_objects(_read_yaml(cluster_path))
         if not found.nodes:
-            raise UsageError(f"{cluster_path}: contains no Node objects (write `kubectl get nodes -o yaml` to it)")
+            raise UsageError(f"{cluster_path}: contains no Node objects (write `kubectl get nodes -o json` to it)")
     if pods_path is not None:
         extra = inventory.split_objects(_read_yaml(pods_path))
         found = found._replace(pods=found.pods + extra.pods, jobs=found.jobs + extra.jobs)
@@ -194,7 +245,7 @@ def _plan_all(
     return outcomes, ok
 
 
-def render(outcomes: list[tuple[str, planning.Plan]], cluster: planning.Cluster, output: str) -> str:
+def render(outcomes: list[tuple[str, planning.Plan]], cluster: planning.Cluster | None, output: str) -> str:
     if output == "json":
         dicts = [plan.to_dict() for _, plan in outcomes]
         return json.dumps(dicts[0] if len(dicts) == 1 else dicts, indent=2) + "\n"

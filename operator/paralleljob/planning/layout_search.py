@@ -549,7 +549,7 @@ def _versus(winner: Candidate, runner_up: Candidate) -> str:
         "DP all-reduce": b.data - a.data,
     }
     biggest = sorted(parts.items(), key=lambda item: -abs(item[1]))[:2]
-    reasons = ", ".join(f"{'+' if d >= 0 else '-'}{abs(d):.3g} s in {name}" for name, d in biggest if abs(d) > 0)
+    reasons = " and ".join(f"{abs(d):.3g} s {'more' if d >= 0 else 'less'} in {name}" for name, d in biggest if d)
     gain = runner_up.step_seconds / winner.step_seconds - 1
     if gain < 1e-9:
         return (
