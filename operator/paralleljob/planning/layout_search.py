@@ -19,6 +19,7 @@ Callers: `paralleljob plan --auto`, the operator at first admission of a job tha
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -217,8 +218,11 @@ class _Tally:
     searched: int = 0
     valid: int = 0
     fitting: int = 0
-    invalid: dict[str, tuple[Variant, str]] = dataclasses.field(default_factory=dict)  # rule message -> example
+    invalid: dict[str, str] = dataclasses.field(default_factory=dict)  # why a layout is out -> the first such
     smallest: _Screened | None = None  # the valid variant that needs the least memory
+
+    def reject(self, layout: str, reason: str) -> None:
+        self.invalid.setdefault(reason.split(":", 1)[0] if reason.startswith("spec.") else reason, f"{layout}: {reason}")
 
     def note_valid(self, screened: _Screened) -> None:
         self.valid += 1
@@ -262,18 +266,14 @@ def variant_job(job: ResolvedJob, variant: Variant) -> tuple[ResolvedJob | None,
     return result.resolved, errors_of(result.problems)
 
 
-def shapes(budget: Budget, layers: int, max_tensor: int) -> Iterator[tuple[int, int, int]]:
-    """(pipeline, tensor, data) with product = budget, the fixed sizes kept, TP within an NVLink domain,
-    PP at most the layers."""
+def shapes(budget: Budget) -> Iterator[tuple[int, int, int]]:
+    """(pipeline, tensor, data) with product = budget and the fixed sizes kept."""
     fixed = budget.fixed
     for tensor in _divisors(budget.gpus):
-        if tensor > max_tensor or fixed.get("tensor", tensor) != tensor:
-            continue
         for pipeline in _divisors(budget.gpus // tensor):
             data = budget.gpus // (tensor * pipeline)
-            if pipeline > layers or fixed.get("pipeline", pipeline) != pipeline or fixed.get("data", data) != data:
-                continue
-            yield pipeline, tensor, data
+            if all(fixed.get(axis, size) == size for axis, size in zip(SIZES, (pipeline, tensor, data), strict=True)):
+                yield pipeline, tensor, data
 
 
 def variants(job: ResolvedJob, shape: tuple[int, int, int]) -> Iterator[Variant]:
@@ -320,14 +320,21 @@ def _screen(
 ) -> Iterator[_Screened]:
     """Valid variants that fit the GPU memory within the margin, with their optimistic step time."""
     bounds = _Bounds(job, cluster, hardware)
-    for shape in shapes(budget, job.spec.model.layers, bounds.max_tensor):
+    train_batch = job.batch.train_batch_size
+    for shape in shapes(budget):
+        layout = "x".join(str(size) for size in shape)
+        if shape[1] > bounds.max_tensor:
+            tally.reject(layout, f"TP {shape[1]} would span NVLink domains (the largest has {bounds.max_tensor} GPUs)")
+            continue
         shape_variants = list(variants(job, shape))
         tally.searched += len(shape_variants)
+        if not shape_variants:
+            tally.reject(layout, f"the train batch {train_batch} does not split over DP {shape[2]}")
         for variant in shape_variants:
             resolved, problems = variant_job(job, variant)
             if resolved is None:
                 for problem in problems:
-                    tally.invalid.setdefault(problem.message, (variant, problem.render()))
+                    tally.reject(layout, problem.render())
                 if any(problem.path in SHAPE_RULE_PATHS for problem in problems):
                     break  # a rule on the sizes alone: no other variant of this shape passes
                 continue
@@ -568,10 +575,9 @@ def _nothing_fits(
     """One line: no valid layout (name a rule and a budget that works), or none fits (what to change)."""
     if tally.smallest is None:
         usable = _nearest_usable_budgets(job, cluster, budget)
-        rule = next(iter(tally.invalid.values()), None)
-        why = f"e.g. {rule[0].layout}: {rule[1]}" if rule else "no pipeline x tensor x data multiplies to it"
+        why = "; ".join(list(tally.invalid.values())[:2]) or "no sizes multiply to it"
         near = f"; try {' or '.join(str(n) for n in usable)} GPUs" if usable else ""
-        return f"no valid layout uses exactly {budget.describe()} ({why}){near}"
+        return f"no valid layout uses exactly {budget.describe()} (e.g. {why}){near}"
     closest = tally.smallest
     gpu_memory = _gpu_memory(hardware) or 0.0
     return (
@@ -608,11 +614,11 @@ def _nearest_usable_budgets(job: ResolvedJob, cluster: Cluster, budget: Budget) 
     max_tensor = max_tensor_size(job, cluster, label)
 
     def usable(gpus: int) -> bool:
-        trial = Budget(gpus, budget.fixed)
         return any(
             variant_job(job, variant)[0] is not None
-            for shape in shapes(trial, job.spec.model.layers, max_tensor)
-            for variant in variants(job, shape)
+            for shape in shapes(Budget(gpus, budget.fixed))
+            if shape[1] <= max_tensor
+            for variant in itertools.islice(variants(job, shape), 1)
         )
 
     below = next((n for n in range(budget.gpus - 1, 0, -1) if usable(n)), None)
