@@ -206,3 +206,70 @@ def test_the_job_being_planned_does_not_reserve_against_itself(tmp_path: pathlib
     itself = placed_job("small", "n0", "small-0")
     cluster = write_yaml(tmp_path / "cluster.yaml", node_list("n0", "n1"), itself)
     assert cli.main(["plan", small_job, "--cluster", cluster, "-o", "json", "--out", str(tmp_path / "p.json")]) == 0
+
+
+def test_plan_auto_prints_the_ranked_layouts_the_explanation_and_the_winners_placement(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["plan", JOB_175B, "--cluster", CLUSTER_8X8, "--auto"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt-175b: layouts for 64 GPUs" in out
+    assert "│ 1 │ 8x4x2    │   8x8 │     1 │  768 │ on" in out
+    assert "3. so it needs PP across nodes: PP 8 x TP 4" in out
+    assert "the runner-up " in out and "slower" in out
+    assert "8x4x2 (PP x TP x DP), 64 GPUs on 8 nodes x 8" in out  # the winner's plan, as plan prints it
+
+
+def test_plan_auto_json_holds_the_winner_the_candidates_and_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", JOB_175B, "--cluster", CLUSTER_8X8, "--auto", "--nodes", "8", "-o", "json"]) == 0
+    choice = json.loads(capsys.readouterr().out)
+    assert choice["budget"] == {"gpus": 64, "fixed": {}}
+    assert choice["winner"]["layout"] == {"pipeline": 8, "tensor": 4, "data": 2}
+    assert choice["candidates"][0] == choice["winner"]
+    assert set(choice["winner"]) >= {
+        "microBatch",
+        "gradientAccumulationSteps",
+        "memoryPerGPU",
+        "tokensPerSecond",
+        "mfu",
+    }
+    assert planning.Plan.from_dict(choice["plan"]).layout.world_size == 64
+
+
+def test_plan_auto_over_a_range_shows_throughput_per_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", JOB_175B, "--cluster", CLUSTER_8X8, "--auto", "--gpus", "16..64", "-o", "json"]) == 1
+    captured = capsys.readouterr()
+    scaling = json.loads(captured.out)["scaling"]
+    assert [entry["budget"]["gpus"] for entry in scaling] == [64]
+    assert "no layout of 16 GPUs fits in memory" in captured.err  # 16 and 32 GPUs cannot hold 175B
+    assert "no layout of 32 GPUs fits in memory" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--gpus", "64"], "add --auto"),
+        (["--auto", "--gpus", "x"], "--gpus x: give a GPU count"),
+        (["--auto", "--gpus", "64..32"], "low <= high"),
+        (["--auto", "--gpus", "8", "--nodes", "1"], "not both"),
+    ],
+    ids=["gpus-without-auto", "not-a-number", "reversed-range", "gpus-and-nodes"],
+)
+def test_bad_budgets_are_usage_errors(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", JOB_175B, "--cluster", CLUSTER_8X8, *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_budget_too_small_for_the_model_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", JOB_175B, "--cluster", CLUSTER_8X8, "--auto", "--gpus", "8"]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and "spec.parallelism: no layout of 8 GPUs fits in memory: the closest, " in lines[0]
+
+
+def test_a_json_node_list_reads_like_the_yaml_one(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    as_json = tmp_path / "nodes.json"
+    as_json.write_text(json.dumps(next(yaml.safe_load_all(pathlib.Path(CLUSTER_8X8).read_text()))))
+    assert cli.main(["plan", JOB_175B, "--cluster", str(as_json), "-o", "json"]) == 0
+    from_json = json.loads(capsys.readouterr().out)
+    assert cli.main(["plan", JOB_175B, "--cluster", CLUSTER_8X8, "-o", "json"]) == 0
+    assert from_json == json.loads(capsys.readouterr().out)

@@ -133,7 +133,7 @@ def _run_auto(
     chosen, ok = plan_auto.choose_all(jobs, cluster_for, request, options, reasons)
     if not chosen:
         return 1
-    return _finish(plan_auto.render(chosen, args.output, render_table), args.out, ok)
+    return _finish(plan_auto.render(chosen, request, args.output, render_table), args.out, ok)
 
 
 def _finish(text: str, out: str | None, ok: bool) -> int:

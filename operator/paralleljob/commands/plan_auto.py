@@ -33,6 +33,10 @@ class BudgetRequest:
     gpus: tuple[int, int] | None = None  # (low, high); low == high for one budget
     nodes: int | None = None
 
+    @property
+    def is_range(self) -> bool:
+        return self.gpus is not None and self.gpus[0] != self.gpus[1]
+
     def budgets(self, job: ResolvedJob, cluster: planning.Cluster) -> list[int]:
         """GPU budgets to search: one, or a range doubling from its low end (its high end always included)."""
         if self.nodes is not None:
@@ -92,28 +96,28 @@ def choose_all(
             choices.append(outcome)
         if choices:
             chosen.append((job.name, choices))
-            if len(choices) == 1:
+            if not request.is_range:
                 held += planning.reservations_of(choices[0].winner.plan, job.name)
     return chosen, ok
 
 
-def render(chosen: list[tuple[str, list[LayoutChoice]]], output: str, render_plan: Any) -> str:
+def render(chosen: list[tuple[str, list[LayoutChoice]]], request: BudgetRequest, output: str, render_plan: Any) -> str:
     if output in ("json", "yaml"):
-        documents = [_document(name, choices) for name, choices in chosen]
+        documents = [_document(name, choices, request.is_range) for name, choices in chosen]
         if output == "yaml":
             return yaml.safe_dump_all(documents, sort_keys=False, width=120)
         return json.dumps(documents[0] if len(documents) == 1 else documents, indent=2) + "\n"
     parts = []
     for name, choices in chosen:
-        if len(choices) == 1:
+        if not request.is_range:
             parts.append(render_choice(name, choices[0]) + render_plan(name, choices[0].winner.plan))
         else:
             parts.append(render_scaling(name, choices))
     return "".join(parts)
 
 
-def _document(name: str, choices: list[LayoutChoice]) -> dict[str, Any]:
-    if len(choices) == 1:
+def _document(name: str, choices: list[LayoutChoice], is_range: bool) -> dict[str, Any]:
+    if not is_range:
         return {"job": name, **choices[0].to_dict()}
     return {"job": name, "scaling": [choice.to_dict() for choice in choices]}
 

@@ -34,7 +34,7 @@ from paralleljob.planning.costmodel import Site
 from paralleljob.planning.eligibility import MIB
 from paralleljob.planning.estimates import GIB, StepTime, Workload
 from paralleljob.planning.inventory import Cluster, NodeInfo
-from paralleljob.planning.layout import PIPE_DATA_MODEL, Layout
+from paralleljob.planning.layout import AXIS_ORDERS, AxisOrder, Layout
 from paralleljob.planning.levels import LinkLevel, detect_nvlink_label, label_keys
 from paralleljob.planning.plan import Plan, Unschedulable
 from paralleljob.planning.planner import PlanningOptions, plan_job, ranks_per_node_candidates
@@ -222,7 +222,9 @@ class _Tally:
     smallest: _Screened | None = None  # the valid variant that needs the least memory
 
     def reject(self, layout: str, reason: str) -> None:
-        self.invalid.setdefault(reason.split(":", 1)[0] if reason.startswith("spec.") else reason, f"{layout}: {reason}")
+        self.invalid.setdefault(
+            reason.split(":", 1)[0] if reason.startswith("spec.") else reason, f"{layout}: {reason}"
+        )
 
     def note_valid(self, screened: _Screened) -> None:
         self.valid += 1
@@ -365,23 +367,27 @@ class _Bounds:
         self.nvlink_label = job.spec.topology.nvlink_domain_label or detect_nvlink_label(label_keys(cluster.nodes))
         self.max_tensor = max_tensor_size(job, cluster, self.nvlink_label)
         self.efficiency = hardware[0].efficiency if hardware else 1.0
-        self._reached: dict[tuple[tuple[int, int, int], int], Mapping[str, list[LinkLevel]]] = {}
+        order = job.spec.topology.axis_order
+        self.axis_orders = tuple(AXIS_ORDERS.values()) if order == "auto" else (AXIS_ORDERS[order],)
+        self._reached: dict[tuple[tuple[int, int, int], int, AxisOrder], Mapping[str, list[LinkLevel]]] = {}
 
     def step(self, job: ResolvedJob, work: Workload, hardware: Sequence[_Hardware]) -> float:
         volume = estimates.comm_bytes(work)
         best = math.inf
+        shape = (work.pipeline, work.tensor, work.data)
         for gpus in ranks_per_node_candidates(job, self.cluster.nodes, self.nvlink_label):
-            reached = self._reach((work.pipeline, work.tensor, work.data), gpus)
-            for h in hardware:
-                cost = costmodel.price_reached(reached, volume, h.bandwidth)
-                step = estimates.step_time(work, h.peak, h.efficiency, cost.tensor, cost.pipeline, cost.data)
-                best = min(best, step.total)
+            for order in self.axis_orders:
+                reached = self._reach(shape, gpus, order)
+                for h in hardware:
+                    cost = costmodel.price_reached(reached, volume, h.bandwidth)
+                    step = estimates.step_time(work, h.peak, h.efficiency, cost.tensor, cost.pipeline, cost.data)
+                    best = min(best, step.total)
         return best
 
-    def _reach(self, shape: tuple[int, int, int], gpus: int) -> Mapping[str, list[LinkLevel]]:
-        key = (shape, gpus)
+    def _reach(self, shape: tuple[int, int, int], gpus: int, order: AxisOrder) -> Mapping[str, list[LinkLevel]]:
+        key = (shape, gpus, order)
         if key not in self._reached:
-            layout = Layout(shape[0], shape[1], shape[2], PIPE_DATA_MODEL)
+            layout = Layout(shape[0], shape[1], shape[2], order)
             clique = "ideal" if self.nvlink_label else ""
             sites = [Site(str(index), clique, ()) for index in range(max(1, layout.world_size // gpus))]
             self._reached[key] = costmodel.reach(gpus, sites, costmodel.rank_groups(layout, gpus))
@@ -598,14 +604,26 @@ def _memory_changes(
         advice.append("allow ZeRO-1 (spec.deepspeed.zero_optimization.stage: 1 shards the optimizer over DP)")
     if budget.fixed:
         advice.append(f"leave {' and '.join(budget.fixed)} to the search")
-    for factor in (2, 4, 8, 16, 32, 64):
-        bigger = Budget(budget.gpus * factor, budget.fixed)
-        if next(_screen(job, cluster, bigger, hardware, _Tally()), None) is not None:
-            advice.append(f"use {bigger.gpus} GPUs, the smallest budget {factor}x this one where a layout fits")
-            break
+    bigger = next(
+        (gpus for gpus in _larger_budgets(budget, cluster) if _any_fits(job, cluster, budget, gpus, hardware)), None
+    )
+    if bigger is not None:
+        advice.append(f"use {bigger} GPUs, the smallest larger budget tried where a layout fits")
     else:
-        advice.append("shrink the model: even 64x the GPUs, micro-batch 1 and recomputation do not make it fit")
+        advice.append("shrink the model: not even 64x the GPUs fit it with micro-batch 1, recomputation and ZeRO-1")
     return "; or ".join(advice)
+
+
+def _larger_budgets(budget: Budget, cluster: Cluster) -> Iterator[int]:
+    """The next 16 multiples of a node's GPUs above the budget, then doublings up to 64x."""
+    per_node = max((node.allocatable_gpus for node in cluster.nodes), default=1) or 1
+    start = budget.gpus // per_node + 1
+    yield from (per_node * count for count in range(start, start + 16))
+    yield from (budget.gpus * factor for factor in (4, 8, 16, 32, 64) if budget.gpus * factor > per_node * (start + 15))
+
+
+def _any_fits(job: ResolvedJob, cluster: Cluster, budget: Budget, gpus: int, hardware: Sequence[_Hardware]) -> bool:
+    return next(_screen(job, cluster, Budget(gpus, budget.fixed), hardware, _Tally()), None) is not None
 
 
 def _nearest_usable_budgets(job: ResolvedJob, cluster: Cluster, budget: Budget) -> list[int]:
