@@ -147,14 +147,18 @@ def stage_memory(work: Workload, stage: Stage) -> Memory:
 
 
 def activation_bytes(work: Workload, stage: Stage = "first") -> float:
-    """Korthikanti et al.: per layer sbh(10 + 24/t + 5as/ht) with TP; 2sbh when only layer inputs are kept.
+    """Korthikanti et al.: per layer sbh(10 + 24/t) with TP, without their 5as/ht term for the attention
+    scores; 2sbh when only layer inputs are kept.
 
-    Under 1F1B the first stage holds min(p, m) micro-batches in flight, the last one; the last stage also
-    keeps the fp32 logits (4sbV bytes, whole on every TP rank) that cross-entropy saves for backward.
+    The trainer's attention is PyTorch's scaled_dot_product_attention, which on GPUs runs FlashAttention or
+    the memory-efficient kernel: the a*s^2 scores are recomputed in the backward pass, never stored (at
+    s = 8192 they would be four times the rest of the layer). Under 1F1B the first stage holds min(p, m)
+    micro-batches in flight, the last one; the last stage also keeps the fp32 logits (4sbV bytes, whole on
+    every TP rank) that cross-entropy saves for backward.
     """
-    s, b, h, a, t = work.sequence, work.micro_batch, work.hidden, work.heads, work.tensor
+    s, b, h, t = work.sequence, work.micro_batch, work.hidden, work.tensor
     scale = work.element_bytes / 2  # the published figures assume 16-bit activations
-    full_layer = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * scale
+    full_layer = s * b * h * (10 + 24 / t) * scale
     in_flight = min(work.pipeline, work.micro_batches) if stage == "first" else 1
     logits = 4 * s * b * work.vocab if stage in ("last", "only") else 0.0
     if work.recompute:
