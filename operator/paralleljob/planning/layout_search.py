@@ -375,7 +375,7 @@ class _Bounds:
         volume = estimates.comm_bytes(work)
         best = math.inf
         shape = (work.pipeline, work.tensor, work.data)
-        for gpus in ranks_per_node_candidates(job, self.cluster.nodes, self.nvlink_label):
+        for gpus in self._sizes(job):
             for order in self.axis_orders:
                 reached = self._reach(shape, gpus, order)
                 for h in hardware:
@@ -383,6 +383,12 @@ class _Bounds:
                     step = estimates.step_time(work, h.peak, h.efficiency, cost.tensor, cost.pipeline, cost.data)
                     best = min(best, step.total)
         return best
+
+    def _sizes(self, job: ResolvedJob) -> list[int]:
+        """Ranks-per-node sizes the planner may use, less those that divide the largest: with g' dividing g,
+        every node-sized block of g' ranks lies inside one of g ranks, so g' is never faster."""
+        sizes = ranks_per_node_candidates(job, self.cluster.nodes, self.nvlink_label)
+        return [g for g in sizes if g == sizes[0] or sizes[0] % g]
 
     def _reach(self, shape: tuple[int, int, int], gpus: int, order: AxisOrder) -> Mapping[str, list[LinkLevel]]:
         key = (shape, gpus, order)
