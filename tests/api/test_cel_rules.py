@@ -18,6 +18,19 @@ SPEC_SCHEMA = crd.spec_schema()
 # Specs that exercise every rule both ways; ids say which rule they are aimed at.
 CASES = {
     "base": {},
+    "budget-gpus": {"spec.parallelism": {"gpus": 16}, "spec.deepspeed.train_batch_size": 32},
+    "budget-nodes": {"spec.parallelism": {"nodes": 2}, "spec.deepspeed.train_batch_size": 32},
+    "no-sizes-no-budget": {"spec.parallelism": {"data": 2}},
+    "gpus-and-nodes": {"spec.parallelism": {"gpus": 16, "nodes": 2}, "spec.deepspeed.train_batch_size": 32},
+    "nodes-without-gpus-per-node": {
+        "spec.parallelism": {"nodes": 2},
+        "spec.gpusPerNode": DELETE,
+        "spec.deepspeed.train_batch_size": 32,
+    },
+    "budget-sizes-agree": {"spec.parallelism.gpus": 16, "spec.deepspeed.train_batch_size": 32},
+    "budget-sizes-disagree": {"spec.parallelism.gpus": 32, "spec.deepspeed.train_batch_size": 32},
+    "budget-no-train-batch": {"spec.parallelism": {"gpus": 16}},
+    "budget-tensor-fixed": {"spec.parallelism": {"gpus": 16, "tensor": 3}, "spec.deepspeed.train_batch_size": 32},
     "tensor-not-dividing-node": {
         "spec.parallelism.tensor": 3,
         "spec.model.attentionHeads": 12,

@@ -112,3 +112,26 @@ def test_a_missing_file_is_a_one_line_error(capsys) -> None:
     assert code == 1 and lines == [
         "/nonexistent/job.yaml: (file): cannot be read: No such file or directory; check the path."
     ]
+
+
+def test_a_job_with_a_gpu_budget_is_valid_and_says_its_layout_is_chosen_at_admission(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    budget = tmp_path / "budget.yaml"
+    budget.write_text(
+        """
+apiVersion: paralleljob.io/v1alpha1
+kind: ParallelJob
+metadata: {name: gpt-budget}
+spec:
+  parallelism: {gpus: 64, tensor: 4}
+  model: {layers: 96, hiddenSize: 12288, attentionHeads: 96, sequenceLength: 2048, vocabSize: 51200}
+  deepspeed: {train_batch_size: 1536}
+  training: {steps: 10}
+  checkpoint: {intervalSteps: 5}
+"""
+    )
+    assert main(["validate", str(budget)]) == 0
+    out = capsys.readouterr().out
+    assert "valid, a budget of 64 GPUs; the layout" in out
+    assert "will be chosen at admission on the cluster's free nodes, keeping tensor 4" in out

@@ -61,7 +61,9 @@ def _ds_enabled(spec: t.ParallelJobSpec, key: str) -> bool | None:
 
 def _tensor_fits_node(spec: t.ParallelJobSpec) -> Problem | None:
     gpn, tp = spec.gpus_per_node, spec.parallelism.tensor
-    if gpn is None or spec.topology.nvlink_domain_label is not None or tensor_fits(tp, gpn, multi_node_domain=False):
+    if gpn is None or tp is None or spec.topology.nvlink_domain_label is not None:
+        return None
+    if tensor_fits(tp, gpn, multi_node_domain=False):
         return None
     # The largest divisor of gpusPerNode below tensor, found from tensor down (never gpusPerNode steps).
     divisor = next(d for d in range(min(gpn, tp), 0, -1) if gpn % d == 0)
@@ -75,7 +77,9 @@ def _tensor_fits_node(spec: t.ParallelJobSpec) -> Problem | None:
 
 def _tensor_fits_clique(spec: t.ParallelJobSpec) -> Problem | None:
     gpn, tp = spec.gpus_per_node, spec.parallelism.tensor
-    if gpn is None or spec.topology.nvlink_domain_label is None or tensor_fits(tp, gpn, multi_node_domain=True):
+    if gpn is None or tp is None or spec.topology.nvlink_domain_label is None:
+        return None
+    if tensor_fits(tp, gpn, multi_node_domain=True):
         return None
     return error(
         "spec.parallelism.tensor",
@@ -86,7 +90,7 @@ def _tensor_fits_clique(spec: t.ParallelJobSpec) -> Problem | None:
 
 def _heads_split(spec: t.ParallelJobSpec) -> Problem | None:
     heads, tp = spec.model.attention_heads, spec.parallelism.tensor
-    if heads % tp == 0:
+    if tp is None or heads % tp == 0:
         return None
     return error(
         "spec.model.attentionHeads",
@@ -107,7 +111,7 @@ def _hidden_per_head(spec: t.ParallelJobSpec) -> Problem | None:
 
 def _ffn_split(spec: t.ParallelJobSpec) -> Problem | None:
     ffn, tp = spec.model.ffn_hidden_size, spec.parallelism.tensor
-    if ffn is None or ffn % tp == 0:
+    if ffn is None or tp is None or ffn % tp == 0:
         return None
     return error(
         "spec.model.ffnHiddenSize",
@@ -117,7 +121,7 @@ def _ffn_split(spec: t.ParallelJobSpec) -> Problem | None:
 
 def _layers_per_stage(spec: t.ParallelJobSpec) -> Problem | None:
     layers, pp = spec.model.layers, spec.parallelism.pipeline
-    if layers >= pp:
+    if pp is None or layers >= pp:
         return None
     return error(
         "spec.model.layers",
@@ -127,7 +131,7 @@ def _layers_per_stage(spec: t.ParallelJobSpec) -> Problem | None:
 
 def _zero_with_pipeline(spec: t.ParallelJobSpec) -> Problem | None:
     stage, pp = zero_stage(spec), spec.parallelism.pipeline
-    if stage < 2 or pp <= 1:
+    if stage < 2 or pp is None or pp <= 1:
         return None
     return error(
         "spec.deepspeed.zero_optimization.stage",
@@ -159,6 +163,68 @@ def _batch_product(spec: t.ParallelJobSpec) -> Problem | None:
         "spec.deepspeed.train_batch_size",
         f"{tbs} != micro-batch {micro} x gradient_accumulation_steps {gas} x DP {dp} = {micro * gas * dp}; "
         f"set train_batch_size to {micro * gas * dp} or change one factor.",
+    )
+
+
+def budget_gpus(spec: t.ParallelJobSpec) -> int | None:
+    """The GPU budget of spec.parallelism (gpus, or nodes x gpusPerNode), None when the sizes are given."""
+    par = spec.parallelism
+    if par.gpus is not None:
+        return par.gpus
+    if par.nodes is not None and spec.gpus_per_node is not None:
+        return par.nodes * spec.gpus_per_node
+    return None
+
+
+def _sizes_or_budget(spec: t.ParallelJobSpec) -> Problem | None:
+    par = spec.parallelism
+    if (par.pipeline is not None and par.tensor is not None) or par.gpus is not None or par.nodes is not None:
+        return None
+    return error(
+        "spec.parallelism",
+        "needs pipeline and tensor, or a GPU budget (gpus, or nodes with gpusPerNode) for the operator to "
+        "choose them; set one.",
+    )
+
+
+def _one_budget(spec: t.ParallelJobSpec) -> Problem | None:
+    par = spec.parallelism
+    if par.gpus is None or par.nodes is None:
+        return None
+    return error("spec.parallelism.nodes", "and gpus both give a budget; keep one.")
+
+
+def _nodes_need_gpus_per_node(spec: t.ParallelJobSpec) -> Problem | None:
+    if spec.parallelism.nodes is None or spec.gpus_per_node is not None:
+        return None
+    return error(
+        "spec.parallelism.nodes",
+        f"{spec.parallelism.nodes} nodes need spec.gpusPerNode to make a GPU budget; set it, or give gpus instead.",
+    )
+
+
+def _budget_matches_sizes(spec: t.ParallelJobSpec) -> Problem | None:
+    par, gpus = spec.parallelism, spec.parallelism.gpus
+    if gpus is None or None in (par.pipeline, par.tensor, par.data):
+        return None
+    assert par.pipeline is not None and par.tensor is not None and par.data is not None
+    product = par.pipeline * par.tensor * par.data
+    if product == gpus:
+        return None
+    return error(
+        "spec.parallelism.gpus",
+        f"{gpus} GPUs but pipeline {par.pipeline} x tensor {par.tensor} x data {par.data} = {product}; "
+        "leave one size out for the operator to choose, or make them agree.",
+    )
+
+
+def _budget_needs_train_batch(spec: t.ParallelJobSpec) -> Problem | None:
+    if budget_gpus(spec) is None or _ds_int(spec, "train_batch_size") is not None:
+        return None
+    return error(
+        "spec.deepspeed.train_batch_size",
+        "is needed with a GPU budget: the layout search splits this global batch into micro-batch x "
+        "accumulation x DP; set it.",
     )
 
 
@@ -203,11 +269,51 @@ def _precision_matches(spec: t.ParallelJobSpec) -> Problem | None:
     return None
 
 
+_PAR = "self.parallelism"
+_BUDGET = f"(has({_PAR}.gpus) || has({_PAR}.nodes))"
+
 RULES: tuple[Rule, ...] = (
+    Rule(
+        "sizes-or-budget",
+        ".parallelism",
+        f"(has({_PAR}.pipeline) && has({_PAR}.tensor)) || {_BUDGET}",
+        "parallelism needs pipeline and tensor, or a GPU budget (gpus, or nodes with gpusPerNode)",
+        _sizes_or_budget,
+    ),
+    Rule(
+        "one-budget",
+        ".parallelism.nodes",
+        f"!(has({_PAR}.gpus) && has({_PAR}.nodes))",
+        "parallelism.gpus and parallelism.nodes both give a budget; keep one",
+        _one_budget,
+    ),
+    Rule(
+        "nodes-need-gpus-per-node",
+        ".parallelism.nodes",
+        f"!has({_PAR}.nodes) || has(self.gpusPerNode)",
+        "parallelism.nodes needs gpusPerNode to make a GPU budget",
+        _nodes_need_gpus_per_node,
+    ),
+    Rule(
+        "budget-matches-sizes",
+        ".parallelism.gpus",
+        f"!(has({_PAR}.gpus) && has({_PAR}.pipeline) && has({_PAR}.tensor) && has({_PAR}.data)) "
+        f"|| {_PAR}.pipeline * {_PAR}.tensor * {_PAR}.data == {_PAR}.gpus",
+        "parallelism.pipeline * tensor * data must equal parallelism.gpus when all are given",
+        _budget_matches_sizes,
+    ),
+    Rule(
+        "budget-needs-train-batch",
+        ".deepspeed.train_batch_size",
+        f"!{_BUDGET} || (has(self.deepspeed) && has(self.deepspeed.train_batch_size))",
+        "a GPU budget needs deepspeed.train_batch_size, the global batch the layout search splits",
+        _budget_needs_train_batch,
+    ),
     Rule(
         "tensor-fits-node",
         ".parallelism.tensor",
-        "!has(self.gpusPerNode) || (has(self.topology) && has(self.topology.nvlinkDomainLabel)) "
+        "!has(self.gpusPerNode) || !has(self.parallelism.tensor) "
+        "|| (has(self.topology) && has(self.topology.nvlinkDomainLabel)) "
         "|| self.gpusPerNode % self.parallelism.tensor == 0",
         "parallelism.tensor must divide gpusPerNode, so that each tensor-parallel group stays in one node",
         _tensor_fits_node,
@@ -215,15 +321,15 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "tensor-fits-clique",
         ".parallelism.tensor",
-        "!has(self.gpusPerNode) || !has(self.topology) || !has(self.topology.nvlinkDomainLabel) "
-        "|| self.gpusPerNode % self.parallelism.tensor == 0 || self.parallelism.tensor % self.gpusPerNode == 0",
+        "!has(self.gpusPerNode) || !has(self.parallelism.tensor) || !has(self.topology) "
+        "|| !has(self.topology.nvlinkDomainLabel) || self.gpusPerNode % self.parallelism.tensor == 0 || self.parallelism.tensor % self.gpusPerNode == 0",
         "parallelism.tensor and gpusPerNode must divide one another in a multi-node NVLink domain",
         _tensor_fits_clique,
     ),
     Rule(
         "heads-split-across-tensor",
         ".model.attentionHeads",
-        "self.model.attentionHeads % self.parallelism.tensor == 0",
+        "!has(self.parallelism.tensor) || self.model.attentionHeads % self.parallelism.tensor == 0",
         "model.attentionHeads must be divisible by parallelism.tensor",
         _heads_split,
     ),
@@ -237,21 +343,23 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "ffn-split-across-tensor",
         ".model.ffnHiddenSize",
-        "!has(self.model.ffnHiddenSize) || self.model.ffnHiddenSize % self.parallelism.tensor == 0",
+        "!has(self.model.ffnHiddenSize) || !has(self.parallelism.tensor) "
+        "|| self.model.ffnHiddenSize % self.parallelism.tensor == 0",
         "model.ffnHiddenSize must be divisible by parallelism.tensor",
         _ffn_split,
     ),
     Rule(
         "layers-fill-stages",
         ".model.layers",
-        "self.model.layers >= self.parallelism.pipeline",
+        "!has(self.parallelism.pipeline) || self.model.layers >= self.parallelism.pipeline",
         "model.layers must be at least parallelism.pipeline, so that every stage has a layer",
         _layers_per_stage,
     ),
     Rule(
         "zero-with-pipeline",
         ".deepspeed.zero_optimization.stage",
-        f"!({_STAGE}) || self.deepspeed.zero_optimization.stage < 2 || self.parallelism.pipeline == 1",
+        f"!({_STAGE}) || self.deepspeed.zero_optimization.stage < 2 || !has(self.parallelism.pipeline) "
+        "|| self.parallelism.pipeline == 1",
         "ZeRO stage 2 and 3 are incompatible with pipeline parallelism; use stage 1, or pipeline 1",
         _zero_with_pipeline,
     ),
@@ -328,6 +436,8 @@ NAME_RULE_MESSAGE = (
 # `self == oldSelf` over the whole spec would compare unbounded lists and preserved objects, whose estimated
 # CEL cost a real API server refuses when the CRD is created.
 SPEC_IMMUTABLE_FIELDS = (
+    "parallelism.gpus",
+    "parallelism.nodes",
     "parallelism.pipeline",
     "parallelism.tensor",
     "parallelism.data",

@@ -35,23 +35,40 @@ Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed"]
 
 @dataclasses.dataclass(frozen=True)
 class Parallelism:
-    """The 3D layout: pipeline (PP) x tensor (TP) x data (DP) parallel sizes."""
+    """The 3D layout: pipeline (PP) x tensor (TP) x data (DP) parallel sizes, or a GPU budget to choose them for."""
 
-    pipeline: int = api_field(
+    pipeline: int | None = api_field(
         "Pipeline-parallel size (PP): the number of pipeline stages the model's layers are split into. "
-        "Stages exchange activations point to point, so the planner lays consecutive stages close in the fabric.",
+        "Stages exchange activations point to point, so the planner lays consecutive stages close in the fabric. "
+        "Required unless gpus or nodes gives a budget; with a budget, a size given here is kept.",
+        default=None,
         minimum=1,
     )
-    tensor: int = api_field(
+    tensor: int | None = api_field(
         "Tensor-parallel size (TP): the number of GPUs that split each layer's matrices (Megatron-style). "
         "A tensor-parallel group all-reduces four times per layer and micro-batch, so it must fit in one "
-        "NVLink domain: a node, or a multi-node NVLink clique (see spec.topology.nvlinkDomainLabel).",
+        "NVLink domain: a node, or a multi-node NVLink clique (see spec.topology.nvlinkDomainLabel). "
+        "Required unless gpus or nodes gives a budget; with a budget, a size given here is kept.",
+        default=None,
         minimum=1,
     )
     data: int | None = api_field(
         "Data-parallel size (DP): the number of model replicas. Optional: when absent it is derived from "
-        "spec.deepspeed as train_batch_size / (train_micro_batch_size_per_gpu * gradient_accumulation_steps). "
-        "Total GPUs = pipeline * tensor * data.",
+        "spec.deepspeed as train_batch_size / (train_micro_batch_size_per_gpu * gradient_accumulation_steps), "
+        "or chosen with the layout when gpus or nodes gives a budget. Total GPUs = pipeline * tensor * data.",
+        default=None,
+        minimum=1,
+    )
+    gpus: int | None = api_field(
+        "A GPU budget instead of sizes: at first admission the operator chooses pipeline x tensor x data = gpus, "
+        "the micro-batch and accumulation for spec.deepspeed.train_batch_size, activation recomputation and "
+        "the ZeRO stage, by modeled step time on the free nodes (as paralleljob plan --auto does), and records "
+        "the choice in status.layoutChoice; restarts re-place but never re-choose. Needs train_batch_size.",
+        default=None,
+        minimum=1,
+    )
+    nodes: int | None = api_field(
+        "A budget in nodes: gpus = nodes * spec.gpusPerNode (which it needs). Exclusive with gpus.",
         default=None,
         minimum=1,
     )
@@ -413,6 +430,13 @@ class ParallelJobStatus:
     conditions: list[Condition] | None = api_field("Valid, Scheduled, Ready, Succeeded, Failed.", default=None)
     observed_generation: int | None = api_field("Last metadata.generation acted on.", default=None, minimum=0)
     layout: str | None = api_field("pipeline x tensor x data, e.g. 8x4x2.", default=None)
+    layout_choice: RawObject | None = api_field(
+        "The layout the operator chose for a GPU budget (spec.parallelism.gpus or nodes), once, at first "
+        "admission: pipeline, tensor, data, microBatch, gradientAccumulationSteps, activationRecomputation, "
+        "zeroStage, the modeled stepSeconds, and the explanation. Restarts keep it.",
+        default=None,
+        json_name="layoutChoice",
+    )
     world_size: int | None = api_field("Total ranks (GPUs).", default=None, minimum=0)
     nodes: int | None = api_field("Pods (node ranks).", default=None, minimum=0)
     gpus_per_node: int | None = api_field("Ranks per pod.", default=None, minimum=0, json_name="gpusPerNode")

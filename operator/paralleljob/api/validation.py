@@ -41,12 +41,23 @@ class ResolvedJob:
         return self.job.spec
 
     @property
+    def budget(self) -> int | None:
+        """GPUs to choose a layout for (spec.parallelism.gpus, or nodes x gpusPerNode); None when sized."""
+        return rules.budget_gpus(self.spec)
+
+    @property
+    def needs_layout(self) -> bool:
+        """A job that gives a GPU budget: its sizes and batch split are placeholders until a layout search
+        (`planning.layout_search`) chooses them; only the train batch and the model are final."""
+        return self.budget is not None
+
+    @property
     def pipeline(self) -> int:
-        return self.spec.parallelism.pipeline
+        return self.spec.parallelism.pipeline or 1
 
     @property
     def tensor(self) -> int:
-        return self.spec.parallelism.tensor
+        return self.spec.parallelism.tensor or 1
 
     @property
     def data(self) -> int:
@@ -54,7 +65,7 @@ class ResolvedJob:
 
     @property
     def world_size(self) -> int:
-        return self.pipeline * self.tensor * self.data
+        return self.budget or self.pipeline * self.tensor * self.data
 
     @property
     def layout(self) -> str:
@@ -123,6 +134,8 @@ def validate_job(job: t.ParallelJob, problems: list[Problem] | None = None) -> V
     the same job written as YAML would be."""
     name = job.metadata.name
     problems = list(problems or []) + rules.check_rules(job.spec)
+    if rules.budget_gpus(job.spec) is not None:
+        return _budget_job(job, problems)
     resolved_batch, batch_problems = batch_math.resolve_batch(job.spec.deepspeed, job.spec.parallelism.data)
     problems += [p for p in batch_problems if p.path not in {q.path for q in problems}]
     if resolved_batch is not None:
@@ -130,6 +143,16 @@ def validate_job(job: t.ParallelJob, problems: list[Problem] | None = None) -> V
     if errors_of(problems) or resolved_batch is None:
         return ValidationResult(problems, None, name, resolved_batch)
     return ValidationResult(problems, ResolvedJob(job, resolved_batch), name, resolved_batch)
+
+
+def _budget_job(job: t.ParallelJob, problems: list[Problem]) -> ValidationResult:
+    """A job with a GPU budget: valid when its rules pass; its layout and batch split are chosen later, so the
+    batch here holds only the train batch (micro-batch 1, no DP) as a placeholder."""
+    train_batch = (job.spec.deepspeed or {}).get(batch_math.TBS)
+    if errors_of(problems) or not isinstance(train_batch, int) or train_batch < 1:
+        return ValidationResult(problems, None, job.metadata.name)
+    placeholder = batch_math.Batch(train_batch, 1, train_batch, 1)
+    return ValidationResult(problems, ResolvedJob(job, placeholder), job.metadata.name)
 
 
 def _name_of(doc: Any) -> str | None:
@@ -147,7 +170,7 @@ def bubble_fraction(pipeline: int, micro_batches: int) -> float:
 def advisories(spec: t.ParallelJobSpec, batch: batch_math.Batch) -> list[Problem]:
     """Warnings: valid, but probably not what the user wants."""
     found: list[Problem] = []
-    layers, pp = spec.model.layers, spec.parallelism.pipeline
+    layers, pp = spec.model.layers, spec.parallelism.pipeline or 1  # sized jobs always have it
     if layers >= pp and layers % pp:
         found.append(
             warning(

@@ -93,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"paralleljob plan: {exc}", file=sys.stderr)
         return 2
+    if request is None and any(job.needs_layout for _, job in jobs):
+        request = plan_auto.BudgetRequest()  # a job that gives a GPU budget is planned as --auto would
     if request is not None:
         return _run_auto(args, jobs, found, request, options, reasons)
     outcomes, ok = _plan_all(jobs, found, options, reasons)

@@ -43,7 +43,7 @@ class BudgetRequest:
             per_node = job.spec.gpus_per_node or max((n.allocatable_gpus for n in cluster.nodes), default=0)
             return [self.nodes * per_node]
         if self.gpus is None:
-            return [job.world_size]
+            return [job.world_size]  # the job's own size, or the budget it gives
         low, high = self.gpus
         found = []
         while low < high:
@@ -87,8 +87,10 @@ def choose_all(
     for label, job in jobs:
         cluster = cluster_for(job, held)
         choices: list[LayoutChoice] = []
+        own = layout_search.budget_of(job)
         for gpus in request.budgets(job, cluster):
-            outcome = layout_search.choose_layout(job, cluster, Budget(gpus), options)
+            budget = Budget(gpus, own.fixed if own is not None else {})
+            outcome = layout_search.choose_layout(job, cluster, budget, options)
             if isinstance(outcome, NoLayout):
                 print(f"{label}: {outcome.problem().render()}", file=reasons)
                 ok = False

@@ -11,7 +11,7 @@ from typing import Any
 
 from paralleljob.api import documents
 from paralleljob.api.problems import errors_of
-from paralleljob.api.validation import ValidationResult, validate_document
+from paralleljob.api.validation import ResolvedJob, ValidationResult, validate_document
 
 
 def register(sub: Any) -> None:
@@ -30,6 +30,8 @@ def summary(result: ValidationResult) -> str:
     resolved = result.resolved
     assert resolved is not None
     spec = resolved.spec
+    if resolved.needs_layout:
+        return _budget_summary(resolved)
     gpn = spec.gpus_per_node
     nodes = f"{resolved.world_size // gpn} nodes x {gpn} GPUs" if gpn else "nodes chosen by the planner"
     derived = " (derived)" if spec.parallelism.data is None else ""
@@ -37,6 +39,23 @@ def summary(result: ValidationResult) -> str:
         f"{resolved.name}: valid, layout {resolved.layout} (PP x TP x DP), {resolved.world_size} GPUs, {nodes}, "
         f"DP {resolved.data}{derived}, batch {resolved.batch.train_batch_size} = micro {resolved.batch.micro_batch}"
         f" x accumulation {resolved.batch.gradient_accumulation_steps} x DP {resolved.data}"
+    )
+
+
+def _budget_summary(resolved: ResolvedJob) -> str:
+    """A job that gives a GPU budget: what is fixed now, and that the layout is chosen at admission."""
+    par = resolved.spec.parallelism
+    fixed = [
+        f"{axis} {size}"
+        for axis, size in (("pipeline", par.pipeline), ("tensor", par.tensor), ("data", par.data))
+        if size
+    ]
+    kept = f", keeping {' and '.join(fixed)}" if fixed else ""
+    return (
+        f"{resolved.name}: valid, a budget of {resolved.world_size} GPUs; the layout (pipeline x tensor x data, "
+        f"micro-batch and accumulation for train_batch_size {resolved.batch.train_batch_size}, recomputation, "
+        f"ZeRO stage) will be chosen at admission on the cluster's free nodes{kept}; "
+        "preview it with paralleljob plan --auto"
     )
 
 

@@ -250,6 +250,49 @@ def choose_layout(
     return LayoutChoice(budget, tuple(ranked), tuple(explanation), tally.searched, tally.valid, tally.fitting, planned)
 
 
+def budget_of(job: ResolvedJob) -> Budget | None:
+    """The budget a job gives (spec.parallelism.gpus, or nodes x gpusPerNode) with the sizes it fixes."""
+    if job.budget is None:
+        return None
+    par = job.spec.parallelism
+    given = zip(SIZES, (par.pipeline, par.tensor, par.data), strict=True)
+    return Budget(job.budget, {axis: size for axis, size in given if size is not None})
+
+
+def record(choice: LayoutChoice) -> dict[str, Any]:
+    """What the operator keeps in status.layoutChoice: enough to rebuild the chosen job without searching."""
+    v = choice.winner.variant
+    return {
+        "pipeline": v.pipeline,
+        "tensor": v.tensor,
+        "data": v.data,
+        "microBatch": v.micro_batch,
+        "gradientAccumulationSteps": v.accumulation,
+        "activationRecomputation": v.recompute,
+        "zeroStage": v.zero_stage,
+        "gpus": choice.budget.gpus,
+        "stepSeconds": choice.winner.step_seconds,
+        "explanation": " ".join(choice.explanation),
+    }
+
+
+def chosen_job(job: ResolvedJob, recorded: Mapping[str, Any]) -> tuple[ResolvedJob | None, list[Problem]]:
+    """The job with the layout `record()` kept: what a restart runs, never searching again."""
+    try:
+        variant = Variant(
+            int(recorded["pipeline"]),
+            int(recorded["tensor"]),
+            int(recorded["data"]),
+            int(recorded["microBatch"]),
+            int(recorded["gradientAccumulationSteps"]),
+            bool(recorded["activationRecomputation"]),
+            int(recorded["zeroStage"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, [error("status.layoutChoice", f"is malformed ({exc}); remove it to choose the layout again.")]
+    return variant_job(job, variant)
+
+
 def variant_job(job: ResolvedJob, variant: Variant) -> tuple[ResolvedJob | None, list[Problem]]:
     """The job with the variant's layout, batch split, recomputation and ZeRO stage, validated as YAML would be."""
     spec = job.spec
@@ -263,6 +306,7 @@ def variant_job(job: ResolvedJob, variant: Variant) -> tuple[ResolvedJob | None,
     interval = spec.model.activation_checkpoint_interval or 1
     model = dataclasses.replace(spec.model, activation_checkpoint_interval=interval if variant.recompute else 0)
     parallelism = api_types.Parallelism(variant.pipeline, variant.tensor, variant.data)
+    # The budget fields go: the variant is a sized job, validated as the YAML with these sizes would be.
     new_spec = dataclasses.replace(spec, parallelism=parallelism, model=model, deepspeed=deepspeed)
     result = validate_job(dataclasses.replace(job.job, spec=new_spec))
     return result.resolved, errors_of(result.problems)
@@ -279,14 +323,16 @@ def shapes(budget: Budget) -> Iterator[tuple[int, int, int]]:
 
 
 def variants(job: ResolvedJob, shape: tuple[int, int, int]) -> Iterator[Variant]:
-    """Every micro-batch split of the train batch, recomputation on and off, and each allowed ZeRO stage."""
+    """Every micro-batch split of the train batch (only the micro-batch a budget job's config pins, if it
+    does), recomputation on and off, and each allowed ZeRO stage."""
     pipeline, tensor, data = shape
     train_batch = job.batch.train_batch_size
     if train_batch % data:
         return
+    pinned = (job.spec.deepspeed or {}).get(batch_math.MICRO) if job.needs_layout else None
     for micro in _divisors(train_batch // data):
-        if micro > MAX_MICRO_BATCH:
-            break
+        if micro > MAX_MICRO_BATCH or (isinstance(pinned, int) and micro != pinned):
+            continue
         for recompute in (False, True):
             for stage in zero_stages(job, pipeline):
                 yield Variant(pipeline, tensor, data, micro, train_batch // (data * micro), recompute, stage)
