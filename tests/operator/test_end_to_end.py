@@ -100,10 +100,10 @@ def test_failed_pod_restarts_the_gang_and_backoff_limit_fails_the_job(cluster, o
     assert emulator.emulator.force_deleted == []
 
 
-def restarted(cluster, attempt):
-    pods = cluster.pods()
-    attempts = {p["metadata"]["labels"]["paralleljob.io/attempt"] for p in pods}
-    return len(pods) == 16 and attempts == {str(attempt)} and cluster.status().get("restarts") == attempt
+def restarted(cluster, attempt, pods=16):
+    found = cluster.pods()
+    attempts = {p["metadata"]["labels"]["paralleljob.io/attempt"] for p in found}
+    return len(found) == pods and attempts == {str(attempt)} and cluster.status().get("restarts") == attempt
 
 
 def evict(cluster, pod):

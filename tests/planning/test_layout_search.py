@@ -215,3 +215,26 @@ def test_a_budget_larger_than_the_free_gpus_says_what_the_best_layout_needs() ->
     assert isinstance(outcome, NoLayout)
     assert "no candidate layout places on the cluster now" in outcome.message
     assert "needs 16 nodes with 8 free nvidia.com/gpu" in outcome.message
+
+
+def test_a_budget_that_pods_of_gpus_per_node_cannot_split_is_one_line() -> None:
+    four_per_pod = job(
+        """
+apiVersion: paralleljob.io/v1alpha1
+kind: ParallelJob
+metadata: {name: budget}
+spec:
+  parallelism: {gpus: 7}
+  gpusPerNode: 4
+  model: {layers: 8, hiddenSize: 256, attentionHeads: 8, sequenceLength: 128, vocabSize: 512}
+  deepspeed: {train_batch_size: 32}
+  training: {steps: 10}
+  checkpoint: {intervalSteps: 5}
+"""
+    )
+    budget = layout_search.budget_of(four_per_pod)
+    assert budget == Budget(7)
+    outcome = layout_search.choose_layout(four_per_pod, a100_cluster(2), budget)
+    assert isinstance(outcome, NoLayout)
+    assert outcome.message.startswith("no valid layout uses exactly 7 GPUs")
+    assert outcome.message.endswith("(e.g. 7 GPUs: do not split into pods of spec.gpusPerNode 4); try 4 or 8 GPUs")

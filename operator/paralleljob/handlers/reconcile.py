@@ -154,6 +154,12 @@ def _step(p: Pass) -> Outcome:
         problems += pod_manifests.env_problems(result.resolved)
     if result.resolved is None or problems:
         return _invalid(p, "; ".join(problems))
+    resolved = result.resolved
+    if resolved.needs_layout and p.status.get("layoutChoice"):
+        # Chosen once, at first admission: restarts re-place this layout, they never search again.
+        resolved, layout_problems = placement.chosen_job(resolved, p.status["layoutChoice"])
+        if resolved is None:
+            return _invalid(p, "; ".join(problem.render() for problem in layout_problems))
     m.observe_phase(p.namespace, p.name, p.status.get("phase"))
     labelled = reads.list_job_pods(p.session, p.namespace, p.name)
     pods = [pod for pod in labelled if labels.owned_by(pod, p.uid)]
@@ -168,16 +174,44 @@ def _step(p: Pass) -> Outcome:
     try:
         if not p.status.get("placement"):
             with ADMISSION:
-                return _admit(p, result.resolved)
+                if resolved.needs_layout:
+                    chosen = _choose_layout(p, resolved)
+                    if isinstance(chosen, Outcome):
+                        return chosen
+                    resolved = chosen
+                return _admit(p, resolved)
         if conditions.is_true(p.status.get("conditions"), "Scheduled", ADMITTED):
-            return _create(p, result.resolved, pods)
+            return _create(p, resolved, pods)
     except writes.HeldByAnother as held:
         log.info("%s/%s waits for the garbage collector: %s", p.namespace, p.name, held)
         return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
     except writes.Rejected as refused:
         state = gang.GangState("broken", 0, str(refused), cause=gang.CREATE_FAILED)
-        return _broken(p, result.resolved, pods, state)
-    return _watch(p, result.resolved, pods)
+        return _broken(p, resolved, pods, state)
+    return _watch(p, resolved, pods)
+
+
+def _choose_layout(p: Pass, template: ResolvedJob) -> ResolvedJob | Outcome:
+    """First admission of a job that gives a GPU budget: choose the layout on the free nodes, once, and record
+    it (status.layoutChoice, the LayoutChosen condition and an Event) before placing it."""
+    nodes = reads.list_nodes(p.session)
+    all_pods = reads.list_all_pods(p.session)
+    jobs = reads.list_jobs(p.session, p.settings.namespaces)
+    held = planning.job_reservations(jobs, all_pods, exclude=(p.namespace, p.name))
+    found = placement.choose_layout(template, nodes, all_pods, held)
+    if found.job is None:
+        cond = p.condition("Valid", "True", "Validated", "the spec is valid")
+        cond = p.condition("LayoutChosen", "False", "NoLayout", found.message, base=cond)
+        if write_status(p, {"phase": "Pending", "message": found.message, "conditions": cond}):
+            p.event("Warning", "NoLayout", found.message)
+        return Outcome("no-layout", requeue_after=UNSCHEDULABLE_RECHECK_SECONDS)
+    cond = p.condition("LayoutChosen", "True", "LayoutChosen", found.message)
+    patch = {"layoutChoice": found.record, "layout": found.job.layout, "conditions": cond}
+    write_status(p, patch)
+    p.event("Normal", "LayoutChosen", found.message)
+    if isinstance(p.job, dict):  # the admission below builds on this status in the same pass
+        p.job.setdefault("status", {}).update(patch)
+    return found.job
 
 
 def _attempt_of(pod: Mapping[str, Any]) -> int:

@@ -367,6 +367,10 @@ def _screen(
     job: ResolvedJob, cluster: Cluster, budget: Budget, hardware: Sequence[_Hardware], tally: _Tally
 ) -> Iterator[_Screened]:
     """Valid variants that fit the GPU memory within the margin, with their optimistic step time."""
+    per_pod = job.spec.gpus_per_node
+    if per_pod and budget.gpus % per_pod:
+        tally.reject(f"{budget.gpus} GPUs", f"do not split into pods of spec.gpusPerNode {per_pod}")
+        return
     bounds = _Bounds(job, cluster, hardware)
     train_batch = job.batch.train_batch_size
     for shape in shapes(budget):
@@ -392,8 +396,11 @@ def _screen(
             fits = [h for h in hardware if _fits(screened.memory, h.gpu_memory)]
             if not fits:
                 continue
+            bound = bounds.step(resolved, work, fits)
+            if bound == math.inf:
+                continue  # no pod size divides the world: the planner could not place it
             tally.fitting += 1
-            yield dataclasses.replace(screened, bound=bounds.step(resolved, work, fits))
+            yield dataclasses.replace(screened, bound=bound)
 
 
 # Rules that read only the parallel sizes and the model's shape: when one fails, every variant of the
@@ -418,6 +425,7 @@ class _Bounds:
         self._reached: dict[tuple[tuple[int, int, int], int, AxisOrder], Mapping[str, list[LinkLevel]]] = {}
 
     def step(self, job: ResolvedJob, work: Workload, hardware: Sequence[_Hardware]) -> float:
+        """The bound; infinite when no ranks-per-node size divides the world (spec.gpusPerNode does not)."""
         volume = estimates.comm_bytes(work)
         best = math.inf
         shape = (work.pipeline, work.tensor, work.data)
@@ -433,7 +441,8 @@ class _Bounds:
     def _sizes(self, job: ResolvedJob) -> list[int]:
         """Ranks-per-node sizes the planner may use, less those that divide the largest: with g' dividing g,
         every node-sized block of g' ranks lies inside one of g ranks, so g' is never faster."""
-        sizes = ranks_per_node_candidates(job, self.cluster.nodes, self.nvlink_label)
+        world = job.world_size
+        sizes = [g for g in ranks_per_node_candidates(job, self.cluster.nodes, self.nvlink_label) if world % g == 0]
         return [g for g in sizes if g == sizes[0] or sizes[0] % g]
 
     def _reach(self, shape: tuple[int, int, int], gpus: int, order: AxisOrder) -> Mapping[str, list[LinkLevel]]:
@@ -684,6 +693,8 @@ def _nearest_usable_budgets(job: ResolvedJob, cluster: Cluster, budget: Budget) 
     max_tensor = max_tensor_size(job, cluster, label)
 
     def usable(gpus: int) -> bool:
+        if job.spec.gpus_per_node and gpus % job.spec.gpus_per_node:
+            return False
         return any(
             variant_job(job, variant)[0] is not None
             for shape in shapes(Budget(gpus, budget.fixed))

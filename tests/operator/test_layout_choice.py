@@ -1,0 +1,47 @@
+"""A job that gives a GPU budget: the operator chooses its layout once, at first admission, records it with a
+LayoutChosen condition and an Event, and a gang restart re-places that layout without choosing again."""
+
+from __future__ import annotations
+
+from tests.operator.conftest import job_doc, wait_for
+from tests.operator.test_end_to_end import restarted
+
+
+def budget_job() -> dict:
+    doc = job_doc(parallelism={"nodes": 4})
+    doc["spec"]["deepspeed"] = {"train_batch_size": 32}
+    return doc
+
+
+def test_the_layout_is_chosen_once_at_admission_and_kept_across_a_restart(cluster, operator):
+    cluster.add_nodes(5)
+    cluster.apply(budget_job())
+    wait_for(lambda: len(cluster.pods()) == 4, what="4 pods of the chosen layout")
+    status = cluster.status()
+    choice = status["layoutChoice"]
+    assert choice["pipeline"] * choice["tensor"] * choice["data"] == 16 == choice["gpus"]
+    assert status["layout"] == f"{choice['pipeline']}x{choice['tensor']}x{choice['data']}"
+    chosen = {c["type"]: c for c in status["conditions"]}["LayoutChosen"]
+    assert (chosen["status"], chosen["reason"]) == ("True", "LayoutChosen")
+    assert chosen["message"].startswith("1. the model fits one GPU")
+    assert [e["reason"] for e in cluster.events()].count("LayoutChosen") == 1
+
+    wait_for(lambda: cluster.status().get("message", "").startswith("4 pods"), what="placed")
+    cluster.bind_all()
+    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    cluster.set_pod_phase(cluster.pods()[1]["metadata"]["name"], "Failed", reason="Error")
+    wait_for(lambda: restarted(cluster, 1, pods=4), what="a new generation of 4 pods")
+    assert cluster.status()["layoutChoice"] == choice
+    assert [e["reason"] for e in cluster.events()].count("LayoutChosen") == 1
+
+
+def test_a_budget_no_layout_fits_waits_with_one_line(cluster, operator):
+    cluster.add_nodes(2)
+    doc = budget_job()
+    doc["spec"]["parallelism"] = {"gpus": 7}
+    cluster.apply(doc)
+    status = wait_for(lambda: cluster.status().get("message") and cluster.status(), what="a reason")
+    chosen = {c["type"]: c for c in status["conditions"]}["LayoutChosen"]
+    assert (chosen["status"], chosen["reason"]) == ("False", "NoLayout")
+    assert chosen["message"].startswith("no valid layout uses exactly 7 GPUs")
+    assert cluster.pods() == []
