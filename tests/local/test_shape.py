@@ -58,3 +58,22 @@ def test_cuda_visible_devices_decides_how_many_gpus_are_visible(monkeypatch) -> 
     assert runner.visible_gpus() == 0
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
     assert runner.visible_gpus() == 3
+
+
+@pytest.mark.parametrize(("nodes", "per_node"), [(None, None), (2, 4)], ids=["one-node-of-8", "two-nodes-of-4"])
+def test_a_budget_job_gets_its_layout_chosen_on_the_local_shape(nodes: int | None, per_node: int | None) -> None:
+    from paralleljob.commands import run as run_command
+
+    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    doc["spec"]["parallelism"] = {"gpus": 8}
+    doc["spec"].pop("gpusPerNode", None)
+    doc["spec"]["deepspeed"] = {"train_batch_size": 16}
+    template = validate_document(doc).resolved
+    assert template is not None and template.needs_layout
+    chosen = run_command.choose_locally(template, nodes, per_node)
+    assert not isinstance(chosen, str), chosen
+    choice, count, slots = chosen
+    assert (count, slots) == ((nodes, per_node) if nodes else (1, 8))
+    job = choice.winner.job
+    assert not job.needs_layout and job.world_size == 8
+    assert runner.choose_shape(job, count, slots) == runner.LocalShape(count, slots)

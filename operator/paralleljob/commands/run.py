@@ -20,6 +20,7 @@ from paralleljob.api.validation import ResolvedJob, validate_document
 from paralleljob.commands import plan as plan_command
 from paralleljob.commands import validate as validate_command
 from paralleljob.local import report, runner
+from paralleljob.planning import layout_search
 
 
 def register(sub: Any) -> None:
@@ -64,8 +65,18 @@ def run(args: argparse.Namespace) -> int:
 def run_valid(args: argparse.Namespace, doc: documents.Document, console: Console) -> int:
     resolved = validate_document(doc.body).resolved
     assert resolved is not None
+    nodes, gpus_per_node = args.nodes, args.gpus_per_node
+    if resolved.needs_layout:
+        chosen = choose_locally(resolved, nodes, gpus_per_node)
+        if isinstance(chosen, str):
+            print(f"{args.job}: {chosen}")
+            return 1
+        choice, nodes, gpus_per_node = chosen
+        resolved = choice.winner.job
+        for line in choice.explanation:
+            console.print(f"layout: {line}", markup=False)
     try:
-        shape = runner.choose_shape(resolved, args.nodes, args.gpus_per_node)
+        shape = runner.choose_shape(resolved, nodes, gpus_per_node)
         devices = runner.gpu_slices(shape, runner.visible_gpus())
     except runner.LocalShapeError as exc:
         print(f"{args.job}: {exc}")
@@ -85,6 +96,28 @@ def run_valid(args: argparse.Namespace, doc: documents.Document, console: Consol
     report.print_summary(console, summary)
     report.write_summary(summary, output / "summary.json")
     return 0 if summary.succeeded else 1
+
+
+def choose_locally(
+    template: ResolvedJob, nodes: int | None, gpus_per_node: int | None
+) -> tuple[layout_search.LayoutChoice, int, int] | str:
+    """A job that gives a GPU budget: the layout search on the local shape (--nodes x --gpus-per-node, else
+    spec.gpusPerNode, else one simulated node of the whole budget); the choice and that shape, or the line
+    why not."""
+    budget = layout_search.budget_of(template)
+    assert budget is not None
+    per_node = gpus_per_node or template.spec.gpus_per_node or (budget.gpus // nodes if nodes else budget.gpus)
+    count = nodes or max(1, budget.gpus // max(1, per_node))
+    if per_node < 1 or count * per_node != budget.gpus:
+        return (
+            f"spec.parallelism: {count} simulated nodes x {per_node} slots is not the budget of {budget.gpus} "
+            "GPUs; give --nodes and --gpus-per-node that multiply to it."
+        )
+    cluster = planning.build_cluster(planning.local_cluster_nodes(count, per_node))
+    outcome = layout_search.choose_layout(template, cluster, budget)
+    if isinstance(outcome, layout_search.NoLayout):
+        return outcome.problem().render()
+    return outcome, count, per_node
 
 
 def plan_locally(resolved: ResolvedJob, shape: runner.LocalShape) -> planning.Plan | planning.Unschedulable:
