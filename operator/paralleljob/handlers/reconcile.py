@@ -174,12 +174,13 @@ def _step(p: Pass) -> Outcome:
     try:
         if not p.status.get("placement"):
             with ADMISSION:
+                view = _cluster_view(p)
                 if resolved.needs_layout:
-                    chosen = _choose_layout(p, resolved)
+                    chosen = _choose_layout(p, resolved, view)
                     if isinstance(chosen, Outcome):
                         return chosen
                     resolved = chosen
-                return _admit(p, resolved)
+                return _admit(p, resolved, view)
         if conditions.is_true(p.status.get("conditions"), "Scheduled", ADMITTED):
             return _create(p, resolved, pods)
     except writes.HeldByAnother as held:
@@ -191,14 +192,26 @@ def _step(p: Pass) -> Outcome:
     return _watch(p, resolved, pods)
 
 
-def _choose_layout(p: Pass, template: ResolvedJob) -> ResolvedJob | Outcome:
-    """First admission of a job that gives a GPU budget: choose the layout on the free nodes, once, and record
-    it (status.layoutChoice, the LayoutChosen condition and an Event) before placing it."""
+@dataclasses.dataclass(frozen=True)
+class ClusterView:
+    """What an admission plans against: Nodes, all pods, and other jobs' reservations, read once per admission."""
+
+    nodes: list[Mapping[str, Any]]
+    pods: list[Mapping[str, Any]]
+    held: list[planning.Reservation]
+
+
+def _cluster_view(p: Pass) -> ClusterView:
     nodes = reads.list_nodes(p.session)
     all_pods = reads.list_all_pods(p.session)
     jobs = reads.list_jobs(p.session, p.settings.namespaces)
-    held = planning.job_reservations(jobs, all_pods, exclude=(p.namespace, p.name))
-    found = placement.choose_layout(template, nodes, all_pods, held)
+    return ClusterView(nodes, all_pods, planning.job_reservations(jobs, all_pods, exclude=(p.namespace, p.name)))
+
+
+def _choose_layout(p: Pass, template: ResolvedJob, view: ClusterView) -> ResolvedJob | Outcome:
+    """First admission of a job that gives a GPU budget: choose the layout on the free nodes, once, and record
+    it (status.layoutChoice, the LayoutChosen condition and an Event) before placing it."""
+    found = placement.choose_layout(template, view.nodes, view.pods, view.held)
     if found.job is None:
         cond = p.condition("Valid", "True", "Validated", "the spec is valid")
         cond = p.condition("LayoutChosen", "False", "NoLayout", found.message, base=cond)
@@ -296,12 +309,8 @@ def _finished(p: Pass, pods: Sequence[Mapping[str, Any]], phase: str | None = No
     _delete(p, [pod for pod in pods if (pod.get("status") or {}).get("phase") not in {"Failed", *keep}])
 
 
-def _admit(p: Pass, resolved: ResolvedJob) -> Outcome:
-    nodes = reads.list_nodes(p.session)
-    all_pods = reads.list_all_pods(p.session)
-    jobs = reads.list_jobs(p.session, p.settings.namespaces)
-    held = planning.job_reservations(jobs, all_pods, exclude=(p.namespace, p.name))
-    outcome = placement.plan(resolved, nodes, all_pods, held, p.excluded)
+def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
+    outcome = placement.plan(resolved, view.nodes, view.pods, view.held, p.excluded)
     m.PLANNING.observe(outcome.seconds)
     if outcome.plan is None:
         return _unschedulable(p, outcome.reason)
