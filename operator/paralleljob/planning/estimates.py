@@ -232,11 +232,10 @@ def slowest_stage_flops(work: Workload) -> float:
     longest and every other stage waits for it each micro-batch: for a 24-layer, 51,200-token GPT over 2
     stages that is 11% more than an even split of the FLOPs.
     """
-    h, s, f = work.hidden, work.sequence, work.ffn
-    tokens = work.micro_batch * work.micro_batches * s
-    k = 4 if work.recompute else 3
-    blocks = work.layers_per_stage * k * (8 * h * h + 4 * h * f + 4 * s * h)
-    return tokens * (blocks + 6 * h * work.vocab)
+    # The contract's training FLOPs of a model with the stage's blocks: they include the head term once.
+    stage = dataclasses.replace(work.shape, layers=work.layers_per_stage)
+    tokens = work.micro_batch * work.micro_batches * work.sequence
+    return model_math.training_flops(stage, tokens, work.recompute)
 
 
 def bubble_fraction(work: Workload) -> float:

@@ -34,10 +34,10 @@ from paralleljob.planning.costmodel import Site
 from paralleljob.planning.eligibility import MIB
 from paralleljob.planning.estimates import GIB, StepTime, Workload
 from paralleljob.planning.inventory import Cluster, NodeInfo
-from paralleljob.planning.layout import AXIS_ORDERS, AxisOrder, Layout
 from paralleljob.planning.levels import LinkLevel, detect_nvlink_label, label_keys
 from paralleljob.planning.plan import Plan, Unschedulable
 from paralleljob.planning.planner import PlanningOptions, plan_job, ranks_per_node_candidates
+from paralleljob_contract.layout import AXIS_ORDERS, AxisOrder, Layout
 
 # Estimates are models: keep a tenth of the GPU's memory free for what they leave out (allocator
 # fragmentation, NCCL and DeepSpeed buffers beyond the 2 GiB reserve).
