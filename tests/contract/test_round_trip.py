@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from paralleljob import planning
 from paralleljob.api import ResolvedJob, validate_document
-from paralleljob.commands.run import plan_locally
+from paralleljob.commands.run import choose_locally, plan_locally
 from paralleljob.local.runner import choose_shape
 from paralleljob.manifests import children, configmap
 from paralleljob_contract import environment, jobfile
@@ -38,9 +38,15 @@ OWNER_UID = "u-1"
 
 
 def resolved_of(document: dict[str, Any]) -> ResolvedJob:
+    """The job the operator builds objects for: a job that gives a GPU budget gets its layout chosen first,
+    as at its first admission (here on the local shape, as `paralleljob run` chooses)."""
     result = validate_document(document)
     assert result.resolved is not None, [p.render() for p in result.problems]
-    return result.resolved
+    if not result.resolved.needs_layout:
+        return result.resolved
+    chosen = choose_locally(result.resolved, None, None)
+    assert not isinstance(chosen, str), chosen
+    return chosen[0].winner.job
 
 
 def operator_objects(resolved: ResolvedJob) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
