@@ -29,6 +29,8 @@ Precision = Literal["bf16", "fp16", "fp32"]
 DataSource = Literal["synthetic", "text", "tokens"]
 TokenDtype = Literal["uint16", "uint32"]
 Fabric = Literal["auto", "infiniband", "roce", "efa", "tcp"]
+VerifyPolicy = Literal["fail", "warn", "off"]
+AddrFamily = Literal["AF_INET", "AF_INET6"]
 AxisOrder = Literal["auto", "pipe,data,model", "data,pipe,model"]
 Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed"]
 
@@ -202,26 +204,35 @@ class Topology:
 class RdmaResource:
     """An extended resource that gives a pod RDMA devices."""
 
-    name: str = api_field("Resource name, e.g. rdma/hca_shared_devices_a or nvidia.com/hostdev.")
-    count: int = api_field("How many to request per pod.", default=1, minimum=1)
+    name: str = api_field("Resource name, e.g. rdma/hca_shared_devices_a, rdma/ib or nvidia.com/hostdev.")
+    count: int | None = api_field(
+        "How many to request per pod. Default: the node's allocatable count for exclusive (SR-IOV, host-device) "
+        "plugins and for any plugin offering at most 2 per GPU, 1 for shared plugins (names with 'shared'); "
+        "where the kind cannot be told, 1 with a warning.",
+        default=None,
+        minimum=1,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Network:
-    """The fabric between nodes and the NCCL settings derived from it."""
+    """The fabric between nodes, the NCCL settings derived from it, and how the network is proven at start."""
 
     fabric: Fabric = api_field(
         "Inter-node fabric: infiniband, roce, efa or tcp. auto detects it from node labels and allocatable "
-        "resources (see docs/operator.md).",
+        "resources (see docs/operator.md). A declared or detected RDMA fabric sets NCCL_NET, so a missing "
+        "transport fails at init instead of falling back to TCP sockets; only a declared tcp disables IB.",
         default="auto",
     )
     nccl_env: dict[str, str] | None = api_field(
-        "NCCL or PyTorch environment variables that override the derived ones, e.g. {NCCL_DEBUG: INFO}.",
+        "NCCL or PyTorch environment variables that override the derived ones, e.g. {NCCL_DEBUG: INFO}. "
+        "{NCCL_NET: ''} removes the fail-closed transport choice.",
         default=None,
         json_name="ncclEnv",
     )
     rdma_resource: RdmaResource | None = api_field(
-        "RDMA resource requested by every pod (infiniband and roce). Default for efa: vpc.amazonaws.com/efa.",
+        "RDMA resource requested by every pod. Default: vpc.amazonaws.com/efa (all of the node's) for efa, "
+        "the RDMA resource the nodes offer for infiniband and roce.",
         default=None,
     )
     ib_hcas: list[str] | None = api_field(
@@ -231,17 +242,93 @@ class Network:
         json_name="ibHCAs",
     )
     gid_index: int | None = api_field(
-        "RoCE GID index (NCCL_IB_GID_INDEX). Default: NCCL's automatic choice.", default=None, minimum=-1
+        "RoCE GID index (NCCL_IB_GID_INDEX). Default: NCCL's automatic choice (steered by addrFamily and "
+        "addrRange); force it only where the platform documents one, e.g. 3 on OCI bare metal.",
+        default=None,
+        minimum=-1,
+    )
+    addr_family: AddrFamily | None = api_field(
+        "Address family of the GID NCCL chooses automatically (NCCL_IB_ADDR_FAMILY). Default: NCCL's (AF_INET).",
+        default=None,
+    )
+    addr_range: str | None = api_field(
+        "CIDR the automatically chosen GID must fall in (NCCL_IB_ADDR_RANGE), e.g. 10.0.0.0/8.",
+        default=None,
+        pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$",
+    )
+    cross_nic: int | None = api_field(
+        "NCCL_CROSS_NIC: 0 keeps rings on one rail (rail-optimised fabrics), 1 lets them cross (fat trees). "
+        "Default: NCCL's 2, same NIC preferred.",
+        default=None,
+        minimum=0,
+        maximum=2,
+    )
+    traffic_class: int | None = api_field(
+        "RoCE/IB traffic class of the data (NCCL_IB_TC), the lossless class of your switches, e.g. 41 on OCI.",
+        default=None,
+        minimum=0,
+        maximum=255,
+    )
+    fifo_traffic_class: int | None = api_field(
+        "Traffic class of NCCL's control messages (NCCL_IB_FIFO_TC), e.g. 84 on GKE A3 Ultra.",
+        default=None,
+        minimum=0,
+        maximum=255,
+    )
+    service_level: int | None = api_field(
+        "InfiniBand service level (NCCL_IB_SL). Default: NCCL's 0.", default=None, minimum=0, maximum=15
+    )
+    qps_per_connection: int | None = api_field(
+        "Queue pairs per connection (NCCL_IB_QPS_PER_CONNECTION); multi-level RoCE/ECMP fabrics want 4 for "
+        "routing entropy. Default: NCCL's 1.",
+        default=None,
+        minimum=1,
+        maximum=128,
     )
     socket_interface: str | None = api_field(
-        "Network interface prefix for NCCL's bootstrap and TCP transport (NCCL_SOCKET_IFNAME), e.g. eth0.",
+        "Network interface for NCCL's bootstrap and TCP transport (NCCL_SOCKET_IFNAME). Default: =eth0, the "
+        "pod's own interface.",
         default=None,
+    )
+    imex_channel_claim: str | None = api_field(
+        "Name of the spec.template.resourceClaims entry that gives each pod an IMEX channel (a ComputeDomain's "
+        "channel claim on GB200/GB300 NVL72). With it, tensor-parallel groups may span the nodes of one "
+        "NVLink domain and NCCL uses multi-node NVLink; without it the planner keeps them inside a node.",
+        default=None,
+    )
+    verify: VerifyPolicy = api_field(
+        "Network proof at start. The trainer's preflight (RDMA devices, libibverbs, EFA plugin, memlock, IMEX "
+        "channel) runs before the process groups form and a failure sets NetworkReady=False; then NCCL's own "
+        "INIT,NET lines and a warm-up collective are classified into NetworkVerified. fail: a degraded network "
+        "(socket fallback, fewer NICs, no GPUDirect RDMA, no MNNVL) fails the job; warn: it is reported; off: "
+        "neither check runs.",
+        default="warn",
     )
     timeout_seconds: int = api_field(
         "Collective timeout: a rank waiting longer for a dead peer fails instead of hanging, which triggers "
         "a gang restart.",
         default=environment.DEFAULT_PG_TIMEOUT_SECONDS,
         minimum=10,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PodResourceClaim:
+    """One dynamic resource claim of every pod (a Kubernetes PodResourceClaim)."""
+
+    name: str = api_field(
+        "Name of the claim in the pod; the training container lists it in resources.claims.",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+    )
+    resource_claim_template_name: str | None = api_field(
+        "ResourceClaimTemplate each pod gets its own claim from, e.g. the channel template of a ComputeDomain "
+        "(its spec.channel.resourceClaimTemplate.name).",
+        default=None,
+        json_name="resourceClaimTemplateName",
+    )
+    resource_claim_name: str | None = api_field(
+        "An existing ResourceClaim that every pod shares.", default=None, json_name="resourceClaimName"
     )
 
 
@@ -280,6 +367,11 @@ class PodTemplate:
     priority_class_name: str | None = api_field("PriorityClass of the pods.", default=None)
     labels: dict[str, str] | None = api_field("Extra labels of the pods.", default=None)
     annotations: dict[str, str] | None = api_field("Extra annotations of the pods.", default=None)
+    resource_claims: list[PodResourceClaim] | None = api_field(
+        "Dynamic resource claims of every pod, e.g. a ComputeDomain's IMEX channel or DRA network devices; "
+        "each is also given to the training container (resources.claims).",
+        default=None,
+    )
 
 
 # DeepSpeed config keys the validator reads; declared in the CRD so that CEL rules can see them

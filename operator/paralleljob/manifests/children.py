@@ -69,12 +69,10 @@ def build_attempt(
 ) -> Attempt:
     """The ConfigMap of one attempt, with the network derived from the planned nodes."""
     network = network_of(resolved, default_fabric, default_nccl_env)
-    facts = nccl.detect_facts(network, planned_nodes, resolved.spec.topology.nvlink_domain_label)
+    # MNNVL follows the NVLink-domain label the planner used (the spec's, or one it found on the nodes).
+    facts, request, env = nccl.build_network(network, planned_nodes, plan.get("nvlinkDomainLabel"))
     record = configmap.network_record(
-        facts.fabric,
-        nccl.build_nccl_env(network, facts.fabric, nvswitch=facts.nvswitch, mnnvl=facts.mnnvl),
-        nccl.rdma_request(network, facts),
-        nccl.uses_rdma(facts),
+        facts.fabric, env, request.resources, nccl.uses_rdma(facts), warnings=request.warnings
     )
     job_file = trainer_config.build_trainer_config(resolved, plan)
     return Attempt(configmap.build_config_map(owner, job_file, plan, record, attempt), record)
