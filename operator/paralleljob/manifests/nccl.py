@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -365,3 +366,27 @@ def build_network(
         nics=request.nics,
     )
     return facts, request, env
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkFailure:
+    """A rank's report that the network is not what the job planned, from its termination message."""
+
+    condition: str  # NetworkReady (the preflight) or NetworkVerified (what NCCL chose)
+    reason: str
+    message: str
+
+    def render(self) -> str:
+        return f"{self.condition}=False {self.reason}: {self.message}"
+
+
+NETWORK_CONDITIONS = ("NetworkReady", "NetworkVerified")
+# The trainer's termination message: `<Condition> <Reason>: <message>` (paralleljob_trainer.preflight).
+_FAILURE_LINE = re.compile(r"^(NetworkReady|NetworkVerified) ([A-Z][A-Za-z]+): (.+)$")
+
+
+def network_failure(termination_message: str | None) -> NetworkFailure | None:
+    """The network failure a container's termination message reports, or None for any other message."""
+    lines = (termination_message or "").strip().splitlines()
+    match = _FAILURE_LINE.match(lines[0].strip()) if lines else None
+    return NetworkFailure(match[1], match[2], match[3]) if match else None
