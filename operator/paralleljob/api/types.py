@@ -464,7 +464,10 @@ class ParallelJobSpec:
 class Condition:
     """A Kubernetes API convention condition."""
 
-    type: str = api_field("Valid, Scheduled, Ready, Succeeded or Failed.")
+    type: str = api_field(
+        "Valid, Scheduled, NetworkReady (the trainer's network preflight), NetworkVerified (what NCCL chose), "
+        "Ready, Succeeded or Failed."
+    )
     status: Literal["True", "False", "Unknown"] = api_field("True, False or Unknown.")
     reason: str = api_field("One CamelCase word for machines.", default="")
     message: str = api_field("A sentence for people.", default="")
@@ -502,7 +505,9 @@ class ParallelJobStatus:
 
     phase: Phase | None = api_field("Pending, Running, Restarting, Succeeded or Failed.", default=None)
     message: str | None = api_field("Why the job is in its phase, for people.", default=None)
-    conditions: list[Condition] | None = api_field("Valid, Scheduled, Ready, Succeeded, Failed.", default=None)
+    conditions: list[Condition] | None = api_field(
+        "Valid, Scheduled, NetworkReady, NetworkVerified, Ready, Succeeded, Failed.", default=None
+    )
     observed_generation: int | None = api_field("Last metadata.generation acted on.", default=None, minimum=0)
     layout: str | None = api_field("pipeline x tensor x data, e.g. 8x4x2.", default=None)
     world_size: int | None = api_field("Total ranks (GPUs).", default=None, minimum=0)

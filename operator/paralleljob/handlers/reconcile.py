@@ -37,7 +37,7 @@ from paralleljob.handlers import metrics as m
 from paralleljob.k8s import events, reads, timestamps, writes
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import children as child_objects
-from paralleljob.manifests import configmap, labels
+from paralleljob.manifests import configmap, labels, nccl
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.planning.inventory import TERMINAL_POD_PHASES
 
@@ -287,7 +287,10 @@ def _admit(p: Pass, resolved: ResolvedJob) -> Outcome:
         default_nccl_env=dict(p.settings.default_nccl_env),
     )
     writes.create(p.session, attempt.config_map)
-    write_status(p, _admitted_status(p, resolved, outcome.plan, attempt))
+    if write_status(p, _admitted_status(p, resolved, outcome.plan, attempt)):
+        # What the RDMA request could not know (an unknown plugin kind, no RDMA resource on the nodes).
+        for note in attempt.network.get("warnings") or ():
+            p.event("Warning", "NetworkWarning", note)
     return Outcome("admitted")
 
 
@@ -397,6 +400,8 @@ def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]
 def _broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
     if state.cause != gang.BROKEN:
         p.event("Warning", state.cause, state.reason)
+    if state.network is not None:
+        return _network_failed(p, pods, state, state.network)
     limit = resolved.spec.failure_policy.backoff_limit
     if p.attempt >= limit:
         return _fail(p, pods, state, limit)
@@ -413,6 +418,18 @@ def _fail(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, lim
     if state.cause == gang.CREATE_FAILED:
         cond = p.condition("Scheduled", "False", gang.CREATE_FAILED, state.reason, base=cond)
     cond = p.condition("Failed", "True", "BackoffLimitExceeded", message, base=cond)
+    return _end(p, pods, "Failed", message, cond, ("Warning", "Failed"))
+
+
+def _network_failed(
+    p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, network: nccl.NetworkFailure
+) -> Outcome:
+    """The network is not what the job planned: Failed at once, with the reason in its condition. Not a gang
+    restart: the same spec on the same nodes fails the same way, so the restarts are kept for real faults."""
+    message = f"{state.reason}; not restarted: fix spec.network or the nodes, then create the job again"
+    cond = p.condition(network.condition, "False", network.reason, network.message)
+    cond = p.condition("Ready", "False", gang.NETWORK, state.reason, base=cond)
+    cond = p.condition("Failed", "True", gang.NETWORK, message, base=cond)
     return _end(p, pods, "Failed", message, cond, ("Warning", "Failed"))
 
 
