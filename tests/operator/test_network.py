@@ -3,6 +3,7 @@ NetworkReady condition, and the job fails at once instead of spending its restar
 
 from __future__ import annotations
 
+from paralleljob_trainer import k8s_status, nccl_log
 from tests.operator.conftest import job_doc, wait_for
 
 # What the trainer writes to /dev/termination-log on a node without RDMA devices (paralleljob_trainer.preflight).
@@ -37,3 +38,24 @@ def test_a_job_declaring_infiniband_on_nodes_without_rdma_fails_with_network_rea
     assert status["restarts"] == 0
     # The others are deleted to free their GPUs; the failed pod stays for its logs and termination message.
     wait_for(lambda: [p["metadata"]["name"] for p in cluster.pods()] == ["gpt-3"], what="the others deleted")
+
+
+def test_rank_zeros_network_verdict_becomes_the_network_verified_condition(cluster, operator, emulator, tmp_path):
+    cluster.add_nodes(4, allocatable={"rdma/ib": "4"})
+    cluster.apply(job_doc(parallelism={"pipeline": 4, "tensor": 4, "data": 1}))
+    wait_for(lambda: len(cluster.pods()) == 4, what="4 pods")
+    cluster.bind_all()
+    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    reporter = k8s_status.StatusReporter(emulator.url, "research", "gpt", token_path=None, ca_path=None)
+    # The first step record of an attempt, as training.py writes it after the warm-up collective.
+    verdict = nccl_log.Verdict("False", "NoGPUDirectRDMA", "NCCL uses IB over 4 NICs without GPUDirect RDMA")
+    reporter.on_step({"event": "step", "step": 10, "loss": 2.5, "network": verdict.to_record()})
+    assert reporter.wait_sent(5)
+
+    status = wait_for(lambda: "NetworkVerified" in conditions(cluster.status()) and cluster.status(), what="verdict")
+    verified = conditions(status)["NetworkVerified"]
+    assert (verified["status"], verified["reason"]) == ("False", "NoGPUDirectRDMA")
+    assert "without GPUDirect RDMA" in verified["message"]
+    assert conditions(status)["NetworkReady"]["status"] == "True"
+    assert status["progress"]["step"] == 10
+    wait_for(lambda: "NetworkDegraded" in {e["reason"] for e in cluster.events()}, what="a NetworkDegraded event")

@@ -500,6 +500,21 @@ class Progress:
 
 
 @dataclasses.dataclass(frozen=True)
+class NetworkStatus:
+    """What NCCL chose on the current attempt, reported by rank 0 after a warm-up collective over every rank."""
+
+    verified: Literal["True", "False", "Unknown"] | None = api_field(
+        "Whether NCCL uses the network the job planned; the NetworkVerified condition's status.", default=None
+    )
+    reason: str | None = api_field(
+        "AsPlanned, SocketFallback, FewerNICs, NoGPUDirectRDMA, MNNVLOff, or NoNcclLog (a CPU run).", default=None
+    )
+    message: str | None = api_field(
+        "What NCCL chose, e.g. 'NCCL uses IB over 8 NICs with GPUDirect RDMA'.", default=None
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class ParallelJobStatus:
     """The observed state, written by the operator and by the job's rank 0 (progress)."""
 
@@ -526,6 +541,9 @@ class ParallelJobStatus:
     progress: Progress | None = api_field("Training progress.", default=None)
     nccl_env: dict[str, str] | None = api_field(
         "The NCCL and PyTorch environment the pods run with.", default=None, json_name="ncclEnv"
+    )
+    network: NetworkStatus | None = api_field(
+        "What NCCL chose on this attempt (spec.network.verify), reported by rank 0.", default=None
     )
     start_time: str | None = api_field("When the current gang started.", default=None, format="date-time")
     completion_time: str | None = api_field("When the job finished.", default=None, format="date-time")

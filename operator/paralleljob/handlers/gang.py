@@ -137,8 +137,8 @@ def judge(
     for pod in ordered:
         if network := network_failure_of(pod):
             name = pod["metadata"]["name"]
-            why = f"pod {name} on node {node_of(pod)}: {network.render()}"
-            return GangState("broken", ready, why, name, node_of(pod), NETWORK, network=network)
+            said = f"pod {name} on node {node_of(pod)}: {network.render()}"
+            return GangState("broken", ready, said, name, node_of(pod), NETWORK, network=network)
     for pod in ordered:
         why = _breakage(pod, lost)
         if why:

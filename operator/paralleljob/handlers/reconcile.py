@@ -452,7 +452,8 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
     message = f"gang restart {restarts}/{limit}: {state.reason}; resuming from the last checkpoint"
     cond = p.condition("Ready", "False", state.cause, state.reason)
     cond = p.condition("Scheduled", "False", _scheduled_reason(state), message, base=cond)
-    patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts}
+    # The next attempt verifies its own network (it may run on other nodes).
+    patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts, "network": None}
     write_status(p, {**patch, "placement": None, "podsReady": 0, "excludedNodes": excluded or None})
     m.GANG_RESTARTS.inc()
     p.event("Warning", "Restarting", message)
@@ -462,13 +463,39 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
 
 def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
     message = f"all {state.ready} pods running"
-    cond = p.condition("Ready", "True", "AllPodsRunning", message)
+    cond = _network_conditions(p, p.condition("Ready", "True", "AllPodsRunning", message))
     patch: dict[str, Any] = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
     if p.status.get("phase") != "Running":
         patch["startTime"] = timestamps.now()
-    if write_status(p, patch) and "startTime" in patch:
-        p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
+    if write_status(p, patch):
+        if "startTime" in patch:
+            p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
+        _network_event(p, cond)
     return Outcome("running")
+
+
+VERIFIED_STATUSES = ("True", "False", "Unknown")
+
+
+def _network_conditions(p: Pass, cond: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """NetworkReady and NetworkVerified from rank 0's report (status.network), once it has arrived: it is
+    sent after a warm-up collective over every rank, so every rank passed the preflight."""
+    report = p.status.get("network") or {}
+    if not report:
+        return cond
+    ready = "every rank passed the network preflight and joined the process groups"
+    cond = p.condition("NetworkReady", "True", "PreflightPassed", ready, base=cond)
+    verified = str(report.get("verified")) if report.get("verified") in VERIFIED_STATUSES else "Unknown"
+    reason, message = str(report.get("reason") or "NotReported"), str(report.get("message") or "")
+    return p.condition("NetworkVerified", verified, reason, message, base=cond)
+
+
+def _network_event(p: Pass, cond: list[dict[str, Any]]) -> None:
+    """A Warning a person sees in `kubectl describe` when NCCL chose less than the job planned."""
+    verified = conditions.find(cond, "NetworkVerified")
+    before = conditions.find(p.status.get("conditions"), "NetworkVerified")
+    if verified and verified.get("status") == "False" and (before or {}).get("reason") != verified.get("reason"):
+        p.event("Warning", "NetworkDegraded", f"{verified['reason']}: {verified['message']}")
 
 
 def _starting(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
