@@ -85,6 +85,16 @@ INVALID = [
         "precision is bf16",
     ),
     ("enum", {"spec.network.fabric": "myrinet"}, "spec.network.fabric", "one of auto, infiniband"),
+    (
+        "tensor-in-clique-without-imex",
+        {
+            "spec.parallelism.tensor": 16,
+            "spec.model.attentionHeads": 16,
+            "spec.topology.nvlinkDomainLabel": "nvidia.com/gpu.clique",
+        },
+        "spec.parallelism.tensor",
+        "spec.network.imexChannelClaim",
+    ),
     ("verify-enum", {"spec.network.verify": "maybe"}, "spec.network.verify", "one of fail, warn, off"),
     (
         "imex-claim-unknown",
@@ -112,6 +122,8 @@ VALID = [
             "spec.parallelism.tensor": 16,
             "spec.model.attentionHeads": 16,
             "spec.topology.nvlinkDomainLabel": "nvidia.com/gpu.clique",
+            "spec.network.imexChannelClaim": "imex",
+            "spec.template.resourceClaims": [{"name": "imex", "resourceClaimTemplateName": "cd-channel"}],
         },
     ),
     ("heads-divisible-by-tensor", {"spec.model.attentionHeads": 16}),
