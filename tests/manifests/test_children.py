@@ -246,3 +246,20 @@ def test_network_warnings_are_recorded_with_the_attempt():
     built = build(PLAIN_NODES, network={"fabric": "infiniband"})
     warnings = configmap.network_of(built.config_map)["warnings"]
     assert any("offer no RDMA resource" in note for note in warnings)
+
+
+@pytest.mark.parametrize(
+    ("network", "template", "refused"),
+    [
+        ({"fabric": "infiniband", "verify": "fail"}, {}, True),
+        ({"fabric": "infiniband"}, {}, False),
+        ({"fabric": "efa", "verify": "fail"}, {"resourceClaims": [{"name": "efa", "resourceClaimName": "efa"}]}, False),
+    ],
+    ids=["verify-fail", "verify-warn-only-warns", "dra-claims-may-give-the-devices"],
+)
+def test_verify_fail_refuses_an_rdma_fabric_on_nodes_without_rdma_before_any_pod(network, template, refused):
+    resolved = resolve(network=network, template=template)
+    attempt = children.build_attempt(OWNER, resolved, make_plan(), PLAIN_NODES, attempt=0)
+    refusal = attempt.refusal(resolved)
+    assert (refusal is not None) == refused
+    assert refusal is None or "offer no" in refusal

@@ -253,6 +253,8 @@ def test_what_the_request_cannot_know_is_a_warning(network, nodes, requested, wa
     _, request, _ = nccl.build_network(network, nodes)
     assert request.resources == requested
     assert any(warning in note for note in request.warnings), request.warnings
+    # Only a fabric whose nodes offer no RDMA resource at all is "missing" (refused under verify: fail).
+    assert request.missing == (requested == {})
 
 
 def test_unknown_fabric_is_an_error():

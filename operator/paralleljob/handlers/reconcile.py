@@ -286,6 +286,8 @@ def _admit(p: Pass, resolved: ResolvedJob) -> Outcome:
         default_fabric=p.settings.default_fabric,
         default_nccl_env=dict(p.settings.default_nccl_env),
     )
+    if refusal := attempt.refusal(resolved):
+        return _refused_network(p, refusal)
     writes.create(p.session, attempt.config_map)
     if write_status(p, _admitted_status(p, resolved, outcome.plan, attempt)):
         # What the RDMA request could not know (an unknown plugin kind, no RDMA resource on the nodes).
@@ -419,6 +421,16 @@ def _fail(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, lim
         cond = p.condition("Scheduled", "False", gang.CREATE_FAILED, state.reason, base=cond)
     cond = p.condition("Failed", "True", "BackoffLimitExceeded", message, base=cond)
     return _end(p, pods, "Failed", message, cond, ("Warning", "Failed"))
+
+
+def _refused_network(p: Pass, reason: str) -> Outcome:
+    """spec.network.verify: fail, and the placed nodes cannot give the pods an RDMA device: Failed before
+    any pod starts (NetworkReady=False, NoRdmaResource)."""
+    message = f"{reason}; spec.network.verify is fail, so no pod was created"
+    cond = p.condition("Valid", "True", "Validated", "the spec is valid")
+    cond = p.condition("NetworkReady", "False", "NoRdmaResource", reason, base=cond)
+    cond = p.condition("Failed", "True", gang.NETWORK, message, base=cond)
+    return _end(p, [], "Failed", message, cond, ("Warning", "Failed"))
 
 
 def _network_failed(

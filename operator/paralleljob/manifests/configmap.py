@@ -71,10 +71,16 @@ def network_record(
     ipc_lock: bool,
     *,
     warnings: Sequence[str] = (),
+    rdma_missing: bool = False,
 ) -> dict[str, Any]:
     """What every pod of the attempt shares about the network, and what a person should know about it."""
-    record = {"fabric": fabric, "ncclEnv": dict(nccl_env), "resources": dict(resources), "ipcLock": ipc_lock}
-    return {**record, "warnings": list(warnings)} if warnings else record
+    record: dict[str, Any] = {"fabric": fabric, "ncclEnv": dict(nccl_env), "resources": dict(resources)}
+    record["ipcLock"] = ipc_lock
+    if warnings:
+        record["warnings"] = list(warnings)
+    if rdma_missing:
+        record["rdmaMissing"] = True
+    return record
 
 
 def network_of(config_map: Mapping[str, Any]) -> dict[str, Any]:

@@ -82,6 +82,9 @@ class RdmaRequest:
     # NICs NCCL should find (EFA and exclusive plugins); None where one unit gives every NIC (shared plugins).
     nics: int | None = None
     warnings: tuple[str, ...] = ()
+    # An RDMA fabric, but the nodes offer no RDMA resource and the spec names none: the pods get no device
+    # from a device plugin (under spec.network.verify: fail the operator refuses the job).
+    missing: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,7 +295,8 @@ def gpus_of(node: Mapping[str, Any]) -> int:
 def _efa_request(nodes: Sequence[Mapping[str, Any]]) -> RdmaRequest:
     count = min((allocatable(n, EFA_RESOURCE) for n in nodes), default=0)
     if count == 0:
-        return RdmaRequest({}, None, (f"fabric efa but the nodes offer no {EFA_RESOURCE}: the pods get no EFA",))
+        note = f"fabric efa but the nodes offer no {EFA_RESOURCE}: the pods get no EFA device"
+        return RdmaRequest({}, None, (note,), missing=True)
     resources: dict[str, int | str] = {EFA_RESOURCE: count}
     if nodes and all(allocatable_mib(n, HUGEPAGES_RESOURCE) >= EFA_HUGEPAGES_MIB for n in nodes):
         resources[HUGEPAGES_RESOURCE] = EFA_HUGEPAGES
@@ -334,7 +338,7 @@ def rdma_request(
     if facts.rdma_resource is None:
         why = f"fabric {facts.fabric} but the nodes offer no RDMA resource (rdma/*, nvidia.com/hostdev, *sriov*)"
         fix = "set spec.network.rdmaResource, or the pods get no RDMA device and fail the network preflight"
-        return RdmaRequest({}, None, (f"{why}: {fix}",))
+        return RdmaRequest({}, None, (f"{why}: {fix}",), missing=True)
     units, nics, notes = _rdma_count(facts.rdma_resource, nodes)
     return RdmaRequest({facts.rdma_resource: units}, nics, notes + _unrequested(nodes, facts.rdma_resource))
 
