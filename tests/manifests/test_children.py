@@ -263,3 +263,15 @@ def test_verify_fail_refuses_an_rdma_fabric_on_nodes_without_rdma_before_any_pod
     refusal = attempt.refusal(resolved)
     assert (refusal is not None) == refused
     assert refusal is None or "offer no" in refusal
+
+
+def test_mnnvl_follows_the_nvlink_label_the_plan_used_not_only_the_specs():
+    # Topograph's label, found on the nodes by the planner; the spec names none.
+    label = "network.topology.nvidia.com/accelerator"
+    rack = [make_node(f"node-{i}", {label: "nvl72-a"}, {"nvidia.com/gpu": "4", "rdma/ib": "4"}) for i in range(4)]
+    plan = {**make_plan(), "nvlinkDomainLabel": label}
+    imex = {"resourceClaims": IMEX_CLAIMS}
+    with_claim = build(rack, plan=plan, network={"imexChannelClaim": "imex"}, template=imex).attempt.nccl_env
+    assert with_claim.get("PARALLELJOB_MNNVL") == "1" and "NCCL_MNNVL_ENABLE" not in with_claim
+    without = build(rack, plan={**plan, "nvlinkDomainLabel": None}).attempt.nccl_env
+    assert without["NCCL_MNNVL_ENABLE"] == "0" and "PARALLELJOB_MNNVL" not in without

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from paralleljob.manifests import nccl
+from paralleljob_contract import network
 from paralleljob_trainer import preflight
 
 ROOT_CAPS = "000001ffffffffff"  # every capability, CAP_IPC_LOCK (bit 14) among them
@@ -142,7 +142,7 @@ def test_the_failure_reaches_the_termination_message_as_one_line_from_local_rank
     preflight.report_failure("NetworkReady", "NoRdmaDevice", "fabric infiniband\nbut none", {**env, "LOCAL_RANK": "0"})
     assert log.read_text() == "NetworkReady NoRdmaDevice: fabric infiniband but none\n"
     # What the operator and the local runner read back from it.
-    assert nccl.network_failure(log.read_text()) == nccl.NetworkFailure(
+    assert network.parse_failure(log.read_text()) == network.NetworkFailure(
         "NetworkReady", "NoRdmaDevice", "fabric infiniband but none"
     )
 
@@ -153,4 +153,4 @@ def test_the_failure_reaches_the_termination_message_as_one_line_from_local_rank
     ids=["empty", "log-tail", "no-reason", "other-condition"],
 )
 def test_other_termination_messages_are_no_network_failure(message):
-    assert nccl.network_failure(message) is None
+    assert network.parse_failure(message) is None

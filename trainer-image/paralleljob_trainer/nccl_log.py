@@ -23,6 +23,8 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from paralleljob_contract import environment
+
 RDMA_FABRICS = ("infiniband", "roce", "efa")
 SOCKET = "Socket"
 
@@ -104,11 +106,11 @@ class Expected:
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str]) -> Expected:
-        nics = env.get("PARALLELJOB_EXPECTED_NICS")
+        nics = env.get(environment.EXPECTED_NICS)
         return cls(
-            fabric=env.get("PARALLELJOB_FABRIC", "tcp"),
+            fabric=env.get(environment.FABRIC, "tcp"),
             nics=int(nics) if nics and nics.isdigit() else None,
-            mnnvl=env.get("PARALLELJOB_MNNVL") == "1",
+            mnnvl=env.get(environment.MNNVL) == "1",
         )
 
 

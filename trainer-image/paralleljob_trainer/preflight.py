@@ -1,8 +1,8 @@
 """The network preflight: what a pod must have for the planned fabric, checked before any process group forms.
 
 `run_preflight()` is called by the CLI on every rank, after the job file is read and before torch is imported,
-so long before any process group forms. It reads what the operator planned from the environment (`PARALLELJOB_FABRIC`,
-`PARALLELJOB_NETWORK_VERIFY`, `PARALLELJOB_MNNVL`, `NCCL_NET`) and looks at the host through files and the
+so long before any process group forms. It reads what the operator planned from the environment (the
+contract's `PARALLELJOB_FABRIC`, `PARALLELJOB_NETWORK_VERIFY`, `PARALLELJOB_MNNVL`, and `NCCL_NET`) and looks at the host through files and the
 dynamic loader only (no torch, no NCCL), so it is cheap and runs the same on CPU:
 
 - RDMA devices and their link layer (`/sys/class/infiniband/*/ports/*/link_layer`): `NoRdmaDevice`;
@@ -15,7 +15,8 @@ dynamic loader only (no torch, no NCCL), so it is cheap and runs the same on CPU
 The first failing check decides the reason. A failure is fatal when the pod's `NCCL_NET` names an RDMA
 transport (NCCL would fail at init anyway, later and less clearly), when `verify` is `fail`, or for a missing
 IMEX channel; otherwise it is printed as a warning. `verify: off` skips the preflight. `report_failure()` writes the one-line reason to
-the container's termination message, which the operator turns into the `NetworkReady` condition.
+the container's termination message (`paralleljob_contract.network`), which the operator turns into the
+`NetworkReady` condition.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ import os
 import resource
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+from paralleljob_contract import environment
+from paralleljob_contract.network import NetworkFailure
 
 RDMA_FABRICS = ("infiniband", "roce", "efa")
 RDMA_TRANSPORTS = ("IB", "AWS Libfabric", "Libfabric", "gIB")
@@ -40,7 +44,6 @@ CAP_IPC_LOCK = 14
 # Docker's and containerd's 64 MiB default /dev/shm is too small for NCCL's shared-memory transport.
 MIN_SHM_BYTES = 512 << 20
 IMEX_CHANNEL = "dev/nvidia-caps-imex-channels/channel0"
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 # The condition a preflight failure sets (the operator reads it from the termination message).
 CONDITION = "NetworkReady"
 
@@ -69,10 +72,10 @@ class Planned:
     @classmethod
     def from_environment(cls, env: Mapping[str, str], gpu: bool) -> Planned:
         return cls(
-            fabric=env.get("PARALLELJOB_FABRIC", "tcp"),
-            verify=env.get("PARALLELJOB_NETWORK_VERIFY", "warn"),
+            fabric=env.get(environment.FABRIC, "tcp"),
+            verify=env.get(environment.NETWORK_VERIFY, "warn"),
             nccl_net=env.get("NCCL_NET") or None,
-            mnnvl=env.get("PARALLELJOB_MNNVL") == "1",
+            mnnvl=env.get(environment.MNNVL) == "1",
             gpu=gpu,
         )
 
@@ -233,15 +236,10 @@ def run_preflight(env: Mapping[str, str], gpu: bool, host: Host | None = None) -
     return f"network preflight: {failure} (not fatal: NCCL_NET does not name an RDMA transport)"
 
 
-def termination_line(condition: str, reason: str, message: str) -> str:
-    """The termination message the operator parses: `<Condition> <Reason>: <message>`, one line."""
-    return f"{condition} {reason}: {' '.join(message.split())}"
-
-
 def report_failure(condition: str, reason: str, message: str, env: Mapping[str, str]) -> None:
     """Write the reason to the container's termination message (local rank 0 only; never raises)."""
     if env.get("LOCAL_RANK", "0") != "0":
         return
-    path = Path(env.get("PARALLELJOB_TERMINATION_LOG") or DEFAULT_TERMINATION_LOG)
+    path = Path(env.get(environment.TERMINATION_LOG) or environment.DEFAULT_TERMINATION_LOG)
     with contextlib.suppress(OSError):
-        path.write_text(termination_line(condition, reason, message) + "\n")
+        path.write_text(NetworkFailure(condition, reason, message).line() + "\n")

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import ProcessTopology
 from torch.distributed import distributed_c10d
 
+from paralleljob_contract import environment
 from paralleljob_contract.environment import Launch, PodEnvironment
 from paralleljob_contract.jobfile import JobConfig
 from paralleljob_contract.layout import Coord
@@ -30,8 +31,7 @@ from paralleljob_trainer.hooks import HookCaller, ProgressHook
 from paralleljob_trainer.model import build_pipeline
 from paralleljob_trainer.topology import build_topology, check_launch_matches, check_plan_matches, coords_of
 
-
-VERIFY_ENV = "PARALLELJOB_NETWORK_VERIFY"
+VERIFY_ENV = environment.NETWORK_VERIFY
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from paralleljob.k8s import timestamps
-from paralleljob.manifests import labels, nccl
+from paralleljob.manifests import labels
+from paralleljob_contract.network import NetworkFailure, parse_failure
 
 Verdict = Literal["succeeded", "broken", "running", "starting"]
 # Container waiting reasons that do not clear up by waiting for the kubelet (restartPolicy is Never).
@@ -42,7 +43,7 @@ class GangState:
     node: str | None = None
     cause: str = BROKEN
     recheck_in: float | None = None
-    network: nccl.NetworkFailure | None = None
+    network: NetworkFailure | None = None
 
 
 def node_of(pod: Mapping[str, Any]) -> str | None:
@@ -58,13 +59,13 @@ def _phase(pod: Mapping[str, Any]) -> str:
     return str((pod.get("status") or {}).get("phase") or "Pending")
 
 
-def network_failure_of(pod: Mapping[str, Any]) -> nccl.NetworkFailure | None:
+def network_failure_of(pod: Mapping[str, Any]) -> NetworkFailure | None:
     """The network failure a Failed pod's training container reported in its termination message."""
     if _phase(pod) != "Failed":
         return None
     for container in (pod.get("status") or {}).get("containerStatuses") or ():
         terminated = (container.get("state") or {}).get("terminated") or {}
-        if found := nccl.network_failure(terminated.get("message")):
+        if found := parse_failure(terminated.get("message")):
             return found
     return None
 

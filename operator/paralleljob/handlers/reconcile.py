@@ -37,9 +37,10 @@ from paralleljob.handlers import metrics as m
 from paralleljob.k8s import events, reads, timestamps, writes
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import children as child_objects
-from paralleljob.manifests import configmap, labels, nccl
+from paralleljob.manifests import configmap, labels
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.planning.inventory import TERMINAL_POD_PHASES
+from paralleljob_contract.network import NetworkFailure
 
 log = logging.getLogger(__name__)
 
@@ -434,7 +435,7 @@ def _refused_network(p: Pass, reason: str) -> Outcome:
 
 
 def _network_failed(
-    p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, network: nccl.NetworkFailure
+    p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, network: NetworkFailure
 ) -> Outcome:
     """The network is not what the job planned: Failed at once, with the reason in its condition. Not a gang
     restart: the same spec on the same nodes fails the same way, so the restarts are kept for real faults."""

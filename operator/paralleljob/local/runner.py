@@ -31,8 +31,9 @@ from paralleljob.local import progress, report
 from paralleljob.manifests import env as node_env
 from paralleljob.manifests import nccl
 from paralleljob.manifests.trainer_config import build_trainer_config, contract_plan
-from paralleljob_contract import launcher
+from paralleljob_contract import environment, launcher
 from paralleljob_contract.layout import tensor_fits
+from paralleljob_contract.network import NetworkFailure, parse_failure
 
 
 class LocalShapeError(ValueError):
@@ -200,7 +201,7 @@ class LocalRun:
             # gloo's own interface variable: the loopback device for a single machine.
             env["GLOO_SOCKET_IFNAME"] = "lo"
             # A pod's /dev/termination-log: where a rank says why the network is not ready.
-            env["PARALLELJOB_TERMINATION_LOG"] = str(self.termination_log(rank))
+            env[environment.TERMINATION_LOG] = str(self.termination_log(rank))
             if devices is not None:
                 env["CUDA_VISIBLE_DEVICES"] = devices[rank]
             launches.append(
@@ -217,12 +218,12 @@ class LocalRun:
     def termination_log(self, node_rank: int) -> Path:
         return self.output / f"node-{node_rank}.termination-log"
 
-    def network_failure(self, outcome: gangs.GangOutcome) -> nccl.NetworkFailure | None:
+    def network_failure(self, outcome: gangs.GangOutcome) -> NetworkFailure | None:
         """What the failed node's termination message says about the network, if anything."""
         if outcome.failed_node is None:
             return None
         path = self.termination_log(outcome.failed_node)
-        return nccl.network_failure(path.read_text() if path.exists() else None)
+        return parse_failure(path.read_text() if path.exists() else None)
 
     def node_lines(self) -> list[progress.NodeLine]:
         lines = []
@@ -272,7 +273,7 @@ class LocalRun:
         restarts: int,
         wall: float,
         tail: progress.MetricsTail,
-        network: nccl.NetworkFailure | None = None,
+        network: NetworkFailure | None = None,
     ) -> report.RunSummary:
         curve = tail.loss_curve()
         picture = report.write_loss_curve(

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,11 +54,11 @@ DEFAULT_SOCKET_IFNAME = "=eth0"
 # leaves a trace (the trainer points TORCH_FR_DUMP_TEMP_FILE into its output folder).
 FLIGHT_RECORDER_ENTRIES = 2000
 
-# The trainer's view of what the operator planned (docs/architecture.md lists them).
-FABRIC_ENV_NAME = "PARALLELJOB_FABRIC"
-VERIFY_ENV_NAME = "PARALLELJOB_NETWORK_VERIFY"
-NICS_ENV_NAME = "PARALLELJOB_EXPECTED_NICS"
-MNNVL_ENV_NAME = "PARALLELJOB_MNNVL"
+# The trainer's view of what the operator planned (docs/contract.md lists them).
+FABRIC_ENV_NAME = environment.FABRIC
+VERIFY_ENV_NAME = environment.NETWORK_VERIFY
+NICS_ENV_NAME = environment.EXPECTED_NICS
+MNNVL_ENV_NAME = environment.MNNVL
 
 # spec.network fields that are one NCCL variable each, written only when set.
 FIELD_ENV = {
@@ -370,27 +369,3 @@ def build_network(
         nics=request.nics,
     )
     return facts, request, env
-
-
-@dataclasses.dataclass(frozen=True)
-class NetworkFailure:
-    """A rank's report that the network is not what the job planned, from its termination message."""
-
-    condition: str  # NetworkReady (the preflight) or NetworkVerified (what NCCL chose)
-    reason: str
-    message: str
-
-    def render(self) -> str:
-        return f"{self.condition}=False {self.reason}: {self.message}"
-
-
-NETWORK_CONDITIONS = ("NetworkReady", "NetworkVerified")
-# The trainer's termination message: `<Condition> <Reason>: <message>` (paralleljob_trainer.preflight).
-_FAILURE_LINE = re.compile(r"^(NetworkReady|NetworkVerified) ([A-Z][A-Za-z]+): (.+)$")
-
-
-def network_failure(termination_message: str | None) -> NetworkFailure | None:
-    """The network failure a container's termination message reports, or None for any other message."""
-    lines = (termination_message or "").strip().splitlines()
-    match = _FAILURE_LINE.match(lines[0].strip()) if lines else None
-    return NetworkFailure(match[1], match[2], match[3]) if match else None
