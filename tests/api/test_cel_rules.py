@@ -15,6 +15,10 @@ from tests.api.jobs import DELETE, job
 CEL = celpy.Environment()
 SPEC_SCHEMA = crd.spec_schema()
 
+IMEX = {
+    "spec.network": {"imexChannelClaim": "imex"},
+    "spec.template": {"resourceClaims": [{"name": "imex", "resourceClaimTemplateName": "cd-channel"}]},
+}
 # Specs that exercise every rule both ways; ids say which rule they are aimed at.
 CASES = {
     "base": {},
@@ -40,11 +44,19 @@ CASES = {
         "spec.parallelism.tensor": 16,
         "spec.model.attentionHeads": 16,
         "spec.topology": {"nvlinkDomainLabel": "nvidia.com/gpu.clique"},
+        **IMEX,
     },
     "tensor-in-clique-misaligned": {
         "spec.parallelism.tensor": 12,
         "spec.model.attentionHeads": 12,
         "spec.model.hiddenSize": 768,
+        "spec.topology": {"nvlinkDomainLabel": "nvidia.com/gpu.clique"},
+        **IMEX,
+    },
+    # A clique label alone no longer lets TP cross nodes: without an IMEX channel NCCL cannot use the NVLink.
+    "tensor-in-clique-without-imex": {
+        "spec.parallelism.tensor": 16,
+        "spec.model.attentionHeads": 16,
         "spec.topology": {"nvlinkDomainLabel": "nvidia.com/gpu.clique"},
     },
     "no-gpus-per-node": {

@@ -85,6 +85,29 @@ INVALID = [
         "precision is bf16",
     ),
     ("enum", {"spec.network.fabric": "myrinet"}, "spec.network.fabric", "one of auto, infiniband"),
+    (
+        "tensor-in-clique-without-imex",
+        {
+            "spec.parallelism.tensor": 16,
+            "spec.model.attentionHeads": 16,
+            "spec.topology.nvlinkDomainLabel": "nvidia.com/gpu.clique",
+        },
+        "spec.parallelism.tensor",
+        "spec.network.imexChannelClaim",
+    ),
+    ("verify-enum", {"spec.network.verify": "maybe"}, "spec.network.verify", "one of fail, warn, off"),
+    (
+        "imex-claim-unknown",
+        {"spec.network.imexChannelClaim": "imex"},
+        "spec.network.imexChannelClaim",
+        "add the ComputeDomain's channel claim",
+    ),
+    (
+        "claim-without-source",
+        {"spec.template.resourceClaims": [{"name": "imex"}]},
+        "spec.template.resourceClaims[0]",
+        "exactly one of resourceClaimTemplateName",
+    ),
     ("wrong-type", {"spec.model.layers": "eight"}, "spec.model.layers", "must be an integer"),
     ("required", {"spec.model.vocabSize": DELETE}, "spec.model.vocabSize", "is required"),
 ]
@@ -99,6 +122,8 @@ VALID = [
             "spec.parallelism.tensor": 16,
             "spec.model.attentionHeads": 16,
             "spec.topology.nvlinkDomainLabel": "nvidia.com/gpu.clique",
+            "spec.network.imexChannelClaim": "imex",
+            "spec.template.resourceClaims": [{"name": "imex", "resourceClaimTemplateName": "cd-channel"}],
         },
     ),
     ("heads-divisible-by-tensor", {"spec.model.attentionHeads": 16}),
@@ -109,6 +134,13 @@ VALID = [
     ("offload-with-zero1", {"spec.deepspeed.zero_optimization.offload_optimizer": {"device": "cpu"}}),
     ("text-with-path", {"spec.training.data": {"source": "text", "path": "/data/corpus"}}),
     ("precision-agrees", {"spec.deepspeed.bf16": {"enabled": True}}),
+    (
+        "imex-claim-named",
+        {
+            "spec.template.resourceClaims": [{"name": "imex", "resourceClaimTemplateName": "cd-channel"}],
+            "spec.network.imexChannelClaim": "imex",
+        },
+    ),
 ]
 
 

@@ -126,3 +126,12 @@ def test_both_images_ship_the_contract_package(dockerfile: Path, source: str) ->
     assert operator_dirs["paralleljob_contract"] == "trainer-image/paralleljob_contract"
     trainer = tomllib.loads((REPO / "trainer-image" / "pyproject.toml").read_text())
     assert "paralleljob_contract" in trainer["tool"]["setuptools"]["packages"]
+
+
+def test_the_trainer_image_ships_the_rdma_userspace_nccls_ib_transport_loads() -> None:
+    # Without libibverbs NCCL's IB transport finds no device and, unless NCCL_NET is set, runs on sockets.
+    steps = instructions(TRAINER_DOCKERFILE)
+    final = steps[max(i for i, (keyword, _) in enumerate(steps) if keyword == "FROM") :]
+    installs = " ".join(args for keyword, args in final if keyword == "RUN" and "apt-get install" in args)
+    assert {"libibverbs1", "ibverbs-providers", "librdmacm1"} <= set(installs.split())
+    assert "--no-install-recommends" in installs and "rm -rf /var/lib/apt/lists/*" in installs

@@ -196,3 +196,27 @@ def test_interrupting_the_run_stops_every_process_cleanly(tmp_path, sig) -> None
     assert proc.returncode == 130, out[-2000:]
     assert "Traceback" not in out
     assert run_processes() == []
+
+
+@pytest.mark.skipif(
+    any(pathlib.Path("/sys/class/infiniband").glob("*")), reason="this machine has RDMA devices to find"
+)
+def test_a_job_declaring_infiniband_on_a_machine_without_rdma_stops_at_the_preflight_without_restarts(
+    tmp_path,
+) -> None:
+    job = short_job(tmp_path, steps=4, interval=2)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["network"] = {"fabric": "infiniband"}
+    doc["spec"]["failurePolicy"]["backoffLimit"] = 2
+    job.write_text(yaml.safe_dump(doc))
+    output = tmp_path / "out"
+    proc = subprocess.run(
+        [*PARALLELJOB, "run", str(job), "--output", str(output)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 1
+    summary = json.loads((output / "summary.json").read_text())
+    # The same line and reason the operator puts in the NetworkReady condition; a restart would fail the same way.
+    assert "NetworkReady=False NoRdmaDevice: fabric infiniband but the pod sees no RDMA device" in proc.stdout
+    assert "NoRdmaDevice" in summary["reason"] and summary["restarts"] == 0
+    assert "gang restart" not in proc.stdout
+    assert not (output / "metrics.jsonl").exists()

@@ -14,6 +14,7 @@ from tests.manifests.conftest import make_node, make_plan, resolve
 OWNER = {"metadata": {"name": "gpt", "namespace": "research", "uid": "u-1"}}
 IB_NODES = [make_node(f"node-{i}", {}, {"nvidia.com/gpu": "4", "rdma/ib": "1"}) for i in range(4)]
 PLAIN_NODES = [make_node(f"node-{i}", {}, {"nvidia.com/gpu": "4"}) for i in range(4)]
+EFA_NODES = [make_node(f"node-{i}", {}, {"nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "4"}) for i in range(4)]
 
 
 def build(nodes=PLAIN_NODES, attempt=0, plan=None, default_nccl_env=None, **spec_patch):
@@ -75,23 +76,24 @@ def test_user_command_runs_under_torchrun_with_the_same_env():
 
 
 @pytest.mark.parametrize(
-    ("nodes", "network", "resource", "ipc_lock", "nccl_key"),
+    ("nodes", "network", "resource", "ipc_lock", "nccl_net"),
     [
-        (PLAIN_NODES, {}, None, False, "NCCL_IB_DISABLE"),
-        (IB_NODES, {}, "rdma/ib", True, "NCCL_IB_TIMEOUT"),
-        (PLAIN_NODES, {"fabric": "efa"}, "vpc.amazonaws.com/efa", True, "FI_PROVIDER"),
-        (IB_NODES, {"fabric": "roce"}, "rdma/ib", True, "NCCL_IB_GID_INDEX"),
+        (PLAIN_NODES, {}, None, False, None),
+        (IB_NODES, {}, "rdma/ib", True, "IB"),
+        (EFA_NODES, {"fabric": "efa"}, "vpc.amazonaws.com/efa", True, "AWS Libfabric"),
+        (IB_NODES, {"fabric": "roce"}, "rdma/ib", True, "IB"),
     ],
+    # An inferred tcp names no transport (NCCL may still find RDMA); each RDMA fabric names its own.
     ids=["tcp", "infiniband-detected", "efa", "roce"],
 )
-def test_fabric_decides_network_resources_capabilities_and_nccl(nodes, network, resource, ipc_lock, nccl_key):
+def test_fabric_decides_network_resources_capabilities_and_nccl(nodes, network, resource, ipc_lock, nccl_net):
     built = build(nodes, network=network)
     container = built.pods[1]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert (resource in container["resources"]["limits"]) if resource else len(container["resources"]["limits"]) == 1
     assert ("IPC_LOCK" in str(container.get("securityContext"))) == ipc_lock
-    assert nccl_key in env_of(built.pods[1])
-    assert nccl_key in built.config_map["data"]["nccl.env"]
+    assert env_of(built.pods[1]).get("NCCL_NET") == nccl_net
+    assert (f"NCCL_NET={nccl_net}" in built.config_map["data"]["nccl.env"]) == (nccl_net is not None)
 
 
 def test_volumes_shm_in_memory_config_and_checkpoint():
@@ -193,7 +195,7 @@ def test_pods_run_exactly_the_nccl_env_the_attempt_recorded():
     relabelled or an operator restarted in between cannot make them differ."""
     built = build(IB_NODES)
     recorded = built.attempt.nccl_env
-    assert recorded["NCCL_IB_DISABLE"] == "0"
+    assert recorded["NCCL_NET"] == "IB"
     for pod in built.pods:
         env = env_of(pod)
         assert {key: env[key] for key in recorded} == recorded
@@ -223,3 +225,53 @@ def test_template_env_may_not_override_what_the_operator_sets(name, problem):
     else:
         assert len(problems) == 1
         assert problems[0].startswith(f"spec.template.env[1].name: {name}") and problem in problems[0]
+
+
+IMEX_CLAIMS = [{"name": "imex", "resourceClaimTemplateName": "gpt-compute-domain-channel"}]
+
+
+def test_resource_claims_reach_every_pod_and_its_training_container():
+    built = build(template={"resourceClaims": IMEX_CLAIMS})
+    for pod in built.pods:
+        assert pod["spec"]["resourceClaims"] == IMEX_CLAIMS
+        assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "imex"}]
+
+
+def test_a_failing_rank_can_say_why_in_its_termination_message():
+    container = build().pods[0]["spec"]["containers"][0]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_network_warnings_are_recorded_with_the_attempt():
+    built = build(PLAIN_NODES, network={"fabric": "infiniband"})
+    warnings = configmap.network_of(built.config_map)["warnings"]
+    assert any("offer no RDMA resource" in note for note in warnings)
+
+
+@pytest.mark.parametrize(
+    ("network", "template", "refused"),
+    [
+        ({"fabric": "infiniband", "verify": "fail"}, {}, True),
+        ({"fabric": "infiniband"}, {}, False),
+        ({"fabric": "efa", "verify": "fail"}, {"resourceClaims": [{"name": "efa", "resourceClaimName": "efa"}]}, False),
+    ],
+    ids=["verify-fail", "verify-warn-only-warns", "dra-claims-may-give-the-devices"],
+)
+def test_verify_fail_refuses_an_rdma_fabric_on_nodes_without_rdma_before_any_pod(network, template, refused):
+    resolved = resolve(network=network, template=template)
+    attempt = children.build_attempt(OWNER, resolved, make_plan(), PLAIN_NODES, attempt=0)
+    refusal = attempt.refusal(resolved)
+    assert (refusal is not None) == refused
+    assert refusal is None or "offer no" in refusal
+
+
+def test_mnnvl_follows_the_nvlink_label_the_plan_used_not_only_the_specs():
+    # Topograph's label, found on the nodes by the planner; the spec names none.
+    label = "network.topology.nvidia.com/accelerator"
+    rack = [make_node(f"node-{i}", {label: "nvl72-a"}, {"nvidia.com/gpu": "4", "rdma/ib": "4"}) for i in range(4)]
+    plan = {**make_plan(), "nvlinkDomainLabel": label}
+    imex = {"resourceClaims": IMEX_CLAIMS}
+    with_claim = build(rack, plan=plan, network={"imexChannelClaim": "imex"}, template=imex).attempt.nccl_env
+    assert with_claim.get("PARALLELJOB_MNNVL") == "1" and "NCCL_MNNVL_ENABLE" not in with_claim
+    without = build(rack, plan={**plan, "nvlinkDomainLabel": None}).attempt.nccl_env
+    assert without["NCCL_MNNVL_ENABLE"] == "0" and "PARALLELJOB_MNNVL" not in without

@@ -57,7 +57,7 @@ def test_sixteen_node_job_gets_its_children_and_status(cluster, operator):
         assert pod["spec"].get("automountServiceAccountToken", True) is (rank == 0)
     assert status["layout"] == "4x4x4"
     assert status["worldSize"] == 64
-    assert status["ncclEnv"]["NCCL_IB_DISABLE"] == "0"
+    assert status["ncclEnv"]["NCCL_NET"] == "IB"  # detected RDMA: fail closed, never a silent socket fallback
     assert status["podsReady"] == 0
     assert status["observedGeneration"] == cluster.job()["metadata"]["generation"]
     assert [c["type"] for c in status["conditions"]] == ["Valid", "Scheduled"]

@@ -59,6 +59,39 @@ def test_evicted_pods_are_named_as_such():
     assert "evicted" in gang.judge([pod(0), pod(1, "Failed", reason="Evicted")], 2).reason
 
 
+def terminated(message):
+    return {"containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 1, "message": message}}}]}
+
+
+NO_DEVICE = "NetworkReady NoRdmaDevice: fabric infiniband but the pod sees no RDMA device\n"
+FALLBACK = "NetworkVerified SocketFallback: NCCL uses Socket on fabric infiniband\n"
+
+
+@pytest.mark.parametrize(
+    ("pods", "cause", "condition", "reason"),
+    [
+        ([pod(0, "Failed", **terminated(NO_DEVICE)), pod(1)], gang.NETWORK, "NetworkReady", "NoRdmaDevice"),
+        ([pod(0, "Failed"), pod(1, "Failed", **terminated(NO_DEVICE))], gang.NETWORK, "NetworkReady", "NoRdmaDevice"),
+        ([pod(0), pod(1, "Failed", **terminated(FALLBACK))], gang.NETWORK, "NetworkVerified", "SocketFallback"),
+        ([pod(0), pod(1, "Failed", **terminated("Traceback (most recent call last):"))], gang.BROKEN, None, None),
+        ([pod(0), pod(1, "Running", **terminated(NO_DEVICE))], None, None, None),
+    ],
+    ids=[
+        "preflight-failed",
+        # The pod that says why wins over one that only died with it.
+        "named-over-unnamed",
+        "nccl-fell-back",
+        "log-tail-is-a-plain-failure",
+        "not-failed-yet",
+    ],
+)
+def test_a_network_failure_in_a_termination_message_names_its_condition_and_reason(pods, cause, condition, reason):
+    state = gang.judge(pods, 2)
+    assert (state.cause if state.verdict == "broken" else None) == cause
+    assert (state.network.condition if state.network else None) == condition
+    assert (state.network.reason if state.network else None) == reason
+
+
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 UNSCHEDULABLE = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "x"}]}
 PULL_BACKOFF = {"containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such"}}}]}

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from paralleljob import planning
 from tests.planning.clusters import node, plan, pod, small_job
 
 CLIQUE = "nvidia.com/gpu.clique"
+# The pods' IMEX channel (a ComputeDomain's claim), without which NCCL cannot use NVLink between nodes.
+IMEX = (
+    "  network: {imexChannelClaim: imex}\n"
+    "  template: {resourceClaims: [{name: imex, resourceClaimTemplateName: gpt-domain-channel}]}\n"
+)
 
 
 def test_consecutive_stages_share_a_leaf_even_when_name_order_alternates_leaves() -> None:
@@ -51,13 +57,27 @@ def test_node_ranks_number_ranks_as_torchrun_does() -> None:
     ]
 
 
+def test_without_an_imex_channel_a_tensor_group_stays_in_one_node_and_the_plan_says_why() -> None:
+    gb200 = {"nvidia.com/gpu.product": "NVIDIA-GB200", "nvidia.com/gpu.memory": "189471"}
+    # Topograph's label, auto-detected: the planner used to lay TP across these nodes with MNNVL off.
+    topograph = "network.topology.nvidia.com/accelerator"
+    nodes = [node(f"b{i}", gpus=4, leaf="lb", labels={**gb200, topograph: "nvl72-b"}) for i in range(4)]
+    refused = planning.plan_job(small_job(pipeline=2, tensor=8, data=1), planning.build_cluster(nodes, []))
+    assert isinstance(refused, planning.Unschedulable)
+    assert "no IMEX channel, so tensor-parallel groups stay inside one node" in refused.message
+    placed = plan(small_job(pipeline=2, tensor=4, data=2), nodes)
+    assert placed.nvlink_domain_label is None
+    assert placed.cost.levels["tensor"] == "node"
+    assert any("spec.network.imexChannelClaim" in warning for warning in placed.warnings)
+
+
 def test_a_tensor_group_of_8_spans_two_4_gpu_nodes_of_one_nvl72_clique() -> None:
     # GB200 NVL72-style: 4 GPUs per Kubernetes node, racks are NVLink cliques under their own leaf. Rack a has
     # one node busy, so only rack b can give the job's 4 nodes as two pairs in one NVLink domain.
     gb200 = {"nvidia.com/gpu.product": "NVIDIA-GB200", "nvidia.com/gpu.memory": "189471"}
     nodes = [node(f"a{i}", gpus=4, leaf="la", labels={**gb200, CLIQUE: "rack-a.0"}) for i in range(4)]
     nodes += [node(f"b{i}", gpus=4, leaf="lb", labels={**gb200, CLIQUE: "rack-b.0"}) for i in range(4)]
-    extra = f"  topology: {{nvlinkDomainLabel: {CLIQUE}}}\n"
+    extra = f"  topology: {{nvlinkDomainLabel: {CLIQUE}}}\n{IMEX}"
     placed = plan(small_job(pipeline=2, tensor=8, data=1, extra=extra), nodes, [pod("other", "a1", 4)])
     assert placed.ranks_per_node == 4
     assert sorted(placed.node_names()) == ["b0", "b1", "b2", "b3"]

@@ -7,6 +7,8 @@ from paralleljob.planning import levels
 from tests.planning.clusters import LEAF, node, plan, small_job
 
 ACCELERATOR = "network.topology.nvidia.com/accelerator"
+# The pods' IMEX channel: multi-node NVLink needs it, so every NVLink-domain test gives the pods one.
+IMEX = "  network: {imexChannelClaim: imex}\n  template: {resourceClaims: [{name: imex, resourceClaimName: cd}]}\n"
 
 
 def test_topographs_accelerator_label_is_not_a_network_level() -> None:
@@ -19,7 +21,7 @@ def test_topographs_accelerator_label_is_not_a_network_level() -> None:
 def test_topographs_accelerator_label_is_the_nvlink_domain_when_the_spec_names_none() -> None:
     # Four 4-GPU nodes per rack: a TP group of 8 needs two nodes of one rack's NVLink domain.
     nodes = [node(f"n{i}", gpus=4, leaf="a", labels={ACCELERATOR: f"rack-{i % 2}"}) for i in range(8)]
-    placed = plan(small_job(pipeline=2, tensor=8, data=1), nodes)
+    placed = plan(small_job(pipeline=2, tensor=8, data=1, extra=IMEX), nodes)
     assert placed.nvlink_domain_label == ACCELERATOR
     assert placed.ranks_per_node == 4
     racks = {entry.node_rank: entry.domains[ACCELERATOR] for entry in placed.nodes}
@@ -29,7 +31,7 @@ def test_topographs_accelerator_label_is_the_nvlink_domain_when_the_spec_names_n
 
 
 def test_the_spec_label_wins_over_topographs() -> None:
-    extra = "  topology: {nvlinkDomainLabel: nvidia.com/gpu.clique}\n"
+    extra = "  topology: {nvlinkDomainLabel: nvidia.com/gpu.clique}\n" + IMEX
     labels = {ACCELERATOR: "rack-0", "nvidia.com/gpu.clique": "c0"}
     placed = plan(
         small_job(pipeline=1, tensor=8, data=1, extra=extra), [node(f"n{i}", gpus=4, labels=labels) for i in range(2)]

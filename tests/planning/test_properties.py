@@ -38,7 +38,8 @@ def clusters_and_jobs(draw: st.DrawFn, busy: bool = True) -> dict[str, Any]:
         used = draw(st.integers(0, gpus)) if busy and draw(st.booleans()) else 0
         if used:
             pods.append(pod(f"p{i}", f"n{i}", used))
-    extra = f"  topology: {{nvlinkDomainLabel: {CLIQUE}}}\n" if use_clique else ""
+    imex = "  network: {imexChannelClaim: imex}\n  template: {resourceClaims: [{name: imex, resourceClaimName: cd}]}\n"
+    extra = f"  topology: {{nvlinkDomainLabel: {CLIQUE}}}\n{imex}" if use_clique else ""
     job = small_job(pipeline, tensor, data, extra=extra)
     return {"job": job, "nodes": nodes, "pods": pods, "gpus": gpus, "clique": use_clique}
 

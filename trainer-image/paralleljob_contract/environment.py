@@ -32,6 +32,18 @@ STATUS_INTERVAL = "PARALLELJOB_STATUS_INTERVAL"
 USER_SETTABLE = frozenset({PEAK_TFLOPS, STATUS_API, STATUS_INTERVAL})
 # `paralleljob run` marks every process of one local run with this, to stop them all (never set in pods).
 LOCAL_RUN = "PARALLELJOB_LOCAL_RUN"
+# The network the operator planned, written with the NCCL variables (manifests.nccl) and read by the bundled
+# trainer's preflight and NCCL-log check: the fabric, spec.network.verify, the NICs NCCL should find (EFA and
+# exclusive RDMA plugins only) and "1" when multi-node NVLink is planned.
+FABRIC = "PARALLELJOB_FABRIC"
+NETWORK_VERIFY = "PARALLELJOB_NETWORK_VERIFY"
+EXPECTED_NICS = "PARALLELJOB_EXPECTED_NICS"
+MNNVL = "PARALLELJOB_MNNVL"
+# Where a rank writes the one line saying why the network is not what the job planned (`network_failure_line`);
+# pods leave it unset (/dev/termination-log, the container's termination message), `paralleljob run` sets one
+# file per node.
+TERMINATION_LOG = "PARALLELJOB_TERMINATION_LOG"
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 # Where pods mount job.json, and where the trainer looks when PARALLELJOB_CONFIG is unset.
 MOUNT_PATH = "/etc/paralleljob"

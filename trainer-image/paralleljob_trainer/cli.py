@@ -1,8 +1,9 @@
 """Command line of the trainer: options (defaulting to the PARALLELJOB_* environment), errors, exit codes.
 
 Exit codes: 0 done; 2 the job file or the rank layout is wrong; 3 the checkpoint cannot be resumed from;
-4 a peer rank died or stopped answering (the failing rank's own log says why); 1 anything else (with a
-traceback). Expected failures print exactly one line on stderr, on every rank.
+4 a peer rank died or stopped answering (the failing rank's own log says why); 5 the network is not what the
+job planned (the preflight or NCCL's own choice; the termination message says `<Condition> <Reason>: ...`);
+1 anything else (with a traceback). Expected failures print exactly one line on stderr, on every rank.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from paralleljob_contract import environment
 from paralleljob_contract.environment import PodEnvironment
 from paralleljob_contract.errors import ContractError
 from paralleljob_contract.jobfile import load_job_config
+from paralleljob_trainer.preflight import NetworkNotReady, has_gpu_devices, report_failure, run_preflight
 
 DEFAULT_CONFIG = environment.DEFAULT_CONFIG_PATH
 EXIT_CONFIG = 2
 EXIT_CHECKPOINT = 3
 EXIT_PEER = 4
+EXIT_NETWORK = 5
 
 # How torch reports a collective whose peer died or stopped answering (gloo raises a plain RuntimeError).
 _PEER_FAILURE_MARKS = (
@@ -109,6 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         job = load_job_config(arguments.config)
+        # Before torch and DeepSpeed are even imported: a pod without its network fails in a second, not after
+        # every rank has loaded a deep-learning stack, and long before any process group forms.
+        warning = run_preflight(os.environ, gpu=has_gpu_devices())
+        if warning:
+            print(f"paralleljob-trainer: warning: {warning}", file=sys.stderr, flush=True)
         from paralleljob_trainer import training
         from paralleljob_trainer.checkpoint import CheckpointError
         from paralleljob_trainer.hooks import load_hook
@@ -124,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         try:
             training.run(job, options, env)
+        except NetworkNotReady:
+            # What NCCL chose is not what the job planned (spec.network.verify: fail).
+            training.abandon()
+            raise
         except CheckpointError as error:
             # Tear the process group down before exiting: left to interpreter exit, gloo can abort (SIGABRT)
             # on a rank whose peers have already gone, and the launcher would see a crash, not this error.
@@ -141,5 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             os._exit(EXIT_PEER)
     except ContractError as error:
         return _fail(str(error), EXIT_CONFIG)
+    except NetworkNotReady as failure:
+        report_failure(failure.condition, failure.reason, failure.message, os.environ)
+        return _fail(f"{failure.condition}=False {failure}", EXIT_NETWORK)
     training.shutdown()
     return 0

@@ -76,6 +76,11 @@ class StatusReporter:
 
     def on_step(self, record: Mapping[str, Any]) -> None:
         self.pending = self.progress_of(record)
+        if isinstance(record.get("network"), Mapping):
+            # Once per attempt, not rate-limited: the operator turns it into the NetworkVerified condition.
+            self._submit({"network": network_of(record["network"]), "progress": self.pending})
+            self.pending = None
+            return
         now = self.clock()
         if self.last_sent is None or now - self.last_sent >= self.interval:
             self.flush()
@@ -167,6 +172,11 @@ class StatusReporter:
         if kind not in self.reported_errors:
             self.reported_errors.add(kind)
             print(f"paralleljob-trainer: status report failed ({detail}); training goes on", file=sys.stderr)
+
+
+def network_of(verdict: Mapping[str, Any]) -> dict[str, str]:
+    """status.network from the trainer's network verdict (paralleljob_trainer.nccl_log.Verdict.to_record)."""
+    return {key: str(verdict[key]) for key in ("verified", "reason", "message") if verdict.get(key) is not None}
 
 
 def _total_steps(config_path: str | None) -> int | None:

@@ -1,8 +1,8 @@
 """One training run: process groups, the pipelined GPT under DeepSpeed, the step loop, checkpoints, metrics.
 
 `run` is called by the CLI on every rank after the job file has been validated. It owns the order of
-start-up (topology and launcher checks and the data file, all before any process group exists; distributed
-init with a timeout; model, engine, resume) and the loop; the pieces it calls own the details.
+start-up (topology and launcher checks and the data file, all before any process group exists; the NCCL
+log, distributed init with a timeout and the network verification; model, engine, resume) and the loop; the pieces it calls own the details.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,14 +21,17 @@ import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import ProcessTopology
 from torch.distributed import distributed_c10d
 
+from paralleljob_contract import environment
 from paralleljob_contract.environment import Launch, PodEnvironment
 from paralleljob_contract.jobfile import JobConfig
 from paralleljob_contract.layout import Coord
 from paralleljob_contract.model import training_flops
-from paralleljob_trainer import checkpoint, data, metrics, optimization
+from paralleljob_trainer import checkpoint, data, metrics, nccl_log, optimization, preflight
 from paralleljob_trainer.hooks import HookCaller, ProgressHook
 from paralleljob_trainer.model import build_pipeline
 from paralleljob_trainer.topology import build_topology, check_launch_matches, check_plan_matches, coords_of
+
+VERIFY_ENV = environment.NETWORK_VERIFY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +53,8 @@ class _Progress:
     last_loss: float | None = None
     tokens: int = 0
     seconds: float = 0.0
+    # The network verdict, sent with the first step record so that rank 0's progress report carries it.
+    network: dict[str, str] | None = None
 
 
 def init_distributed(env: PodEnvironment) -> None:
@@ -62,6 +68,42 @@ def init_distributed(env: PodEnvironment) -> None:
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def prepare_nccl_log(output_dir: Path | None) -> Path | None:
+    """Before NCCL starts: its flight recorder dumps and, unless spec.network.verify is off, its INIT,NET
+    lines go to <output>/nccl/ (one file per rank). None on CPU (gloo) or when the user chose the log file."""
+    if not torch.cuda.is_available():
+        return None
+    folder = (output_dir or Path(tempfile.gettempdir())) / "nccl"
+    folder.mkdir(parents=True, exist_ok=True)
+    rank = os.environ.get("RANK", "0")
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(folder / "flight-recorder-rank-"))
+    if os.environ.get(VERIFY_ENV, "warn") == "off":
+        return None
+    os.environ.update(nccl_log.nccl_debug_env(os.environ, folder / f"rank-{rank}.log"))
+    chosen = os.environ["NCCL_DEBUG_FILE"]
+    return None if "%" in chosen else Path(chosen)
+
+
+def verify_network(log_path: Path | None) -> nccl_log.Verdict | None:
+    """One warm-up all-reduce over every rank (NCCL connects its channels at the first collective), then
+    NCCL's own lines against the plan; the worst verdict of any rank is the job's. Under verify: fail a
+    degraded network stops every rank with that reason (NetworkNotReady, condition NetworkVerified)."""
+    if log_path is None:
+        return None
+    dist.all_reduce(torch.ones(1, device="cuda"))
+    torch.cuda.synchronize()
+    expected = nccl_log.Expected.from_environment(os.environ)
+    mine = nccl_log.classify(nccl_log.parse(nccl_log.read_log(log_path)), expected)
+    code = torch.tensor([nccl_log.severity(mine)], device="cuda")
+    dist.all_reduce(code, op=dist.ReduceOp.MAX)
+    verdict = nccl_log.worst(mine, int(code.item()))
+    if verdict.status == "False":
+        if os.environ.get(VERIFY_ENV) == "fail":
+            raise preflight.NetworkNotReady(verdict.reason, verdict.message, condition="NetworkVerified")
+        metrics.log_to_stderr(f"warning: NetworkVerified=False {verdict.reason}: {verdict.message}")
+    return verdict
 
 
 def deepspeed_config(job: JobConfig) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -103,13 +145,17 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     check_plan_matches(topology, job.plan, launch.world_size)
     check_launch_matches(job.plan, launch)
     stream = data.open_stream(job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed)
+    nccl_log_path = prepare_nccl_log(options.output_dir)
     init_distributed(env)
+    network = verify_network(nccl_log_path)
     coords = coords_of(topology, dist.get_rank())
     engine = build_engine(job, topology)
     writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, HookCaller(list(options.hooks)))
+    if network is not None:
+        writer.write({"event": "network", **network.to_record()})
     try:
         start = checkpoint.resume(engine, options.checkpoint_dir) if options.checkpoint_dir else 0
-        progress = _Progress(start_step=start)
+        progress = _Progress(start_step=start, network=network.to_record() if network else None)
         for step in range(start + 1, job.training.steps + 1):
             _train_one_step(job, options, engine, stream, coords, step, writer, progress)
         writer.write(_summary(job, progress), hook_method="on_finish")
@@ -137,7 +183,10 @@ def _train_one_step(
     progress.first_loss = loss if progress.first_loss is None else progress.first_loss
     progress.last_loss, progress.tokens, progress.seconds = loss, progress.tokens + tokens, progress.seconds + seconds
     if step % job.training.log_interval == 0 or step == job.training.steps:
-        writer.write(_step_record(job, options, engine, step, loss, lr, seconds), hook_method="on_step")
+        record = _step_record(job, options, engine, step, loss, lr, seconds)
+        if progress.network is not None:
+            record["network"], progress.network = progress.network, None
+        writer.write(record, hook_method="on_step")
     if options.checkpoint_dir and job.checkpoint_interval and step % job.checkpoint_interval == 0:
         path = checkpoint.save(engine, options.checkpoint_dir, step)
         writer.write({"event": "checkpoint", "step": step, "path": str(path)}, hook_method="on_checkpoint")

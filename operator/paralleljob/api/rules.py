@@ -59,27 +59,35 @@ def _ds_enabled(spec: t.ParallelJobSpec, key: str) -> bool | None:
     return None
 
 
+def multi_node_nvlink(spec: t.ParallelJobSpec) -> bool:
+    """Whether tensor-parallel groups may span nodes: an NVLink domain label and an IMEX channel for the pods.
+    Without the channel NCCL cannot map GPU memory across nodes, and the all-reduces would go over the NIC."""
+    return spec.topology.nvlink_domain_label is not None and spec.network.imex_channel_claim is not None
+
+
+_MNNVL = (
+    "has(self.topology) && has(self.topology.nvlinkDomainLabel) && has(self.network) "
+    "&& has(self.network.imexChannelClaim)"
+)
+
+
 def _tensor_fits_node(spec: t.ParallelJobSpec) -> Problem | None:
     gpn, tp = spec.gpus_per_node, spec.parallelism.tensor
-    if gpn is None or tp is None or spec.topology.nvlink_domain_label is not None:
-        return None
-    if tensor_fits(tp, gpn, multi_node_domain=False):
+    if gpn is None or tp is None or multi_node_nvlink(spec) or tensor_fits(tp, gpn, multi_node_domain=False):
         return None
     # The largest divisor of gpusPerNode below tensor, found from tensor down (never gpusPerNode steps).
     divisor = next(d for d in range(min(gpn, tp), 0, -1) if gpn % d == 0)
     return error(
         "spec.parallelism.tensor",
         f"{tp} does not divide gpusPerNode {gpn}, so a tensor-parallel group would cross nodes and run its "
-        f"all-reduces over the network; set tensor to a divisor of {gpn} (e.g. {divisor}) or use "
-        "spec.topology.nvlinkDomainLabel for a multi-node NVLink domain.",
+        f"all-reduces over the network; set tensor to a divisor of {gpn} (e.g. {divisor}) or, on a "
+        "multi-node NVLink domain, set spec.topology.nvlinkDomainLabel and spec.network.imexChannelClaim.",
     )
 
 
 def _tensor_fits_clique(spec: t.ParallelJobSpec) -> Problem | None:
     gpn, tp = spec.gpus_per_node, spec.parallelism.tensor
-    if gpn is None or tp is None or spec.topology.nvlink_domain_label is None:
-        return None
-    if tensor_fits(tp, gpn, multi_node_domain=True):
+    if gpn is None or tp is None or not multi_node_nvlink(spec) or tensor_fits(tp, gpn, multi_node_domain=True):
         return None
     return error(
         "spec.parallelism.tensor",
@@ -312,8 +320,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "tensor-fits-node",
         ".parallelism.tensor",
-        "!has(self.gpusPerNode) || !has(self.parallelism.tensor) "
-        "|| (has(self.topology) && has(self.topology.nvlinkDomainLabel)) "
+        f"!has(self.gpusPerNode) || !has(self.parallelism.tensor) || ({_MNNVL}) "
         "|| self.gpusPerNode % self.parallelism.tensor == 0",
         "parallelism.tensor must divide gpusPerNode, so that each tensor-parallel group stays in one node",
         _tensor_fits_node,
@@ -321,8 +328,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "tensor-fits-clique",
         ".parallelism.tensor",
-        "!has(self.gpusPerNode) || !has(self.parallelism.tensor) || !has(self.topology) "
-        "|| !has(self.topology.nvlinkDomainLabel) || self.gpusPerNode % self.parallelism.tensor == 0 || self.parallelism.tensor % self.gpusPerNode == 0",
+        f"!has(self.gpusPerNode) || !has(self.parallelism.tensor) || !({_MNNVL}) "
+        "|| self.gpusPerNode % self.parallelism.tensor == 0 || self.parallelism.tensor % self.gpusPerNode == 0",
         "parallelism.tensor and gpusPerNode must divide one another in a multi-node NVLink domain",
         _tensor_fits_clique,
     ),

@@ -29,6 +29,8 @@ Precision = Literal["bf16", "fp16", "fp32"]
 DataSource = Literal["synthetic", "text", "tokens"]
 TokenDtype = Literal["uint16", "uint32"]
 Fabric = Literal["auto", "infiniband", "roce", "efa", "tcp"]
+VerifyPolicy = Literal["fail", "warn", "off"]
+AddrFamily = Literal["AF_INET", "AF_INET6"]
 AxisOrder = Literal["auto", "pipe,data,model", "data,pipe,model"]
 Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed"]
 
@@ -219,26 +221,35 @@ class Topology:
 class RdmaResource:
     """An extended resource that gives a pod RDMA devices."""
 
-    name: str = api_field("Resource name, e.g. rdma/hca_shared_devices_a or nvidia.com/hostdev.")
-    count: int = api_field("How many to request per pod.", default=1, minimum=1)
+    name: str = api_field("Resource name, e.g. rdma/hca_shared_devices_a, rdma/ib or nvidia.com/hostdev.")
+    count: int | None = api_field(
+        "How many to request per pod. Default: the node's allocatable count for exclusive (SR-IOV, host-device) "
+        "plugins and for any plugin offering at most 2 per GPU, 1 for shared plugins (names with 'shared'); "
+        "where the kind cannot be told, 1 with a warning.",
+        default=None,
+        minimum=1,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Network:
-    """The fabric between nodes and the NCCL settings derived from it."""
+    """The fabric between nodes, the NCCL settings derived from it, and how the network is proven at start."""
 
     fabric: Fabric = api_field(
         "Inter-node fabric: infiniband, roce, efa or tcp. auto detects it from node labels and allocatable "
-        "resources (see docs/operator.md).",
+        "resources (see docs/operator.md). A declared or detected RDMA fabric sets NCCL_NET, so a missing "
+        "transport fails at init instead of falling back to TCP sockets; only a declared tcp disables IB.",
         default="auto",
     )
     nccl_env: dict[str, str] | None = api_field(
-        "NCCL or PyTorch environment variables that override the derived ones, e.g. {NCCL_DEBUG: INFO}.",
+        "NCCL or PyTorch environment variables that override the derived ones, e.g. {NCCL_DEBUG: INFO}. "
+        "{NCCL_NET: ''} removes the fail-closed transport choice.",
         default=None,
         json_name="ncclEnv",
     )
     rdma_resource: RdmaResource | None = api_field(
-        "RDMA resource requested by every pod (infiniband and roce). Default for efa: vpc.amazonaws.com/efa.",
+        "RDMA resource requested by every pod. Default: vpc.amazonaws.com/efa (all of the node's) for efa, "
+        "the RDMA resource the nodes offer for infiniband and roce.",
         default=None,
     )
     ib_hcas: list[str] | None = api_field(
@@ -248,17 +259,93 @@ class Network:
         json_name="ibHCAs",
     )
     gid_index: int | None = api_field(
-        "RoCE GID index (NCCL_IB_GID_INDEX). Default: NCCL's automatic choice.", default=None, minimum=-1
+        "RoCE GID index (NCCL_IB_GID_INDEX). Default: NCCL's automatic choice (steered by addrFamily and "
+        "addrRange); force it only where the platform documents one, e.g. 3 on OCI bare metal.",
+        default=None,
+        minimum=-1,
+    )
+    addr_family: AddrFamily | None = api_field(
+        "Address family of the GID NCCL chooses automatically (NCCL_IB_ADDR_FAMILY). Default: NCCL's (AF_INET).",
+        default=None,
+    )
+    addr_range: str | None = api_field(
+        "CIDR the automatically chosen GID must fall in (NCCL_IB_ADDR_RANGE), e.g. 10.0.0.0/8.",
+        default=None,
+        pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$",
+    )
+    cross_nic: int | None = api_field(
+        "NCCL_CROSS_NIC: 0 keeps rings on one rail (rail-optimised fabrics), 1 lets them cross (fat trees). "
+        "Default: NCCL's 2, same NIC preferred.",
+        default=None,
+        minimum=0,
+        maximum=2,
+    )
+    traffic_class: int | None = api_field(
+        "RoCE/IB traffic class of the data (NCCL_IB_TC), the lossless class of your switches, e.g. 41 on OCI.",
+        default=None,
+        minimum=0,
+        maximum=255,
+    )
+    fifo_traffic_class: int | None = api_field(
+        "Traffic class of NCCL's control messages (NCCL_IB_FIFO_TC), e.g. 84 on GKE A3 Ultra.",
+        default=None,
+        minimum=0,
+        maximum=255,
+    )
+    service_level: int | None = api_field(
+        "InfiniBand service level (NCCL_IB_SL). Default: NCCL's 0.", default=None, minimum=0, maximum=15
+    )
+    qps_per_connection: int | None = api_field(
+        "Queue pairs per connection (NCCL_IB_QPS_PER_CONNECTION); multi-level RoCE/ECMP fabrics want 4 for "
+        "routing entropy. Default: NCCL's 1.",
+        default=None,
+        minimum=1,
+        maximum=128,
     )
     socket_interface: str | None = api_field(
-        "Network interface prefix for NCCL's bootstrap and TCP transport (NCCL_SOCKET_IFNAME), e.g. eth0.",
+        "Network interface for NCCL's bootstrap and TCP transport (NCCL_SOCKET_IFNAME). Default: =eth0, the "
+        "pod's own interface.",
         default=None,
+    )
+    imex_channel_claim: str | None = api_field(
+        "Name of the spec.template.resourceClaims entry that gives each pod an IMEX channel (a ComputeDomain's "
+        "channel claim on GB200/GB300 NVL72). With it, tensor-parallel groups may span the nodes of one "
+        "NVLink domain and NCCL uses multi-node NVLink; without it the planner keeps them inside a node.",
+        default=None,
+    )
+    verify: VerifyPolicy = api_field(
+        "Network proof at start. The trainer's preflight (RDMA devices, libibverbs, EFA plugin, memlock, IMEX "
+        "channel) runs before the process groups form and a failure sets NetworkReady=False; then NCCL's own "
+        "INIT,NET lines and a warm-up collective are classified into NetworkVerified. fail: a degraded network "
+        "(socket fallback, fewer NICs, no GPUDirect RDMA, no MNNVL) fails the job; warn: it is reported; off: "
+        "neither check runs.",
+        default="warn",
     )
     timeout_seconds: int = api_field(
         "Collective timeout: a rank waiting longer for a dead peer fails instead of hanging, which triggers "
         "a gang restart.",
         default=environment.DEFAULT_PG_TIMEOUT_SECONDS,
         minimum=10,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PodResourceClaim:
+    """One dynamic resource claim of every pod (a Kubernetes PodResourceClaim)."""
+
+    name: str = api_field(
+        "Name of the claim in the pod; the training container lists it in resources.claims.",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+    )
+    resource_claim_template_name: str | None = api_field(
+        "ResourceClaimTemplate each pod gets its own claim from, e.g. the channel template of a ComputeDomain "
+        "(its spec.channel.resourceClaimTemplate.name).",
+        default=None,
+        json_name="resourceClaimTemplateName",
+    )
+    resource_claim_name: str | None = api_field(
+        "An existing ResourceClaim that every pod shares.", default=None, json_name="resourceClaimName"
     )
 
 
@@ -297,6 +384,11 @@ class PodTemplate:
     priority_class_name: str | None = api_field("PriorityClass of the pods.", default=None)
     labels: dict[str, str] | None = api_field("Extra labels of the pods.", default=None)
     annotations: dict[str, str] | None = api_field("Extra annotations of the pods.", default=None)
+    resource_claims: list[PodResourceClaim] | None = api_field(
+        "Dynamic resource claims of every pod, e.g. a ComputeDomain's IMEX channel or DRA network devices; "
+        "each is also given to the training container (resources.claims).",
+        default=None,
+    )
 
 
 # DeepSpeed config keys the validator reads; declared in the CRD so that CEL rules can see them
@@ -389,7 +481,10 @@ class ParallelJobSpec:
 class Condition:
     """A Kubernetes API convention condition."""
 
-    type: str = api_field("Valid, LayoutChosen, Scheduled, Ready, Succeeded or Failed.")
+    type: str = api_field(
+        "Valid, LayoutChosen, Scheduled, NetworkReady (the trainer's network preflight), NetworkVerified (what "
+        "NCCL chose), Ready, Succeeded or Failed."
+    )
     status: Literal["True", "False", "Unknown"] = api_field("True, False or Unknown.")
     reason: str = api_field("One CamelCase word for machines.", default="")
     message: str = api_field("A sentence for people.", default="")
@@ -422,13 +517,30 @@ class Progress:
 
 
 @dataclasses.dataclass(frozen=True)
+class NetworkStatus:
+    """What NCCL chose on the current attempt, reported by rank 0 after a warm-up collective over every rank."""
+
+    verified: Literal["True", "False", "Unknown"] | None = api_field(
+        "Whether NCCL uses the network the job planned; the NetworkVerified condition's status.", default=None
+    )
+    reason: str | None = api_field(
+        "AsPlanned, SocketFallback, FewerNICs, NoGPUDirectRDMA, MNNVLOff, or NoNcclLog (a CPU run).", default=None
+    )
+    message: str | None = api_field(
+        "What NCCL chose, e.g. 'NCCL uses IB over 8 NICs with GPUDirect RDMA'.", default=None
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class ParallelJobStatus:
     """The observed state, written by the operator and by the job's rank 0 (progress)."""
 
     phase: Phase | None = api_field("Pending, Running, Restarting, Succeeded or Failed.", default=None)
     message: str | None = api_field("Why the job is in its phase, for people.", default=None)
     conditions: list[Condition] | None = api_field(
-        "Valid, LayoutChosen (jobs that give a GPU budget), Scheduled, Ready, Succeeded, Failed.", default=None
+        "Valid, LayoutChosen (jobs that give a GPU budget), Scheduled, NetworkReady, NetworkVerified, Ready, "
+        "Succeeded, Failed.",
+        default=None,
     )
     observed_generation: int | None = api_field("Last metadata.generation acted on.", default=None, minimum=0)
     layout: str | None = api_field("pipeline x tensor x data, e.g. 8x4x2.", default=None)
@@ -455,6 +567,9 @@ class ParallelJobStatus:
     progress: Progress | None = api_field("Training progress.", default=None)
     nccl_env: dict[str, str] | None = api_field(
         "The NCCL and PyTorch environment the pods run with.", default=None, json_name="ncclEnv"
+    )
+    network: NetworkStatus | None = api_field(
+        "What NCCL chose on this attempt (spec.network.verify), reported by rank 0.", default=None
     )
     start_time: str | None = api_field("When the current gang started.", default=None, format="date-time")
     completion_time: str | None = api_field("When the job finished.", default=None, format="date-time")

@@ -13,7 +13,7 @@ from typing import Any
 from paralleljob.api import batch as batch_math
 from paralleljob.api import parsing, rules
 from paralleljob.api import types as t
-from paralleljob.api.problems import Problem, errors_of, warning
+from paralleljob.api.problems import Problem, error, errors_of, warning
 from paralleljob_contract.jobfile import default_warmup_steps
 from paralleljob_contract.model import default_ffn_hidden_size
 
@@ -133,7 +133,7 @@ def validate_job(job: t.ParallelJob, problems: list[Problem] | None = None) -> V
     the YAML is parsed. The layout search calls it on each candidate, so a candidate is valid exactly when
     the same job written as YAML would be."""
     name = job.metadata.name
-    problems = list(problems or []) + rules.check_rules(job.spec)
+    problems = list(problems or []) + rules.check_rules(job.spec) + claim_problems(job.spec)
     if rules.budget_gpus(job.spec) is not None:
         return _budget_job(job, problems)
     resolved_batch, batch_problems = batch_math.resolve_batch(job.spec.deepspeed, job.spec.parallelism.data)
@@ -153,6 +153,37 @@ def _budget_job(job: t.ParallelJob, problems: list[Problem]) -> ValidationResult
         return ValidationResult(problems, None, job.metadata.name)
     placeholder = batch_math.Batch(train_batch, 1, train_batch, 1)
     return ValidationResult(problems, ResolvedJob(job, placeholder), job.metadata.name)
+
+
+def claim_problems(spec: t.ParallelJobSpec) -> list[Problem]:
+    """spec.template.resourceClaims name one source each, and spec.network.imexChannelClaim names one of them.
+
+    Checked here rather than in CEL: a rule iterating an unbounded list has an estimated cost a real API
+    server may refuse when the CRD is created.
+    """
+    found: list[Problem] = []
+    claims = spec.template.resource_claims or []
+    for index, claim in enumerate(claims):
+        if (claim.resource_claim_template_name is None) == (claim.resource_claim_name is None):
+            found.append(
+                error(
+                    f"spec.template.resourceClaims[{index}]",
+                    "set exactly one of resourceClaimTemplateName (a claim per pod) and resourceClaimName "
+                    "(one claim shared by every pod).",
+                )
+            )
+    wanted = spec.network.imex_channel_claim
+    names = [claim.name for claim in claims]
+    if wanted is not None and wanted not in names:
+        listed = ", ".join(names) if names else "none"
+        found.append(
+            error(
+                "spec.network.imexChannelClaim",
+                f"{wanted!r} is not the name of a spec.template.resourceClaims entry ({listed}); add the "
+                "ComputeDomain's channel claim there under this name.",
+            )
+        )
+    return found
 
 
 def _name_of(doc: Any) -> str | None:

@@ -5,6 +5,9 @@ pods are Failed with reason Evicted), being deleted, missing after the gang was 
 (NotReady, or deleted from the cluster) breaks the gang: every rank waits on NCCL for the lost one, so the
 whole gang restarts. So does a gang that cannot start: a pod that the scheduler refuses (PodScheduled=False)
 or whose container cannot be created (image pull errors, bad config) for longer than the start timeout.
+A failed pod whose container's termination message reports a network failure (the trainer's preflight, or
+NCCL's choice under spec.network.verify: fail) breaks it with cause NetworkNotReady: the reconciler fails
+the job instead of restarting it, since a restart on the same spec and nodes would fail the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, Literal
 
 from paralleljob.k8s import timestamps
 from paralleljob.manifests import labels
+from paralleljob_contract.network import NetworkFailure, parse_failure
 
 Verdict = Literal["succeeded", "broken", "running", "starting"]
 # Container waiting reasons that do not clear up by waiting for the kubelet (restartPolicy is Never).
@@ -24,6 +28,7 @@ STUCK_WAITING_REASONS = frozenset(
 )
 # Causes, used as condition reasons: GangRestart for a lost or failed pod; the others name what happened.
 BROKEN, START_TIMEOUT, CREATE_FAILED = "GangRestart", "StartTimeout", "CreateFailed"
+NETWORK = "NetworkNotReady"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +43,7 @@ class GangState:
     node: str | None = None
     cause: str = BROKEN
     recheck_in: float | None = None
+    network: NetworkFailure | None = None
 
 
 def node_of(pod: Mapping[str, Any]) -> str | None:
@@ -51,6 +57,17 @@ def _rank(pod: Mapping[str, Any]) -> int:
 
 def _phase(pod: Mapping[str, Any]) -> str:
     return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def network_failure_of(pod: Mapping[str, Any]) -> NetworkFailure | None:
+    """The network failure a Failed pod's training container reported in its termination message."""
+    if _phase(pod) != "Failed":
+        return None
+    for container in (pod.get("status") or {}).get("containerStatuses") or ():
+        terminated = (container.get("state") or {}).get("terminated") or {}
+        if found := parse_failure(terminated.get("message")):
+            return found
+    return None
 
 
 def _breakage(pod: Mapping[str, Any], lost_nodes: Mapping[str, str]) -> str | None:
@@ -117,7 +134,13 @@ def judge(
     rank0 = by_rank.get(0)
     if rank0 is not None and _phase(rank0) == "Succeeded":
         return GangState("succeeded", ready)
-    for pod in sorted(pods, key=_rank):
+    ordered = sorted(pods, key=_rank)
+    for pod in ordered:
+        if network := network_failure_of(pod):
+            name = pod["metadata"]["name"]
+            said = f"pod {name} on node {node_of(pod)}: {network.render()}"
+            return GangState("broken", ready, said, name, node_of(pod), NETWORK, network=network)
+    for pod in ordered:
         why = _breakage(pod, lost)
         if why:
             return GangState("broken", ready, why, pod["metadata"]["name"], node_of(pod))

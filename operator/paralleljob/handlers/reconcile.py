@@ -40,6 +40,7 @@ from paralleljob.manifests import children as child_objects
 from paralleljob.manifests import configmap, labels
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.planning.inventory import TERMINAL_POD_PHASES
+from paralleljob_contract.network import NetworkFailure
 
 log = logging.getLogger(__name__)
 
@@ -329,8 +330,13 @@ def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
         default_fabric=p.settings.default_fabric,
         default_nccl_env=dict(p.settings.default_nccl_env),
     )
+    if refusal := attempt.refusal(resolved):
+        return _refused_network(p, refusal)
     writes.create(p.session, attempt.config_map)
-    write_status(p, _admitted_status(p, resolved, outcome.plan, attempt))
+    if write_status(p, _admitted_status(p, resolved, outcome.plan, attempt)):
+        # What the RDMA request could not know (an unknown plugin kind, no RDMA resource on the nodes).
+        for note in attempt.network.get("warnings") or ():
+            p.event("Warning", "NetworkWarning", note)
     return Outcome("admitted")
 
 
@@ -440,6 +446,8 @@ def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]
 def _broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
     if state.cause != gang.BROKEN:
         p.event("Warning", state.cause, state.reason)
+    if state.network is not None:
+        return _network_failed(p, pods, state, state.network)
     limit = resolved.spec.failure_policy.backoff_limit
     if p.attempt >= limit:
         return _fail(p, pods, state, limit)
@@ -456,6 +464,28 @@ def _fail(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, lim
     if state.cause == gang.CREATE_FAILED:
         cond = p.condition("Scheduled", "False", gang.CREATE_FAILED, state.reason, base=cond)
     cond = p.condition("Failed", "True", "BackoffLimitExceeded", message, base=cond)
+    return _end(p, pods, "Failed", message, cond, ("Warning", "Failed"))
+
+
+def _refused_network(p: Pass, reason: str) -> Outcome:
+    """spec.network.verify: fail, and the placed nodes cannot give the pods an RDMA device: Failed before
+    any pod starts (NetworkReady=False, NoRdmaResource)."""
+    message = f"{reason}; spec.network.verify is fail, so no pod was created"
+    cond = p.condition("Valid", "True", "Validated", "the spec is valid")
+    cond = p.condition("NetworkReady", "False", "NoRdmaResource", reason, base=cond)
+    cond = p.condition("Failed", "True", gang.NETWORK, message, base=cond)
+    return _end(p, [], "Failed", message, cond, ("Warning", "Failed"))
+
+
+def _network_failed(
+    p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, network: NetworkFailure
+) -> Outcome:
+    """The network is not what the job planned: Failed at once, with the reason in its condition. Not a gang
+    restart: the same spec on the same nodes fails the same way, so the restarts are kept for real faults."""
+    message = f"{state.reason}; not restarted: fix spec.network or the nodes, then create the job again"
+    cond = p.condition(network.condition, "False", network.reason, network.message)
+    cond = p.condition("Ready", "False", gang.NETWORK, state.reason, base=cond)
+    cond = p.condition("Failed", "True", gang.NETWORK, message, base=cond)
     return _end(p, pods, "Failed", message, cond, ("Warning", "Failed"))
 
 
@@ -478,7 +508,8 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
     message = f"gang restart {restarts}/{limit}: {state.reason}; resuming from the last checkpoint"
     cond = p.condition("Ready", "False", state.cause, state.reason)
     cond = p.condition("Scheduled", "False", _scheduled_reason(state), message, base=cond)
-    patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts}
+    # The next attempt verifies its own network (it may run on other nodes).
+    patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts, "network": None}
     write_status(p, {**patch, "placement": None, "podsReady": 0, "excludedNodes": excluded or None})
     m.GANG_RESTARTS.inc()
     p.event("Warning", "Restarting", message)
@@ -488,13 +519,39 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
 
 def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
     message = f"all {state.ready} pods running"
-    cond = p.condition("Ready", "True", "AllPodsRunning", message)
+    cond = _network_conditions(p, p.condition("Ready", "True", "AllPodsRunning", message))
     patch: dict[str, Any] = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
     if p.status.get("phase") != "Running":
         patch["startTime"] = timestamps.now()
-    if write_status(p, patch) and "startTime" in patch:
-        p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
+    if write_status(p, patch):
+        if "startTime" in patch:
+            p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
+        _network_event(p, cond)
     return Outcome("running")
+
+
+VERIFIED_STATUSES = ("True", "False", "Unknown")
+
+
+def _network_conditions(p: Pass, cond: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """NetworkReady and NetworkVerified from rank 0's report (status.network), once it has arrived: it is
+    sent after a warm-up collective over every rank, so every rank passed the preflight."""
+    report = p.status.get("network") or {}
+    if not report:
+        return cond
+    ready = "every rank passed the network preflight and joined the process groups"
+    cond = p.condition("NetworkReady", "True", "PreflightPassed", ready, base=cond)
+    verified = str(report.get("verified")) if report.get("verified") in VERIFIED_STATUSES else "Unknown"
+    reason, message = str(report.get("reason") or "NotReported"), str(report.get("message") or "")
+    return p.condition("NetworkVerified", verified, reason, message, base=cond)
+
+
+def _network_event(p: Pass, cond: list[dict[str, Any]]) -> None:
+    """A Warning a person sees in `kubectl describe` when NCCL chose less than the job planned."""
+    verified = conditions.find(cond, "NetworkVerified")
+    before = conditions.find(p.status.get("conditions"), "NetworkVerified")
+    if verified and verified.get("status") == "False" and (before or {}).get("reason") != verified.get("reason"):
+        p.event("Warning", "NetworkDegraded", f"{verified['reason']}: {verified['message']}")
 
 
 def _starting(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:

@@ -31,8 +31,9 @@ from paralleljob.local import progress, report
 from paralleljob.manifests import env as node_env
 from paralleljob.manifests import nccl
 from paralleljob.manifests.trainer_config import build_trainer_config, contract_plan
-from paralleljob_contract import launcher
+from paralleljob_contract import environment, launcher
 from paralleljob_contract.layout import tensor_fits
+from paralleljob_contract.network import NetworkFailure, parse_failure
 
 
 class LocalShapeError(ValueError):
@@ -82,6 +83,17 @@ def signals_stop_the_gang() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def local_nccl_env(resolved: ResolvedJob) -> dict[str, str]:
+    """The job's NCCL environment on one machine: its declared fabric (auto is an inferred tcp), on the
+    loopback interface, with the job's own overrides. A declared RDMA fabric keeps its fail-closed NCCL_NET,
+    so the trainer's network preflight checks this machine as it would a node."""
+    network = {**resolved.resolved_spec().get("network", {}), "socketInterface": "lo"}
+    fabric = network.get("fabric") or "auto"
+    if fabric == "auto":
+        return nccl.build_nccl_env(network, "tcp", declared=False)
+    return nccl.build_nccl_env(network, fabric)
 
 
 def free_port() -> int:
@@ -169,13 +181,12 @@ class LocalRun:
         (self.output / "job.json").write_text(json.dumps(config, indent=2) + "\n")
 
     def launches(self, port: int, devices: list[str] | None = None) -> list[gangs.NodeLaunch]:
-        # One machine: the TCP fabric's settings on the loopback interface, with the job's own overrides.
-        network = {**self.resolved.resolved_spec().get("network", {}), "socketInterface": "lo"}
-        env_nccl = nccl.build_nccl_env(network, "tcp")
+        env_nccl = local_nccl_env(self.resolved)
         launches = []
         plan = contract_plan(self.plan)
         for node in self.plan["nodes"]:
             rank = node["nodeRank"]
+            self.termination_log(rank).unlink(missing_ok=True)
             env = node_env.build_node_env(
                 plan,
                 rank,
@@ -189,6 +200,8 @@ class LocalRun:
             )
             # gloo's own interface variable: the loopback device for a single machine.
             env["GLOO_SOCKET_IFNAME"] = "lo"
+            # A pod's /dev/termination-log: where a rank says why the network is not ready.
+            env[environment.TERMINATION_LOG] = str(self.termination_log(rank))
             if devices is not None:
                 env["CUDA_VISIBLE_DEVICES"] = devices[rank]
             launches.append(
@@ -201,6 +214,16 @@ class LocalRun:
                 )
             )
         return launches
+
+    def termination_log(self, node_rank: int) -> Path:
+        return self.output / f"node-{node_rank}.termination-log"
+
+    def network_failure(self, outcome: gangs.GangOutcome) -> NetworkFailure | None:
+        """What the failed node's termination message says about the network, if anything."""
+        if outcome.failed_node is None:
+            return None
+        path = self.termination_log(outcome.failed_node)
+        return parse_failure(path.read_text() if path.exists() else None)
 
     def node_lines(self) -> list[progress.NodeLine]:
         lines = []
@@ -229,6 +252,11 @@ class LocalRun:
                 gang = gangs.Gang(self.launches(free_port(), self.devices), marker=uuid.uuid4().hex)
                 outcome = gangs.supervise(gang, lambda states: view.update(tail.poll(), tail.latest(), states))
                 view.update(tail.poll(), tail.latest(), gang.states())
+                network = None if outcome.succeeded else self.network_failure(outcome)
+                if network is not None:
+                    # Permanent until the job or the machine changes: a restart would fail the same way.
+                    self.console.print(f"[red]{network.render()}[/] (node rank {outcome.failed_node}; not restarted)")
+                    break
                 if outcome.succeeded or restarts >= backoff:
                     break
                 restarts += 1
@@ -237,10 +265,15 @@ class LocalRun:
                     f"[yellow]gang restart {restarts}/{backoff}[/]: {outcome.reason}; every node stopped, "
                     f"resuming from {'step ' + str(resume_at) if resume_at else 'the start'}"
                 )
-        return self.summarise(outcome, restarts, time.monotonic() - started, tail)
+        return self.summarise(outcome, restarts, time.monotonic() - started, tail, network)
 
     def summarise(
-        self, outcome: gangs.GangOutcome, restarts: int, wall: float, tail: progress.MetricsTail
+        self,
+        outcome: gangs.GangOutcome,
+        restarts: int,
+        wall: float,
+        tail: progress.MetricsTail,
+        network: NetworkFailure | None = None,
     ) -> report.RunSummary:
         curve = tail.loss_curve()
         picture = report.write_loss_curve(
@@ -249,7 +282,10 @@ class LocalRun:
         final = tail.summary or {}
         latest = tail.latest() or {}
         reason = outcome.reason
-        if not outcome.succeeded:
+        if network is not None:
+            reason += f": {network.render()}; not restarted, since a restart would fail the same way"
+            reason += f"; see {self.output}/node-{outcome.failed_node}.log"
+        elif not outcome.succeeded:
             reason += (
                 f"; gave up after {restarts} restarts (backoffLimit {self.resolved.spec.failure_policy.backoff_limit})"
             )

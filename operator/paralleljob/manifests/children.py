@@ -32,6 +32,15 @@ class Attempt:
     def fabric(self) -> str:
         return str(self.network["fabric"])
 
+    def refusal(self, resolved: ResolvedJob) -> str | None:
+        """Why spec.network.verify: fail refuses this attempt before any pod exists: an RDMA fabric on nodes
+        that offer no RDMA resource, unless spec.template.resourceClaims may give the devices (DRA)."""
+        if resolved.spec.network.verify != "fail" or not self.network.get("rdmaMissing"):
+            return None
+        if resolved.spec.template.resource_claims:
+            return None
+        return "; ".join(self.network.get("warnings") or ("no RDMA resource on the nodes",))
+
 
 @dataclasses.dataclass(frozen=True)
 class Children:
@@ -69,12 +78,15 @@ def build_attempt(
 ) -> Attempt:
     """The ConfigMap of one attempt, with the network derived from the planned nodes."""
     network = network_of(resolved, default_fabric, default_nccl_env)
-    facts = nccl.detect_facts(network, planned_nodes, resolved.spec.topology.nvlink_domain_label)
+    # MNNVL follows the NVLink-domain label the planner used (the spec's, or one it found on the nodes).
+    facts, request, env = nccl.build_network(network, planned_nodes, plan.get("nvlinkDomainLabel"))
     record = configmap.network_record(
         facts.fabric,
-        nccl.build_nccl_env(network, facts.fabric, nvswitch=facts.nvswitch, mnnvl=facts.mnnvl),
-        nccl.rdma_request(network, facts),
+        env,
+        request.resources,
         nccl.uses_rdma(facts),
+        warnings=request.warnings,
+        rdma_missing=request.missing,
     )
     job_file = trainer_config.build_trainer_config(resolved, plan)
     return Attempt(configmap.build_config_map(owner, job_file, plan, record, attempt), record)

@@ -2,8 +2,8 @@
 plan with its estimates, and the NCCL environment (`kubectl describe configmap <job>-config` shows them).
 
 Pure. The ConfigMap is the record of one attempt's decisions: the attempt (gang restart count) it was
-planned for, the plan, and `network.json` (fabric, NCCL environment, network resources, IPC_LOCK), computed
-once at admission. The pods are built from it and from `status.placement` (which node runs which node
+planned for, the plan, and `network.json` (fabric, NCCL environment, network resources, IPC_LOCK,
+warnings), computed once at admission. The pods are built from it and from `status.placement` (which node runs which node
 rank), so a restarted operator finishes creating the pods of the plan it already made, and the pods run
 exactly the `status.ncclEnv` written from the same computation. A ConfigMap holds at most 1 MiB, so nothing
 here grows with the job: job.json carries the layout, never a per-node or per-rank list (a pod's node rank
@@ -14,7 +14,7 @@ nodes out; a 4,096-node job's ConfigMap is a few KB (tests/manifests/test_config
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob.manifests import labels
@@ -65,10 +65,22 @@ def plan_of(config_map: Mapping[str, Any]) -> jobfile.Plan:
 
 
 def network_record(
-    fabric: str, nccl_env: Mapping[str, str], resources: Mapping[str, int], ipc_lock: bool
+    fabric: str,
+    nccl_env: Mapping[str, str],
+    resources: Mapping[str, int | str],
+    ipc_lock: bool,
+    *,
+    warnings: Sequence[str] = (),
+    rdma_missing: bool = False,
 ) -> dict[str, Any]:
-    """What every pod of the attempt shares about the network."""
-    return {"fabric": fabric, "ncclEnv": dict(nccl_env), "resources": dict(resources), "ipcLock": ipc_lock}
+    """What every pod of the attempt shares about the network, and what a person should know about it."""
+    record: dict[str, Any] = {"fabric": fabric, "ncclEnv": dict(nccl_env), "resources": dict(resources)}
+    record["ipcLock"] = ipc_lock
+    if warnings:
+        record["warnings"] = list(warnings)
+    if rdma_missing:
+        record["rdmaMissing"] = True
+    return record
 
 
 def network_of(config_map: Mapping[str, Any]) -> dict[str, Any]:

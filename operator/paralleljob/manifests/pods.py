@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from paralleljob.api import ResolvedJob
+from paralleljob.api.types import spec_to_dict
 from paralleljob.manifests import configmap, env, labels
 from paralleljob_contract import environment, launcher
 from paralleljob_contract.jobfile import Plan
@@ -43,7 +44,7 @@ class PodSettings:
     # The node each node rank runs on (status.placement), by node rank.
     nodes: tuple[str, ...]
     nccl_env: Mapping[str, str]
-    network_resources: Mapping[str, int]
+    network_resources: Mapping[str, int | str]
     ipc_lock: bool
     attempt: int
     service_account: str
@@ -89,14 +90,19 @@ def node_affinity(node: str) -> dict[str, Any]:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
-def container_resources(resolved: ResolvedJob, gpus: int, network: Mapping[str, int]) -> dict[str, Any]:
-    """spec.template.resources plus the GPUs and network devices, as both requests and limits."""
+def container_resources(resolved: ResolvedJob, gpus: int, network: Mapping[str, int | str]) -> dict[str, Any]:
+    """spec.template.resources plus the GPUs and network devices, as both requests and limits, and the
+    container's share of spec.template.resourceClaims (an IMEX channel, DRA network devices)."""
     extra = copy.deepcopy(dict(resolved.spec.template.resources or {}))
     devices = {GPU_RESOURCE: str(gpus), **{name: str(count) for name, count in network.items()}}
-    return {
+    resources: dict[str, Any] = {
         "requests": {**extra.get("requests", {}), **devices},
         "limits": {**extra.get("limits", {}), **devices},
     }
+    claims = [{"name": claim.name} for claim in resolved.spec.template.resource_claims or ()]
+    if claims:
+        resources["claims"] = claims
+    return resources
 
 
 def volumes(resolved: ResolvedJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -156,6 +162,9 @@ def build_container(
         "resources": container_resources(resolved, gpus, settings.network_resources),
         "volumeMounts": mounts,
         "ports": [{"name": "rendezvous", "containerPort": labels.MASTER_PORT}],
+        # A rank whose network preflight fails writes its one-line reason to the termination message, which
+        # the operator turns into the NetworkReady condition; other failures fall back to the log's tail.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if template.image_pull_policy:
         container["imagePullPolicy"] = template.image_pull_policy
@@ -196,6 +205,7 @@ def build_pod(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSett
         "nodeSelector": dict(template.node_selector) if template.node_selector else None,
         "tolerations": copy.deepcopy(list(template.tolerations)) if template.tolerations else None,
         "priorityClassName": template.priority_class_name,
+        "resourceClaims": [spec_to_dict(c) for c in template.resource_claims] if template.resource_claims else None,
     }
     spec.update({key: value for key, value in optional.items() if value is not None})
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

@@ -39,6 +39,8 @@ class _Context:
     nvlink_label: str | None
     axis_orders: tuple[AxisOrder, ...]
     model: CostModel
+    # Why an NVLink domain label on the nodes or in the spec is not used (no IMEX channel), for people.
+    nvlink_note: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +84,13 @@ def ranks_per_node_candidates(
 ) -> list[int]:
     """spec.gpusPerNode, or every size that divides the world, fits a node and lines up with TP, largest first.
 
-    With an NVLink domain label (the spec's, or Topograph's found on the nodes) a size may divide TP too.
+    With the NVLink domain label the planner uses (the spec's, or Topograph's found on the nodes; only when
+    the pods get an IMEX channel, see `_context`) a size may divide TP too.
     """
     if job.spec.gpus_per_node:
         return [job.spec.gpus_per_node]
     largest = max((node.allocatable_gpus for node in nodes), default=0)
-    clique = nvlink_label is not None or job.spec.topology.nvlink_domain_label is not None
+    clique = nvlink_label is not None
     world, tp = job.world_size, job.tensor
     fits = [
         g for g in range(min(largest, world), 0, -1) if world % g == 0 and tensor_fits(tp, g, multi_node_domain=clique)
@@ -102,7 +105,15 @@ def _context(job: ResolvedJob, cluster: Cluster, options: PlanningOptions) -> _C
     orders = tuple(AXIS_ORDERS.values()) if topology.axis_order == "auto" else (AXIS_ORDERS[topology.axis_order],)
     work = Workload.from_job(job)
     nvlink_label = topology.nvlink_domain_label or detect_nvlink_label(present)
-    return _Context(job, work, levels, nvlink_label, orders, options.cost_model)
+    if nvlink_label is None or job.spec.network.imex_channel_claim is not None:
+        return _Context(job, work, levels, nvlink_label, orders, options.cost_model)
+    # Without an IMEX channel NCCL cannot use NVLink between nodes: each node is its own NVLink domain.
+    note = (
+        f"the NVLink domain label {nvlink_label} is not used: the pods get no IMEX channel, so tensor-parallel "
+        "groups stay inside one node and NCCL_MNNVL_ENABLE=0; set spec.network.imexChannelClaim to a "
+        "ComputeDomain's channel claim in spec.template.resourceClaims to use multi-node NVLink"
+    )
+    return _Context(job, work, levels, None, orders, options.cost_model, note)
 
 
 def _first_fit(
@@ -275,7 +286,7 @@ def _estimates(ctx: _Context, product: str, cost: CommCost, gpu_memory: float | 
 
 
 def _warnings(ctx: _Context, figures: Estimates) -> list[str]:
-    found: list[str] = []
+    found: list[str] = [f"{ctx.nvlink_note[0].upper()}{ctx.nvlink_note[1:]}."] if ctx.nvlink_note else []
     if figures.gpu_memory is None:
         found.append(
             f"GPU memory is unknown (no nvidia.com/gpu.memory label), so the estimate of "
@@ -323,6 +334,8 @@ def _unschedulable(ctx: _Context, misses: list[_Miss]) -> Unschedulable:
     others = sorted({(m.nodes_needed, m.gpus) for m in misses if m is not closest and m.gpus != closest.gpus})
     if others:
         message += "; also tried " + ", ".join(f"{n} nodes x {g} GPUs" for n, g in others)
+    if ctx.nvlink_note:
+        message += f"; {ctx.nvlink_note}"
     return Unschedulable(
         nodes_needed=closest.nodes_needed,
         gpus_per_node=closest.gpus,
