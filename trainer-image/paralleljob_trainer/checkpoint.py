@@ -49,6 +49,7 @@ _TAG = re.compile(r"global_step(\d+)")
 _OPTIMIZER_STATE_DICT = "optimizer_state_dict"
 _BASE_OPTIMIZER_STATE = "base_optimizer_state"
 _FP32_PARTITIONS = "single_partition_of_fp32_groups"
+_BASE_OPTIMIZER_STATE_STEP = "base_optimizer_state_step"
 
 
 class CheckpointError(RuntimeError):
@@ -281,6 +282,10 @@ def _load_zero_shards_for_new_dp(engine: Any, chosen: Chosen) -> None:
             f"checkpoint {chosen.folder} holds ZeRO optimizer state for DP {len(shards)} only (not saved in elastic "
             f"form); resume it with data parallel {len(shards)}"
         )
+    for shard in shards:
+        # DeepSpeed records the step of the elastic state only when the optimizer keeps it in its param
+        # groups (its own Adam); torch's optimizers keep it per parameter, in the state that is restored anyway.
+        shard.setdefault(_BASE_OPTIMIZER_STATE_STEP, _per_parameter_step(shard))
     # The optimizer reads the shard at this rank's DP index: a larger DP appends empty shards, which the merge
     # (a concatenation of the unpadded shards) ignores.
     data_parallel = dist.get_world_size(group=engine.optimizer.dp_process_group)
@@ -288,6 +293,21 @@ def _load_zero_shards_for_new_dp(engine: Any, chosen: Chosen) -> None:
     engine.optimizer.load_state_dict(
         state_dict_list=shards, load_optimizer_states=True, load_from_fp32_weights=engine.zero_load_from_fp32_weights()
     )
+    _learning_rate_from_scheduler(engine)
+
+
+def _learning_rate_from_scheduler(engine: Any) -> None:
+    """The optimizer's learning rate as the restored schedule has it: the elastic state holds no param groups,
+    so the optimizer would keep the rate of step 1 until the schedule next steps."""
+    scheduler = getattr(engine, "lr_scheduler", None)
+    if scheduler is not None and hasattr(scheduler, "get_last_lr"):
+        for group, rate in zip(engine.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+            group["lr"] = rate
+
+
+def _per_parameter_step(shard: dict[str, Any]) -> Any:
+    step = (shard[_BASE_OPTIMIZER_STATE][0] or {}).get("step")
+    return float(step) if step is not None else None
 
 
 def _empty_shard(shard: dict[str, Any]) -> dict[str, Any]:
