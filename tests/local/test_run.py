@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from paralleljob.local.gang import RUN_MARKER
+from tests.trainer.harness import PrivateTmpfs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -196,3 +197,34 @@ def test_interrupting_the_run_stops_every_process_cleanly(tmp_path, sig) -> None
     assert proc.returncode == 130, out[-2000:]
     assert "Traceback" not in out
     assert run_processes() == []
+
+
+def test_a_run_whose_output_disk_fills_up_still_writes_its_summary(tmp_path) -> None:
+    job = short_job(tmp_path, steps=200, interval=2)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["failurePolicy"]["backoffLimit"] = 0
+    job.write_text(yaml.safe_dump(doc))
+    disk = tmp_path / "disk"
+    output = disk / "out"
+    with PrivateTmpfs(disk, "64m") as volume:
+        proc = subprocess.Popen(
+            [*volume.enter, *PARALLELJOB, "run", str(job), "--output", str(output)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            read = [*volume.enter, "cat", str(output / "metrics.jsonl")]
+            wait_until(lambda: '"checkpoint"' in subprocess.run(read, capture_output=True, text=True).stdout)
+            subprocess.run([*volume.enter, "sh", "-c", f"cat /dev/zero > {disk / 'filler'}"], check=False)
+            out, _ = proc.communicate(timeout=300)
+        finally:
+            proc.kill()
+        summary_text = subprocess.run(
+            [*volume.enter, "cat", str(output / "summary.json")], capture_output=True, text=True, check=True
+        ).stdout
+    assert proc.returncode == 1, out[-3000:]
+    summary = json.loads(summary_text)
+    assert not summary["succeeded"] and summary["steps_done"] >= 2, summary
+    assert summary["last_checkpoint_step"] is not None and summary["loss_curve"] is None
+    assert "Traceback" not in out, out[-3000:]

@@ -44,7 +44,8 @@ def test_sixteen_node_job_gets_its_children_and_status(cluster, operator):
         assert "nodeName" not in pod["spec"]
         env = env_of(pod)
         assert env["PARALLELJOB_NODE_RANK"] == str(rank)
-        assert env["PARALLELJOB_OUTPUT_DIR"] == "/checkpoints/metrics"
+        assert env["PARALLELJOB_CHECKPOINT_DIR"] == "/checkpoints/research/gpt"
+        assert env["PARALLELJOB_OUTPUT_DIR"] == "/checkpoints/research/gpt/metrics"
         assert {key: env[key] for key in status["ncclEnv"]} == status["ncclEnv"]
         container = pod["spec"]["containers"][0]
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "4", "rdma/ib": "1"}

@@ -190,7 +190,9 @@ def test_a_disk_that_fills_during_a_save_stops_every_rank_and_keeps_the_earlier_
     assert _committed(left) == ["global_step2"]
     assert (left / "latest").read_text().strip() == "global_step2"
     manifest = json.loads((left / "global_step2" / "manifest.json").read_text())
-    assert all((left / "global_step2" / name).stat().st_size == entry["bytes"] for name, entry in manifest["files"].items())
+    assert all(
+        (left / "global_step2" / name).stat().st_size == entry["bytes"] for name, entry in manifest["files"].items()
+    )
 
 
 ZERO_STAGES = {"zero0": {}, "zero1": {"zero_optimization": {"stage": 1}}}

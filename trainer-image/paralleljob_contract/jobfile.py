@@ -159,12 +159,19 @@ def make_plan(layout: Layout, ranks_per_node: int) -> Plan:
 
 
 def job_document(
-    *, name: str, namespace: str, spec: Mapping[str, Any], deepspeed: Mapping[str, Any], plan: Plan
+    *,
+    name: str,
+    namespace: str,
+    spec: Mapping[str, Any],
+    deepspeed: Mapping[str, Any],
+    plan: Plan,
+    uid: str | None = None,
 ) -> dict[str, Any]:
-    """The job.json object: the one writer, for the operator's ConfigMap and the local runner's file."""
+    """The job.json object: the one writer, for the operator's ConfigMap and the local runner's file. `uid`
+    is the ParallelJob's on a cluster (checkpoints record it); a local run has none."""
     return {
         "version": VERSION,
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
         "spec": dict(spec),
         "deepspeed": dict(deepspeed),
         "plan": plan.to_dict(),

@@ -136,7 +136,15 @@ def save(engine: Any, job: JobConfig, root: Path, step: int) -> Path:
         problem = _commit(job, root, step, staging, outcomes)
     if problem := _broadcast(problem):
         raise StorageError(problem)
+    if _first_rank_of_its_node() and staging.exists():
+        # Only when the folder is not shared (an emptyDir per pod): rank 0 committed its own copy, not this one.
+        with contextlib.suppress(OSError):
+            _remove(staging)
     return root / tag
+
+
+def _first_rank_of_its_node() -> bool:
+    return dist.get_rank() != 0 and os.environ.get("LOCAL_RANK", "0") == "0"
 
 
 def _commit(job: JobConfig, root: Path, step: int, staging: Path, outcomes: list[Any]) -> str | None:
@@ -198,6 +206,8 @@ def choose(job: JobConfig, root: Path | None, resume_from: Path | None) -> Chose
             if chosen.skipped and not chosen.read_only and dist.get_rank() == 0:
                 _set_aside_skipped(chosen)
             return chosen
+    if resume_from is not None:
+        raise CheckpointError(f"spec.checkpoint.resumeFrom: {resume_from} holds no checkpoint (global_stepN)")
     return None
 
 

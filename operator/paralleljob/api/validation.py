@@ -108,17 +108,19 @@ class ValidationResult:
         return self.resolved is not None and not errors_of(self.problems)
 
 
-def validate_document(doc: Any) -> ValidationResult:
-    """Parse and validate one ParallelJob document, reporting every problem."""
+def validate_document(doc: Any, *, cluster: bool = True) -> ValidationResult:
+    """Parse and validate one ParallelJob document, reporting every problem.
+
+    `cluster=False` validates for `paralleljob run`, which skips the rules about pods (a checkpoint volume)."""
     name = _name_of(doc)
     job, problems = parsing.parse_job(doc)
     if job is None:
         return ValidationResult(problems, None, name)
-    problems = problems + rules.check_rules(job.spec)
+    problems = problems + rules.check_rules(job.spec, cluster=cluster)
     resolved_batch, batch_problems = batch_math.resolve_batch(job.spec.deepspeed, job.spec.parallelism.data)
     problems += [p for p in batch_problems if p.path not in {q.path for q in problems}]
     if resolved_batch is not None:
-        problems += advisories(job.spec, resolved_batch)
+        problems += advisories(job.spec, resolved_batch, cluster=cluster)
     if errors_of(problems) or resolved_batch is None:
         return ValidationResult(problems, None, name, resolved_batch)
     return ValidationResult(problems, ResolvedJob(job, resolved_batch), name, resolved_batch)
@@ -136,7 +138,7 @@ def bubble_fraction(pipeline: int, micro_batches: int) -> float:
     return (pipeline - 1) / (micro_batches + pipeline - 1)
 
 
-def advisories(spec: t.ParallelJobSpec, batch: batch_math.Batch) -> list[Problem]:
+def advisories(spec: t.ParallelJobSpec, batch: batch_math.Batch, *, cluster: bool = True) -> list[Problem]:
     """Warnings: valid, but probably not what the user wants."""
     found: list[Problem] = []
     layers, pp = spec.model.layers, spec.parallelism.pipeline
@@ -171,6 +173,14 @@ def advisories(spec: t.ParallelJobSpec, batch: batch_math.Batch) -> list[Problem
                 "spec.checkpoint.intervalSteps",
                 f"{spec.checkpoint.interval_steps} is more than the {spec.training.steps} training steps, so only "
                 "the final checkpoint is written; lower it so restarts lose less work.",
+            )
+        )
+    if cluster and spec.checkpoint is not None and "emptyDir" in (spec.checkpoint.volume or {}):
+        found.append(
+            warning(
+                "spec.checkpoint.volume",
+                "is an emptyDir, deleted with its pod: a gang restart (new pods) starts from step 0, and with "
+                "more than one pod no pod holds a whole checkpoint; use a ReadWriteMany persistentVolumeClaim.",
             )
         )
     return found

@@ -76,7 +76,7 @@ def build_attempt(
         nccl.rdma_request(network, facts),
         nccl.uses_rdma(facts),
     )
-    job_file = trainer_config.build_trainer_config(resolved, plan)
+    job_file = trainer_config.build_trainer_config(resolved, plan, uid=owner["metadata"].get("uid"))
     return Attempt(configmap.build_config_map(owner, job_file, plan, record, attempt), record)
 
 
