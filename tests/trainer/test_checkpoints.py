@@ -58,12 +58,18 @@ def _losses(folder: Path) -> dict[int, float]:
     return {step: record["loss"] for step, record in harness.steps_by_number(folder / "out").items()}
 
 
+def _pp2_job(steps: int) -> dict[str, Any]:
+    """PP2, saving every 2 steps and keeping 2 checkpoints."""
+    document = harness.job_document(PP2, optimizer=SGD, steps=steps, checkpoint_interval=2)
+    document["spec"]["checkpoint"]["keep"] = 2
+    return document
+
+
 @pytest.fixture(scope="module")
 def finished_pp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A PP2 run of 5 steps saving every 3: its folder holds out/ and ckpt/."""
+    """A PP2 run of 5 steps saving every 2 and keeping 2: its folder holds out/ and ckpt/."""
     folder = tmp_path_factory.mktemp("finished-pp2")
-    document = harness.job_document(PP2, optimizer=SGD, steps=5, checkpoint_interval=3)
-    result = _run(folder, document, folder / "ckpt")
+    result = _run(folder, _pp2_job(5), folder / "ckpt")
     assert result.returncodes == [0, 0], result.logs[0][-3000:]
     return folder
 
@@ -71,11 +77,15 @@ def finished_pp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_the_last_step_is_saved_and_marked_latest_whatever_the_interval(finished_pp2: Path) -> None:
     checkpoints = finished_pp2 / "ckpt"
-    assert _committed(checkpoints) == ["global_step3", "global_step5"]
     assert (checkpoints / "latest").read_text().strip() == "global_step5"
     summary = harness.records(finished_pp2 / "out", "summary")[-1]
     assert summary["last_checkpoint_step"] == 5
-    assert [record["step"] for record in harness.records(finished_pp2 / "out", "checkpoint")] == [3, 5]
+    assert [record["step"] for record in harness.records(finished_pp2 / "out", "checkpoint")] == [2, 4, 5]
+
+
+@pytest.mark.slow
+def test_only_the_newest_keep_checkpoints_stay_on_the_volume(finished_pp2: Path) -> None:
+    assert _committed(finished_pp2 / "ckpt") == ["global_step4", "global_step5"], "keep 2: step 2 is deleted"
 
 
 @pytest.mark.slow
@@ -105,15 +115,14 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_training_resumes_from_the_on
     damaged[len(damaged) // 2] ^= 0xFF  # same size, one flipped byte: only the checksum can tell
     victim.write_bytes(bytes(damaged))
 
-    result = _run(tmp_path, harness.job_document(PP2, optimizer=SGD, steps=5, checkpoint_interval=3), checkpoints)
+    result = _run(tmp_path, _pp2_job(5), checkpoints)
 
     assert result.returncodes == [0, 0], result.logs[0][-3000:]
     assert f"skipped checkpoints global_step5 ({victim} does not match its checksum)" in result.logs[0]
     resume = harness.records(tmp_path / "out", "resume")[-1]
-    assert (resume["step"], len(resume["skipped"])) == (3, 1)
-    original = _losses(finished_pp2)
-    assert {step: _losses(tmp_path)[step] for step in (4, 5)} == {step: original[step] for step in (4, 5)}
-    assert _committed(checkpoints) == ["global_step3", "global_step5"], "the damaged one was replaced"
+    assert (resume["step"], len(resume["skipped"])) == (4, 1)
+    assert _losses(tmp_path) == {5: _losses(finished_pp2)[5]}
+    assert _committed(checkpoints) == ["global_step4", "global_step5"], "the damaged one was replaced"
 
 
 def _another_job(document: dict[str, Any]) -> dict[str, Any]:

@@ -57,6 +57,14 @@ class CheckpointError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Saved:
+    """A committed checkpoint: its folder and the bytes of its files (every rank's)."""
+
+    folder: Path
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Chosen:
     """The checkpoint a run resumes from, agreed by every rank."""
 
@@ -110,8 +118,8 @@ def _remove(path: Path) -> None:
 # -- save ----------------------------------------------------------------------------------------------------
 
 
-def save(engine: Any, job: JobConfig, root: Path, step: int) -> Path:
-    """Save `step` on every rank and commit it (see the module docstring); returns the checkpoint's folder."""
+def save(engine: Any, job: JobConfig, root: Path, step: int) -> Saved:
+    """Save `step` on every rank and commit it (see the module docstring)."""
     tag = tag_for(step)
     staging = root / f"{STAGING_PREFIX}{tag}"
     stale = None
@@ -140,7 +148,7 @@ def save(engine: Any, job: JobConfig, root: Path, step: int) -> Path:
         # Only when the folder is not shared (an emptyDir per pod): rank 0 committed its own copy, not this one.
         with contextlib.suppress(OSError):
             _remove(staging)
-    return root / tag
+    return Saved(root / tag, sum(written.size for files, _ in outcomes for written in files))
 
 
 def _first_rank_of_its_node() -> bool:

@@ -93,7 +93,7 @@ def problem_with(error: OSError, folder: Path) -> str:
     if error.errno in (errno.EACCES, errno.EPERM):
         return (
             f"checkpoint folder {folder} is not writable by this process (uid {os.getuid()}) writing {where}; "
-            "give the volume to that uid (e.g. pod securityContext.fsGroup)"
+            "make the volume's root writable by that uid"
         )
     return f"checkpoint folder {folder}: {error.strerror or error} writing {where}"
 

@@ -111,15 +111,19 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     stream = data.open_stream(job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed)
     check_storage(job, options, launch.rank)
     init_distributed(env)
+    started = time.perf_counter()
     chosen = checkpoint.choose(job, options.checkpoint_dir, options.resume_from)
+    verify_seconds = time.perf_counter() - started
     coords = coords_of(topology, dist.get_rank())
     engine = build_engine(job, topology)
     writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, HookCaller(list(options.hooks)))
     try:
         progress = _Progress(start_step=0)
         if chosen is not None:
+            started = time.perf_counter()
             progress = _Progress(start_step=checkpoint.load(engine, job, chosen), last_checkpoint_step=chosen.step)
-            writer.write(_resume_record(chosen), hook_method="on_checkpoint")
+            timings = {"verify_s": verify_seconds, "load_s": time.perf_counter() - started}
+            writer.write(_resume_record(chosen) | timings, hook_method="on_checkpoint")
         for step in range(progress.start_step + 1, job.training.steps + 1):
             _train_one_step(job, options, engine, stream, coords, step, writer, progress)
         writer.write(_summary(job, progress), hook_method="on_finish")
@@ -171,9 +175,11 @@ def _train_one_step(
     if step % job.training.log_interval == 0 or step == job.training.steps:
         writer.write(_step_record(job, options, engine, step, loss, lr, seconds), hook_method="on_step")
     if options.checkpoint_dir and _is_checkpoint_step(job, step):
-        path = checkpoint.save(engine, job, options.checkpoint_dir, step)
+        started = time.perf_counter()
+        saved = checkpoint.save(engine, job, options.checkpoint_dir, step)
         progress.last_checkpoint_step = step
-        writer.write({"event": "checkpoint", "step": step, "path": str(path)}, hook_method="on_checkpoint")
+        record = {"event": "checkpoint", "step": step, "path": str(saved.folder), "bytes": saved.size}
+        writer.write(record | {"save_s": time.perf_counter() - started}, hook_method="on_checkpoint")
 
 
 def _is_checkpoint_step(job: JobConfig, step: int) -> bool:
