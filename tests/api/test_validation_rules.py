@@ -219,3 +219,6 @@ def test_paralleljob_run_keeps_its_local_checkpoint_folder_without_a_volume_or_a
 def test_resume_from_names_a_job_or_a_folder_inside_the_volume(resume_from, valid) -> None:
     result = validate_document(job(spec__checkpoint__resumeFrom=resume_from))
     assert result.ok == valid, [p.render() for p in result.problems]
+    if not valid:
+        errors = {p.path: p.message for p in result.problems if p.is_error}
+        assert "a folder relative to the volume's root with no leading /" in errors["spec.checkpoint.resumeFrom"]

@@ -180,6 +180,7 @@ class Checkpoint:
         "Training continues from the checkpoint's step.",
         default=None,
         pattern=RESUME_FROM_PATTERN,
+        pattern_fix="write a job name, or a folder relative to the volume's root with no leading / and no .. segment",
         max_length=253,
     )
 
