@@ -7,7 +7,8 @@ see `paralleljob_trainer.data`), the data-parallel size it was saved with, and e
 sha256. A folder without a manifest is not a checkpoint (an interrupted save).
 
 `incompatibility` compares a manifest with the job about to resume and names the first difference in one line.
-A change of DP is compatible (see `paralleljob_trainer.checkpoint`); a change of PP or TP is not: this
+A change of DP is compatible (see `paralleljob_trainer.checkpoint`) except at ZeRO 0 in bf16/fp16, where
+DeepSpeed's mixed-precision optimizer shards its fp32 state over DP; a change of PP or TP is not: this
 trainer's checkpoints hold per-stage layer files and per-TP-rank slices that DeepSpeed cannot re-cut.
 """
 
@@ -106,6 +107,13 @@ def incompatibility(manifest: Mapping[str, Any], job: JobConfig, folder: Path, *
             f"checkpoint {folder} was saved with layout {layout_name(saved_layout)} and this job is "
             f"{layout_name(layout)}: only data parallelism may change on resume; keep pipeline "
             f"{saved_layout.get('pipeline')} and tensor {saved_layout.get('tensor')}"
+        )
+    if saved_layout.get("data") != layout["data"] and not job.zero_stage and job.model.precision != "fp32":
+        # DeepSpeed's bf16/fp16 optimizer at ZeRO 0 shards its fp32 state over DP, with no elastic form to re-cut.
+        return (
+            f"checkpoint {folder} was saved at DP {saved_layout.get('data')} with {job.model.precision} and ZeRO 0, "
+            f"whose optimizer state only DP {saved_layout.get('data')} can read; resume with data parallel "
+            f"{saved_layout.get('data')}, or train with zero_optimization.stage 1 to change DP later"
         )
     if manifest.get("zeroStage") != job.zero_stage:
         return (
