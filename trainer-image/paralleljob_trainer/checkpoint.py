@@ -165,7 +165,7 @@ def _commit(job: JobConfig, root: Path, step: int, staging: Path, outcomes: list
         manifest.write(staging, manifest.build(job, step, staging, files))
         final = root / tag_for(step)
         if final.exists():
-            _remove(final)  # a damaged checkpoint of this step, set aside at resume and now replaced
+            _remove(final)  # an older save of this step that verified nowhere (resume sets those aside)
         os.rename(staging, final)
         storage.fsync_path(root)
         _write_latest(root, final.name)
