@@ -52,11 +52,12 @@ def _run(folder: Path, case: str, steps: int) -> dict[str, Any]:
 
 def measure(case: str, folder: Path) -> None:
     _, (pp, tp, dp), _, _ = CASES[case]
-    from paralleljob_trainer.config import parameter_count, parse_job_config
+    from paralleljob_contract.jobfile import parse_job_config
+    from paralleljob_contract.model import parameter_count
 
     first = _run(folder, case, steps=2)
     resumed = _run(folder, case, steps=3)
-    parameters = parameter_count(parse_job_config(_document(case, 2)).model)
+    parameters = parameter_count(parse_job_config(_document(case, 2)).model.shape)
     saved = first["checkpoints"][-1]
     resume = resumed["resume"][-1]
     print(

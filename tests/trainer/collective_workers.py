@@ -61,8 +61,9 @@ def run_on_ranks(target: Callable[..., Any], world: int, *args: Any, timeout: fl
 
 def resume_from_own_folder(root: Path) -> tuple[str, Any]:
     """Rank r chooses a checkpoint in root/rank-r; only rank 0's folder holds one (as when a node lacks it)."""
+    from paralleljob_contract.jobfile import parse_job_config
+    from paralleljob_contract.layout import Layout
     from paralleljob_trainer import checkpoint
-    from paralleljob_trainer.config import Layout, parse_job_config
 
     job = parse_job_config(harness.job_document(Layout(1, 1, 2), optimizer={"type": "SGD", "params": {"lr": 0.1}}))
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from paralleljob_trainer.config import Layout
+from paralleljob_contract.layout import Layout
 from tests.trainer import harness
 
 SGD = {"type": "SGD", "params": {"lr": 0.1}}

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import torch
 
+from paralleljob_contract.jobfile import parse_job_config
+from paralleljob_contract.layout import Layout
 from paralleljob_trainer import manifest, storage
-from paralleljob_trainer.config import Layout, parse_job_config
 from tests.trainer import harness
 from tests.trainer.collective_workers import average_replicated_gradients, resume_from_own_folder, run_on_ranks
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from paralleljob_contract.jobfile import parse_job_config
+from paralleljob_contract.layout import Layout
 from paralleljob_trainer import checkpoint, storage
-from paralleljob_trainer.config import Layout, parse_job_config
 from tests.trainer import harness
 
 

@@ -110,7 +110,7 @@ def test_the_checkpoint_settings_and_the_job_uid_are_read_with_their_defaults() 
     document["deepspeed"]["zero_optimization"] = {"stage": 1}
     job = parse_job_config(document)
     assert (job.checkpoint_keep, job.uid, job.zero_stage) == (1, "0b6c-uid", 1)
-    with pytest.raises(ConfigError, match=r"spec.checkpoint.keep: must be at least 1, got 0"):
+    with pytest.raises(ContractError, match=r"spec.checkpoint.keep: must be at least 1, got 0"):
         parse_job_config(_job(spec__checkpoint__keep=0))
 
 

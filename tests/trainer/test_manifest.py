@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from paralleljob_contract.jobfile import JobConfig, parse_job_config
+from paralleljob_contract.layout import Layout
 from paralleljob_trainer import manifest
-from paralleljob_trainer.config import JobConfig, Layout, parse_job_config
 from tests.trainer import harness
 
 ADAMW = {"type": "AdamW", "params": {"lr": 3e-3}}
