@@ -21,7 +21,7 @@ spec:
     gradient_accumulation_steps: 8
     zero_optimization: {stage: 1}
   training: {steps: 100}
-  checkpoint: {intervalSteps: 50}
+  checkpoint: {intervalSteps: 50, volume: {persistentVolumeClaim: {claimName: checkpoints}}}
 """
 
 

@@ -93,6 +93,9 @@ CASES = {
     "fp16-but-bf16": {"spec.deepspeed.fp16": {"enabled": True}},
     "fp16-agrees": {"spec.deepspeed.fp16": {"enabled": True}, "spec.model.precision": "fp16"},
     "bf16-disabled": {"spec.deepspeed.bf16": {"enabled": False}, "spec.model.precision": "fp32"},
+    "checkpoint-without-volume": {"spec.checkpoint.volume": DELETE},
+    "checkpoint-on-empty-dir": {"spec.checkpoint.volume": {"emptyDir": {}}},
+    "no-checkpoint": {"spec.checkpoint": DELETE},
 }
 
 

@@ -194,8 +194,9 @@ def test_a_derived_data_parallel_size_comes_from_the_batch_arithmetic() -> None:
         ({"spec__deepspeed__gradient_accumulation_steps": 1}, "idle 50%"),
         ({"spec__checkpoint": DELETE}, "starts training from step 0"),
         ({"spec__checkpoint__intervalSteps": 500}, "only the final checkpoint"),
+        ({"spec__checkpoint__volume": {"emptyDir": {}}}, "emptyDir, deleted with its pod"),
     ],
-    ids=["uneven-stages", "pipeline-bubble", "no-checkpoint", "interval-beyond-steps"],
+    ids=["uneven-stages", "pipeline-bubble", "no-checkpoint", "interval-beyond-steps", "checkpoint-on-empty-dir"],
 )
 def test_warnings_are_reported_separately_and_do_not_reject_the_job(edits, phrase) -> None:
     result = validate_document(job(**edits))
@@ -223,3 +224,33 @@ def test_a_huge_gpus_per_node_gets_its_message_at_once() -> None:
     # The suggested divisor used to be searched over every integer up to gpusPerNode: validation never ended.
     result = validate_document(job(spec__gpusPerNode=10**30 + 1, spec__parallelism__tensor=4))
     assert any("does not divide gpusPerNode" in problem.render() for problem in result.problems)
+
+
+def test_a_checkpoint_without_a_volume_is_an_error_on_a_cluster_that_names_the_fix() -> None:
+    result = validate_document(job(spec__checkpoint__volume=DELETE))
+    errors = {p.path: p.message for p in result.problems if p.is_error}
+    assert not result.ok
+    assert "is required on a cluster" in errors["spec.checkpoint.volume"]
+    assert (
+        "persistentVolumeClaim" in errors["spec.checkpoint.volume"] and "emptyDir" in errors["spec.checkpoint.volume"]
+    )
+
+
+def test_paralleljob_run_keeps_its_local_checkpoint_folder_without_a_volume_or_a_warning() -> None:
+    result = validate_document(job(spec__checkpoint__volume=DELETE), cluster=False)
+    assert result.ok and not [p for p in result.problems if p.path == "spec.checkpoint.volume"]
+    on_empty_dir = validate_document(job(spec__checkpoint__volume={"emptyDir": {}}), cluster=False)
+    assert not [p for p in on_empty_dir.problems if p.path == "spec.checkpoint.volume"]
+
+
+@pytest.mark.parametrize(
+    ("resume_from", "valid"),
+    [("gpt-base", True), ("team/models/gpt-base", True), ("/abs/path", False), ("../other", False), ("a/../b", False)],
+    ids=["job-name", "folder-on-the-volume", "absolute", "parent", "parent-inside"],
+)
+def test_resume_from_names_a_job_or_a_folder_inside_the_volume(resume_from, valid) -> None:
+    result = validate_document(job(spec__checkpoint__resumeFrom=resume_from))
+    assert result.ok == valid, [p.render() for p in result.problems]
+    if not valid:
+        errors = {p.path: p.message for p in result.problems if p.is_error}
+        assert "a folder relative to the volume's root with no leading /" in errors["spec.checkpoint.resumeFrom"]

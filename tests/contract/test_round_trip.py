@@ -154,7 +154,8 @@ def valid_jobs(draw: st.DrawFn) -> dict[str, Any]:
     if world % spec["gpusPerNode"]:
         del spec["gpusPerNode"]
     if draw(st.booleans()):
-        spec["checkpoint"] = {"intervalSteps": draw(st.integers(1, 100))}
+        volume = {"persistentVolumeClaim": {"claimName": "checkpoints"}}
+        spec["checkpoint"] = {"intervalSteps": draw(st.integers(1, 100)), "volume": volume}
     return {"apiVersion": "paralleljob.io/v1alpha1", "kind": "ParallelJob", "metadata": {"name": "gen"}, "spec": spec}
 
 

@@ -104,13 +104,38 @@ def test_volumes_shm_in_memory_config_and_checkpoint():
     assert volumes["checkpoint"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
     assert volumes["job-config"]["configMap"]["name"] == "gpt-config"
     assert mounts == {"job-config": "/etc/paralleljob", "dshm": "/dev/shm", "checkpoint": "/checkpoints"}
-    assert env_of(pod)["PARALLELJOB_CHECKPOINT_DIR"] == "/checkpoints"
 
 
-def test_metrics_are_written_under_the_checkpoint_path_so_they_survive_gang_restarts():
+def test_each_job_checkpoints_into_its_own_namespace_and_name_folder_of_the_shared_volume():
     pod = build().pods[0]
-    assert env_of(pod)["PARALLELJOB_OUTPUT_DIR"] == "/checkpoints/metrics"
+    assert env_of(pod)["PARALLELJOB_CHECKPOINT_DIR"] == "/checkpoints/research/gpt"
+    assert "PARALLELJOB_RESUME_FROM" not in env_of(pod)
+
+
+def test_metrics_are_written_in_the_job_checkpoint_folder_so_they_survive_gang_restarts():
+    pod = build().pods[0]
+    assert env_of(pod)["PARALLELJOB_OUTPUT_DIR"] == "/checkpoints/research/gpt/metrics"
     assert "output" not in {v["name"] for v in pod["spec"]["volumes"]}
+
+
+@pytest.mark.parametrize(
+    ("resume_from", "sub_path"),
+    [("gpt-base", "research/gpt-base"), ("shared/models/gpt-base", "shared/models/gpt-base")],
+    ids=["another-job-of-the-namespace", "a-folder-on-the-volume"],
+)
+def test_resume_from_is_the_same_volume_mounted_again_read_only(resume_from, sub_path):
+    checkpoint = {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}, "resumeFrom": resume_from}
+    pod = build(checkpoint=checkpoint).pods[0]
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    source = next(m for m in mounts if m["mountPath"] == "/var/run/paralleljob/resume-from")
+    assert source == {
+        "name": "checkpoint",
+        "mountPath": "/var/run/paralleljob/resume-from",
+        "subPath": sub_path,
+        "readOnly": True,
+    }
+    assert env_of(pod)["PARALLELJOB_RESUME_FROM"] == "/var/run/paralleljob/resume-from"
+    assert env_of(pod)["PARALLELJOB_CHECKPOINT_DIR"] == "/checkpoints/research/gpt"
 
 
 def test_without_a_checkpoint_metrics_go_to_an_empty_dir():

@@ -44,7 +44,8 @@ def test_sixteen_node_job_gets_its_children_and_status(cluster, operator):
         assert "nodeName" not in pod["spec"]
         env = env_of(pod)
         assert env["PARALLELJOB_NODE_RANK"] == str(rank)
-        assert env["PARALLELJOB_OUTPUT_DIR"] == "/checkpoints/metrics"
+        assert env["PARALLELJOB_CHECKPOINT_DIR"] == "/checkpoints/research/gpt"
+        assert env["PARALLELJOB_OUTPUT_DIR"] == "/checkpoints/research/gpt/metrics"
         assert {key: env[key] for key in status["ncclEnv"]} == status["ncclEnv"]
         container = pod["spec"]["containers"][0]
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "4", "rdma/ib": "1"}
@@ -66,9 +67,16 @@ def test_sixteen_node_job_gets_its_children_and_status(cluster, operator):
     status = wait_for(lambda: cluster.status().get("phase") == "Running" and cluster.status(), what="Running")
     assert status["podsReady"] == 16
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+    # Rank 0's progress hook reports the final checkpoint before the trainer exits.
+    final = {"status": {"lastCheckpointStep": 100}}
+    cluster.custom.patch_namespaced_custom_object_status(
+        "paralleljob.io", "v1alpha1", "research", "paralleljobs", "gpt", final
+    )
     cluster.set_pod_phase("gpt-0", "Succeeded")
     wait_for(lambda: cluster.status().get("phase") == "Succeeded", what="Succeeded")
     wait_for(lambda: [p["metadata"]["name"] for p in cluster.pods()] == ["gpt-0"], what="cleanup")
+    completed = wait_for(lambda: [e for e in cluster.events() if e["reason"] == "Completed"], what="Completed")
+    assert "last checkpoint step 100 in /checkpoints/research/gpt/global_step100" in completed[0]["message"]
 
 
 def test_failed_pod_restarts_the_gang_and_backoff_limit_fails_the_job(cluster, operator, emulator):

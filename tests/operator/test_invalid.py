@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import kubernetes
 import pytest
 
 from tests.operator.conftest import finish_operator_passes, job_doc, operator_requests, wait_for
@@ -14,6 +15,8 @@ ZERO_2_WITH_PIPELINE = {
     }
 }
 ENV_OVERRIDES_IDENTITY = {"template": {"env": [{"name": "PARALLELJOB_NODE_RANK", "value": "3"}]}}
+# Without a volume the checkpoints would be written inside the container and vanish with it.
+CHECKPOINT_WITHOUT_VOLUME = {"checkpoint": {"intervalSteps": 10}}
 
 
 def stored_before_the_rule_existed(cluster, doc):
@@ -30,8 +33,9 @@ def applied(cluster, doc):
     [
         (ZERO_2_WITH_PIPELINE, stored_before_the_rule_existed, "zero"),
         (ENV_OVERRIDES_IDENTITY, applied, "spec.template.env[0].name: PARALLELJOB_NODE_RANK"),
+        (CHECKPOINT_WITHOUT_VOLUME, stored_before_the_rule_existed, "spec.checkpoint.volume: is required on a cluster"),
     ],
-    ids=["api-rule-of-a-newer-crd", "template-env-overrides-the-operator"],
+    ids=["api-rule-of-a-newer-crd", "template-env-overrides-the-operator", "checkpoint-without-a-volume"],
 )
 def test_invalid_job_gets_a_condition_an_event_and_nothing_else(cluster, operator, emulator, spec, write, mentions):
     write(cluster, job_doc(**spec))
@@ -78,3 +82,10 @@ def test_an_invalid_edit_to_a_running_job_keeps_the_running_attempt(cluster, ope
     assert status["phase"] == "Running"
     assert "the running attempt continues" in status["message"]
     assert sorted(p["metadata"]["name"] for p in cluster.pods()) == names
+
+
+def test_the_api_refuses_a_checkpoint_without_a_volume_with_the_fix(cluster):
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        cluster.apply(job_doc(**CHECKPOINT_WITHOUT_VOLUME))
+    assert refused.value.status == 422
+    assert "checkpoint.volume is required: set {persistentVolumeClaim" in refused.value.body

@@ -32,7 +32,7 @@ spec:
   model: {{layers: 8, hiddenSize: 512, attentionHeads: 8, sequenceLength: 512, vocabSize: 1024}}
   deepspeed: {{train_micro_batch_size_per_gpu: 1, gradient_accumulation_steps: 16, zero_optimization: {{stage: 1}}}}
   training: {{steps: 10}}
-  checkpoint: {{intervalSteps: 5}}
+  checkpoint: {{intervalSteps: 5, volume: {{persistentVolumeClaim: {{claimName: checkpoints}}}}}}
 {extra}"""
     )
 

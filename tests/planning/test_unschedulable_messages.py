@@ -54,7 +54,7 @@ spec:
   model: {layers: 40, hiddenSize: 5120, attentionHeads: 40, sequenceLength: 2048, vocabSize: 51200}
   deepspeed: {train_micro_batch_size_per_gpu: 1, gradient_accumulation_steps: 1}
   training: {steps: 10}
-  checkpoint: {intervalSteps: 5}
+  checkpoint: {intervalSteps: 5, volume: {persistentVolumeClaim: {claimName: checkpoints}}}
 """
     )
     message = unschedulable(big, [node("n0", labels={"nvidia.com/gpu.memory": "40960"})])

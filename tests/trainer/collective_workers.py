@@ -60,15 +60,15 @@ def run_on_ranks(target: Callable[..., Any], world: int, *args: Any, timeout: fl
 
 
 def resume_from_own_folder(root: Path) -> tuple[str, Any]:
-    """Rank r resumes from root/rank-r; only rank 0's folder holds a checkpoint (as when one node lacks it)."""
+    """Rank r chooses a checkpoint in root/rank-r; only rank 0's folder holds one (as when a node lacks it)."""
+    from paralleljob_contract.jobfile import parse_job_config
+    from paralleljob_contract.layout import Layout
     from paralleljob_trainer import checkpoint
 
-    class LoadsStepSix:
-        def load_checkpoint(self, folder: str, tag: str) -> tuple[None, dict[str, int]]:
-            return None, {"step": 6}
-
+    job = parse_job_config(harness.job_document(Layout(1, 1, 2), optimizer={"type": "SGD", "params": {"lr": 0.1}}))
     try:
-        return "step", checkpoint.resume(LoadsStepSix(), root / f"rank-{dist.get_rank()}")
+        chosen = checkpoint.choose(job, root / f"rank-{dist.get_rank()}", None)
+        return "step", None if chosen is None else chosen.step
     except checkpoint.CheckpointError as error:
         return "error", str(error)
 

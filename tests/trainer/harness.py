@@ -192,8 +192,11 @@ class Gang:
         world: int,
         checkpoint_dir: Path | None = None,
         extra_env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
     ) -> None:
-        """Start every rank directly, with the environment torchrun would give it, to watch each one exit."""
+        """Start every rank directly, with the environment torchrun would give it, to watch each one exit.
+
+        `prefix` goes before each rank's command (e.g. `PrivateTmpfs.enter`, to run it in a mount namespace)."""
         port = free_port()
         output.mkdir(parents=True, exist_ok=True)
         self.jobs.append(str(job))
@@ -213,7 +216,7 @@ class Gang:
             log_path = output / f"rank-{rank}.log"
             self.processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "paralleljob_trainer"],
+                    [*prefix, sys.executable, "-m", "paralleljob_trainer"],
                     env=env,
                     stdout=log_path.open("w"),
                     stderr=subprocess.STDOUT,
@@ -263,6 +266,34 @@ class Gang:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
         psutil.wait_procs(processes, timeout=30)
+
+
+class PrivateTmpfs:
+    """A tmpfs of `size` at `mountpoint`, visible only to processes started with `enter` (a mount namespace of
+    its own, held by a sleeping process: the machine's mounts are never touched). Needs root, as in CI."""
+
+    def __init__(self, mountpoint: Path, size: str, *, read_only: bool = False) -> None:
+        mountpoint.mkdir(parents=True, exist_ok=True)
+        options = f"size={size}" + (",ro" if read_only else "")
+        script = f"mount -t tmpfs -o {options} paralleljob-test {mountpoint} && echo mounted && exec sleep 3600"
+        self.holder = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script], stdout=subprocess.PIPE, text=True
+        )
+        assert self.holder.stdout is not None and self.holder.stdout.readline().strip() == "mounted"
+
+    @property
+    def enter(self) -> tuple[str, ...]:
+        return ("nsenter", f"--target={self.holder.pid}", "--mount", "--")
+
+    def close(self) -> None:
+        self.holder.kill()
+        self.holder.wait(timeout=30)
+
+    def __enter__(self) -> PrivateTmpfs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def records(output: Path, event: str) -> list[dict[str, Any]]:

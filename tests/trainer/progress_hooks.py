@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -39,9 +40,25 @@ class KillGangHook(RecordingHook):
             os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+class FillDiskHook(RecordingHook):
+    """Fills the file system of $TEST_FILL_PATH once step $TEST_FILL_AT_STEP is logged (a disk that runs full)."""
+
+    def on_step(self, record: Mapping[str, Any]) -> None:
+        super().on_step(record)
+        if record["step"] == int(os.environ["TEST_FILL_AT_STEP"]):
+            with contextlib.suppress(OSError), open(os.environ["TEST_FILL_PATH"], "wb") as filler:
+                while True:
+                    filler.write(b"\0" * (1 << 16))
+                    filler.flush()
+
+
 def recording() -> RecordingHook:
     return RecordingHook()
 
 
 def kill_gang() -> KillGangHook:
     return KillGangHook()
+
+
+def fill_disk() -> FillDiskHook:
+    return FillDiskHook()

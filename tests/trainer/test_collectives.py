@@ -6,14 +6,21 @@ from pathlib import Path
 
 import torch
 
+from paralleljob_contract.jobfile import parse_job_config
+from paralleljob_contract.layout import Layout
+from paralleljob_trainer import manifest, storage
+from tests.trainer import harness
 from tests.trainer.collective_workers import average_replicated_gradients, resume_from_own_folder, run_on_ranks
 
 
-def test_ranks_resume_from_the_tag_rank_0_reads_even_when_their_folder_differs(tmp_path: Path) -> None:
-    checkpoint = tmp_path / "rank-0" / "global_step6"
-    checkpoint.mkdir(parents=True)
-    torch.save({"step": 6}, checkpoint / "mp_rank_00_model_states.pt")
-    (tmp_path / "rank-0" / "latest").write_text("global_step6\n")
+def test_ranks_resume_from_the_checkpoint_rank_0_lists_even_when_their_folder_differs(tmp_path: Path) -> None:
+    folder = tmp_path / "rank-0" / "global_step6"
+    folder.mkdir(parents=True)
+    torch.save({"step": 6}, folder / "mp_rank_00_model_states.pt")
+    job = parse_job_config(harness.job_document(Layout(1, 1, 2), optimizer={"type": "SGD", "params": {"lr": 0.1}}))
+    states = folder / "mp_rank_00_model_states.pt"
+    files = [storage.WrittenFile(str(states), states.stat().st_size, storage.sha256_of(states))]
+    manifest.write(folder, manifest.build(job, 6, folder, files))
     (tmp_path / "rank-1").mkdir()
 
     results = run_on_ranks(resume_from_own_folder, 2, tmp_path)
@@ -21,8 +28,9 @@ def test_ranks_resume_from_the_tag_rank_0_reads_even_when_their_folder_differs(t
     # Rank 1 must not start from scratch while rank 0 waits for it: both stop on the same agreed problem.
     assert [outcome for outcome, _ in results] == ["ok", "ok"], results
     (kind0, message0), (kind1, message1) = (value for _, value in results)
-    assert kind0 == kind1 == "error" and message0 == message1
-    assert f"{tmp_path / 'rank-1' / 'global_step6'} does not exist on rank 1" in message0
+    assert kind0 == kind1 == "error", results
+    for message in (message0, message1):
+        assert "global_step6" in message and "manifest.json differs or is missing on rank 1" in message
 
 
 def test_replicated_gradients_are_averaged_over_tensor_parallel_before_the_data_parallel_reduction() -> None:

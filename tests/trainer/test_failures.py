@@ -105,7 +105,7 @@ def test_bad_job_stops_every_rank_with_one_line(tmp_path: Path, case: str) -> No
 
 
 @pytest.mark.slow
-def test_corrupted_checkpoint_stops_every_rank_with_one_line(tmp_path: Path) -> None:
+def test_a_checkpoint_folder_whose_only_checkpoint_is_corrupted_stops_every_rank_with_one_line(tmp_path: Path) -> None:
     layout = Layout(2, 1, 1)
     checkpoints = tmp_path / "ckpt"
     first = harness.job_document(layout, optimizer=SGD, steps=2, checkpoint_interval=2)
@@ -116,9 +116,11 @@ def test_corrupted_checkpoint_stops_every_rank_with_one_line(tmp_path: Path) -> 
     again = harness.job_document(layout, optimizer=SGD, steps=4, checkpoint_interval=2)
     result = _run_ranks(tmp_path / "again", again, checkpoints)
     assert result.returncodes == [3] * layout.world_size
+    # Starting from step 0 instead would silently drop the training the damaged checkpoint held.
+    expected = f"no checkpoint in {checkpoints} can be resumed from: global_step2 ({victim} has 1024 bytes"
     for log in result.logs:
         errors = _error_lines(log)
-        assert len(errors) == 1 and f"corrupted checkpoint: {victim} is unreadable" in errors[0], log[-1500:]
+        assert len(errors) == 1 and expected in errors[0], log[-1500:]
 
 
 def _wait_for_step(output: Path, step: int, timeout: float) -> None:

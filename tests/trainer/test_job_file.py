@@ -101,3 +101,26 @@ def test_job_file_round_trips_through_json(tmp_path: Path) -> None:
     path = tmp_path / "job.json"
     path.write_text(json.dumps(_job()))
     assert load_job_config(path).plan.layout.world_size == 8
+
+
+def test_the_checkpoint_settings_and_the_job_uid_are_read_with_their_defaults() -> None:
+    job = parse_job_config(_job())
+    assert (job.checkpoint_keep, job.uid, job.zero_stage) == (3, None, 0)
+    document = _job(spec__checkpoint__keep=1, metadata__uid="0b6c-uid")
+    document["deepspeed"]["zero_optimization"] = {"stage": 1}
+    job = parse_job_config(document)
+    assert (job.checkpoint_keep, job.uid, job.zero_stage) == (1, "0b6c-uid", 1)
+    with pytest.raises(ContractError, match=r"spec.checkpoint.keep: must be at least 1, got 0"):
+        parse_job_config(_job(spec__checkpoint__keep=0))
+
+
+@pytest.mark.parametrize(
+    ("steps", "interval", "saved"),
+    [(5, 3, [3, 5]), (5, 10, [5]), (6, 3, [3, 6]), (4, 0, [4])],
+    ids=["interval-then-last", "interval-beyond-steps", "last-on-interval", "interval-zero"],
+)
+def test_the_last_step_is_always_a_checkpoint_step(steps: int, interval: int, saved: list[int]) -> None:
+    from paralleljob_trainer.training import _is_checkpoint_step
+
+    job = parse_job_config(_job(spec__training__steps=steps, spec__checkpoint__intervalSteps=interval))
+    assert [step for step in range(1, steps + 1) if _is_checkpoint_step(job, step)] == saved

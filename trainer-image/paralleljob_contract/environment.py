@@ -23,6 +23,8 @@ NODE_RANK = "PARALLELJOB_NODE_RANK"
 NODE_NAME = "PARALLELJOB_NODE_NAME"
 OUTPUT_DIR = "PARALLELJOB_OUTPUT_DIR"
 CHECKPOINT_DIR = "PARALLELJOB_CHECKPOINT_DIR"
+# spec.checkpoint.resumeFrom's folder: another job's checkpoints, only read (pods mount it read-only).
+RESUME_FROM = "PARALLELJOB_RESUME_FROM"
 PROGRESS_HOOK = "PARALLELJOB_PROGRESS_HOOK"
 PG_TIMEOUT_SECONDS = "PARALLELJOB_PG_TIMEOUT_SECONDS"
 # Knobs a user may set in spec.template.env; the operator never writes them.
@@ -64,6 +66,7 @@ class PodEnvironment:
     node_name: str | None = None
     output_dir: str | None = None
     checkpoint_dir: str | None = None
+    resume_from: str | None = None
     progress_hook: str | None = None
     # Written by the operator with the NCCL variables (manifests.nccl), from spec.network.timeoutSeconds.
     pg_timeout_seconds: int | None = None
@@ -85,6 +88,7 @@ class PodEnvironment:
             NODE_RANK: self.node_rank,
             NODE_NAME: self.node_name,
             CHECKPOINT_DIR: self.checkpoint_dir,
+            RESUME_FROM: self.resume_from,
             PROGRESS_HOOK: self.progress_hook,
             PG_TIMEOUT_SECONDS: self.pg_timeout_seconds,
             PEAK_TFLOPS: self.peak_tflops,
@@ -110,6 +114,7 @@ class PodEnvironment:
             node_name=text[NODE_NAME],
             output_dir=text[OUTPUT_DIR],
             checkpoint_dir=text[CHECKPOINT_DIR],
+            resume_from=text[RESUME_FROM],
             progress_hook=text[PROGRESS_HOOK],
             pg_timeout_seconds=_number(text, PG_TIMEOUT_SECONDS, int, minimum=1),
             peak_tflops=_number(text, PEAK_TFLOPS, float, minimum=0) or None,
@@ -126,6 +131,7 @@ _ALL = (
     NODE_NAME,
     OUTPUT_DIR,
     CHECKPOINT_DIR,
+    RESUME_FROM,
     PROGRESS_HOOK,
     PG_TIMEOUT_SECONDS,
     PEAK_TFLOPS,

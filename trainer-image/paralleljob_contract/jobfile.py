@@ -40,6 +40,8 @@ DEFAULT_MIN_LR_RATIO = 0.1
 DEFAULT_DATA_SOURCE = "synthetic"
 DEFAULT_TOKEN_DTYPE = "uint16"
 DEFAULT_CHECKPOINT_INTERVAL = 0
+# Complete checkpoints kept when spec.checkpoint.keep is absent: the newest and two to fall back to.
+DEFAULT_CHECKPOINT_KEEP = 3
 
 
 def default_warmup_steps(steps: int) -> int:
@@ -129,6 +131,8 @@ class JobConfig:
     checkpoint_interval: int
     deepspeed: Mapping[str, Any]
     plan: Plan
+    uid: str | None = None
+    checkpoint_keep: int = DEFAULT_CHECKPOINT_KEEP
 
     @property
     def train_batch_size(self) -> int:
@@ -142,6 +146,10 @@ class JobConfig:
     def gradient_accumulation_steps(self) -> int:
         return int(self.deepspeed["gradient_accumulation_steps"])
 
+    @property
+    def zero_stage(self) -> int:
+        return int((self.deepspeed.get("zero_optimization") or {}).get("stage", 0))
+
 
 def make_plan(layout: Layout, ranks_per_node: int) -> Plan:
     """The plan of `layout` on pods of `ranks_per_node` ranks; ContractError unless they divide evenly."""
@@ -151,12 +159,19 @@ def make_plan(layout: Layout, ranks_per_node: int) -> Plan:
 
 
 def job_document(
-    *, name: str, namespace: str, spec: Mapping[str, Any], deepspeed: Mapping[str, Any], plan: Plan
+    *,
+    name: str,
+    namespace: str,
+    spec: Mapping[str, Any],
+    deepspeed: Mapping[str, Any],
+    plan: Plan,
+    uid: str | None = None,
 ) -> dict[str, Any]:
-    """The job.json object: the one writer, for the operator's ConfigMap and the local runner's file."""
+    """The job.json object: the one writer, for the operator's ConfigMap and the local runner's file. `uid`
+    is the ParallelJob's on a cluster (checkpoints record it); a local run has none."""
     return {
         "version": VERSION,
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
         "spec": dict(spec),
         "deepspeed": dict(deepspeed),
         "plan": plan.to_dict(),
@@ -188,6 +203,8 @@ def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
     job = JobConfig(
         name=str(metadata.get("name", "paralleljob")),
         namespace=str(metadata.get("namespace", "default")),
+        uid=str(metadata["uid"]) if metadata.get("uid") else None,
+        checkpoint_keep=_int(checkpoint, "keep", "spec.checkpoint", default=DEFAULT_CHECKPOINT_KEEP),
         model=model,
         training=training,
         checkpoint_interval=_int(

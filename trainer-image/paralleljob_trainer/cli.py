@@ -1,9 +1,11 @@
 """Command line of the trainer: options (defaulting to the PARALLELJOB_* environment), errors, exit codes.
 
 Exit codes: 0 done; 2 the job file or the rank layout is wrong; 3 the checkpoint cannot be resumed from;
-4 a peer rank died or stopped answering (the failing rank's own log says why); 5 the network is not what the
-job planned (the preflight or NCCL's own choice; the termination message says `<Condition> <Reason>: ...`);
-1 anything else (with a traceback). Expected failures print exactly one line on stderr, on every rank.
+4 a peer rank died or stopped answering (the failing rank's own log says why); 5 the checkpoint folder cannot
+take a checkpoint (not writable, no fsync, too little free space, full or read-only during a save); 6 the
+network is not what the job planned (the preflight or NCCL's own choice; the termination message says
+`<Condition> <Reason>: ...`); 1 anything else (with a traceback). Expected failures print exactly one line on
+stderr, on every rank.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ DEFAULT_CONFIG = environment.DEFAULT_CONFIG_PATH
 EXIT_CONFIG = 2
 EXIT_CHECKPOINT = 3
 EXIT_PEER = 4
-EXIT_NETWORK = 5
+EXIT_STORAGE = 5
+EXIT_NETWORK = 6
 
 # How torch reports a collective whose peer died or stopped answering (gloo raises a plain RuntimeError).
 _PEER_FAILURE_MARKS = (
@@ -63,8 +66,15 @@ def build_parser(env: PodEnvironment | None = None) -> argparse.ArgumentParser:
         "--checkpoint-dir",
         type=Path,
         default=_optional_path(env.checkpoint_dir),
-        help="checkpoint folder, saved every spec.checkpoint.intervalSteps and resumed from on start "
-        f"({environment.CHECKPOINT_DIR}; unset: no checkpoints)",
+        help="this job's checkpoint folder, saved every spec.checkpoint.intervalSteps and at the last step, and "
+        f"resumed from on start ({environment.CHECKPOINT_DIR}; unset: no checkpoints)",
+    )
+    parser.add_argument(
+        "--resume-from",
+        type=Path,
+        default=_optional_path(env.resume_from),
+        help="another job's checkpoint folder to start from when this job's own holds none; only read "
+        f"({environment.RESUME_FROM}, from spec.checkpoint.resumeFrom; unset: none)",
     )
     parser.add_argument(
         "--progress-hook",
@@ -120,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from paralleljob_trainer import training
         from paralleljob_trainer.checkpoint import CheckpointError
         from paralleljob_trainer.hooks import load_hook
+        from paralleljob_trainer.storage import StorageError
 
         # Only rank 0 reports progress, so only rank 0 builds the hook (a status hook may open API clients).
         rank_zero = os.environ.get("RANK", "0") == "0"
@@ -127,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = training.RunOptions(
             output_dir=arguments.output,
             checkpoint_dir=arguments.checkpoint_dir,
+            resume_from=arguments.resume_from,
             hooks=hooks,
             peak_tflops=arguments.peak_tflops,
         )
@@ -141,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # on a rank whose peers have already gone, and the launcher would see a crash, not this error.
             training.abandon()
             return _fail(str(error), EXIT_CHECKPOINT)
+        except StorageError as error:
+            training.abandon()
+            return _fail(str(error), EXIT_STORAGE)
         except RuntimeError as error:
             if not is_peer_failure(error):
                 raise

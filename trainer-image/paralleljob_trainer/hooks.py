@@ -27,7 +27,8 @@ class ProgressHook(Protocol):
         """A `{"event": "step", ...}` record, once per log interval."""
 
     def on_checkpoint(self, record: Record) -> None:
-        """A `{"event": "checkpoint", "step": N, "path": ...}` record, after the checkpoint is complete."""
+        """A `{"event": "checkpoint", "step": N, "path": ...}` record after a checkpoint is complete, and the
+        `{"event": "resume", "step": N, "path": ..., "skipped": [...]}` record when a run starts from one."""
 
     def on_finish(self, record: Record) -> None:
         """The `{"event": "summary", ...}` record, once, at the end of a successful run."""

@@ -59,15 +59,27 @@ class MetricsWriter:
         line = json.dumps({key: _clean(value) for key, value in record.items()})
         print(line, flush=True)
         if self._file is not None:
-            self._file.write(line + "\n")
-            self._file.flush()
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+            except OSError as error:
+                # A full output disk must not cost the training: the line is on stdout, the file stops here.
+                log_to_stderr(f"metrics.jsonl is no longer written ({error.strerror or error}); lines go to stdout")
+                self._close_quietly()
         if hook_method:
             self._hooks.call(hook_method, record)
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        try:
+            if self._file is not None:
+                self._file.close()
+        except OSError:
+            pass
+        self._file = None
 
 
 def log_to_stderr(message: str) -> None:

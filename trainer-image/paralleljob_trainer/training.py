@@ -26,7 +26,7 @@ from paralleljob_contract.environment import Launch, PodEnvironment
 from paralleljob_contract.jobfile import JobConfig
 from paralleljob_contract.layout import Coord
 from paralleljob_contract.model import training_flops
-from paralleljob_trainer import checkpoint, data, metrics, nccl_log, optimization, preflight
+from paralleljob_trainer import checkpoint, data, metrics, nccl_log, optimization, preflight, storage
 from paralleljob_trainer.hooks import HookCaller, ProgressHook
 from paralleljob_trainer.model import build_pipeline
 from paralleljob_trainer.topology import build_topology, check_launch_matches, check_plan_matches, coords_of
@@ -42,6 +42,8 @@ class RunOptions:
     checkpoint_dir: Path | None
     hooks: tuple[ProgressHook, ...] = ()
     peak_tflops: float | None = None
+    # Another job's checkpoint folder (spec.checkpoint.resumeFrom), read when checkpoint_dir holds none.
+    resume_from: Path | None = None
 
 
 @dataclasses.dataclass
@@ -49,6 +51,7 @@ class _Progress:
     """Rolling figures for the summary line."""
 
     start_step: int
+    last_checkpoint_step: int | None = None
     first_loss: float | None = None
     last_loss: float | None = None
     tokens: int = 0
@@ -112,6 +115,9 @@ def deepspeed_config(job: JobConfig) -> tuple[dict[str, Any], dict[str, Any] | N
     precision = job.model.precision
     config["bf16"] = {**config.get("bf16", {}), "enabled": precision == "bf16"}
     config["fp16"] = {**config.get("fp16", {}), "enabled": precision == "fp16"}
+    if job.zero_stage:
+        # Sharded optimizer state in DeepSpeed's elastic form, so that a resume with another DP can re-cut it.
+        config["zero_optimization"] = {**config["zero_optimization"], "elastic_checkpoint": True}
     config.setdefault("steps_per_print", 10**9)
     config.setdefault("wall_clock_breakdown", False)
     return config, optimizer_section
@@ -145,22 +151,54 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     check_plan_matches(topology, job.plan, launch.world_size)
     check_launch_matches(job.plan, launch)
     stream = data.open_stream(job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed)
+    check_storage(job, options, launch.rank)
     nccl_log_path = prepare_nccl_log(options.output_dir)
     init_distributed(env)
     network = verify_network(nccl_log_path)
+    started = time.perf_counter()
+    chosen = checkpoint.choose(job, options.checkpoint_dir, options.resume_from)
+    verify_seconds = time.perf_counter() - started
     coords = coords_of(topology, dist.get_rank())
     engine = build_engine(job, topology)
     writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, HookCaller(list(options.hooks)))
     if network is not None:
         writer.write({"event": "network", **network.to_record()})
     try:
-        start = checkpoint.resume(engine, options.checkpoint_dir) if options.checkpoint_dir else 0
-        progress = _Progress(start_step=start, network=network.to_record() if network else None)
-        for step in range(start + 1, job.training.steps + 1):
+        network_record = network.to_record() if network else None
+        progress = _Progress(start_step=0, network=network_record)
+        if chosen is not None:
+            started = time.perf_counter()
+            start_step = checkpoint.load(engine, job, chosen)
+            progress = _Progress(start_step=start_step, last_checkpoint_step=chosen.step, network=network_record)
+            timings = {"verify_s": verify_seconds, "load_s": time.perf_counter() - started}
+            writer.write(_resume_record(chosen) | timings, hook_method="on_checkpoint")
+        for step in range(progress.start_step + 1, job.training.steps + 1):
             _train_one_step(job, options, engine, stream, coords, step, writer, progress)
         writer.write(_summary(job, progress), hook_method="on_finish")
     finally:
         writer.close()
+
+
+def check_storage(job: JobConfig, options: RunOptions, rank: int) -> None:
+    """The checkpoint folder takes a checkpoint and resumeFrom's exists, before any process group forms."""
+    if options.checkpoint_dir is not None:
+        storage.check_folder(options.checkpoint_dir, storage.estimated_checkpoint_bytes(job), rank)
+    if options.resume_from is not None:
+        storage.check_readable(options.resume_from)
+
+
+def _resume_record(chosen: checkpoint.Chosen) -> dict[str, Any]:
+    """The `resume` line: which checkpoint a run starts from, and which newer ones it skipped and why."""
+    if chosen.skipped:
+        skipped = "; ".join(chosen.skipped)
+        metrics.log_to_stderr(f"skipped checkpoints {skipped}; resuming from {chosen.folder}")
+    return {
+        "event": "resume",
+        "step": chosen.step,
+        "path": str(chosen.folder),
+        "samples": chosen.manifest.get("samples"),
+        "skipped": list(chosen.skipped),
+    }
 
 
 def _train_one_step(
@@ -187,9 +225,17 @@ def _train_one_step(
         if progress.network is not None:
             record["network"], progress.network = progress.network, None
         writer.write(record, hook_method="on_step")
-    if options.checkpoint_dir and job.checkpoint_interval and step % job.checkpoint_interval == 0:
-        path = checkpoint.save(engine, options.checkpoint_dir, step)
-        writer.write({"event": "checkpoint", "step": step, "path": str(path)}, hook_method="on_checkpoint")
+    if options.checkpoint_dir and _is_checkpoint_step(job, step):
+        started = time.perf_counter()
+        saved = checkpoint.save(engine, job, options.checkpoint_dir, step)
+        progress.last_checkpoint_step = step
+        record = {"event": "checkpoint", "step": step, "path": str(saved.folder), "bytes": saved.size}
+        writer.write(record | {"save_s": time.perf_counter() - started}, hook_method="on_checkpoint")
+
+
+def _is_checkpoint_step(job: JobConfig, step: int) -> bool:
+    """Every spec.checkpoint.intervalSteps, and always the last step."""
+    return step == job.training.steps or bool(job.checkpoint_interval and step % job.checkpoint_interval == 0)
 
 
 def _step_record(
@@ -223,6 +269,7 @@ def _summary(job: JobConfig, progress: _Progress) -> dict[str, Any]:
         "event": "summary",
         "steps": job.training.steps,
         "resumed_from": progress.start_step or None,
+        "last_checkpoint_step": progress.last_checkpoint_step,
         "first_loss": progress.first_loss,
         "last_loss": progress.last_loss,
         "tokens_per_s": progress.tokens / progress.seconds if progress.seconds else None,

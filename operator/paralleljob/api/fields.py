@@ -27,6 +27,8 @@ class FieldInfo:
     minimum: float | None = None
     maximum: float | None = None
     pattern: str | None = None
+    # What to write instead, when a value does not match `pattern`.
+    pattern_fix: str | None = None
     max_length: int | None = None
     format: str | None = None
     # Known keys of a preserved object, declared so that CEL rules can read them.
@@ -44,6 +46,7 @@ def api_field(
     minimum: float | None = None,
     maximum: float | None = None,
     pattern: str | None = None,
+    pattern_fix: str | None = None,
     max_length: int | None = None,
     format: str | None = None,
     schema_properties: dict[str, Any] | None = None,
@@ -56,6 +59,7 @@ def api_field(
         minimum=minimum,
         maximum=maximum,
         pattern=pattern,
+        pattern_fix=pattern_fix,
         max_length=max_length,
         format=format,
         schema_properties=schema_properties,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import re
 import types
 import typing
 from typing import Any, Literal, get_args, get_origin
@@ -152,10 +153,13 @@ class _Parser:
         self.fail(path, f"unknown field; remove it ({hint})")
 
     def bounds(self, field: dataclasses.Field[Any], value: Any, path: str) -> bool:
-        """Check minimum/maximum; False (with the error recorded) when out of bounds."""
+        """Check minimum/maximum, and a string's pattern and length (as the CRD schema does); False (with the
+        error recorded) when out of bounds."""
         info = field_info(field)
         if info.schema_properties and isinstance(value, dict):
             return self.declared_properties(info.schema_properties, value, path)
+        if isinstance(value, str):
+            return self.string_bounds(info, value, path)
         if not isinstance(value, int | float) or isinstance(value, bool):
             return True
         if info.minimum is not None and value < info.minimum:
@@ -163,6 +167,15 @@ class _Parser:
             return False
         if info.maximum is not None and value > info.maximum:
             self.fail(path, f"must be at most {info.maximum:g}, got {value}; set a value <= {info.maximum:g}.")
+            return False
+        return True
+
+    def string_bounds(self, info: Any, value: str, path: str) -> bool:
+        if info.max_length is not None and len(value) > info.max_length:
+            self.fail(path, f"is {len(value)} characters long; use at most {info.max_length}.")
+            return False
+        if info.pattern is not None and not re.search(info.pattern, value):
+            self.fail(path, f"{value!r} does not match {info.pattern}; {info.pattern_fix or 'change it to match'}.")
             return False
         return True
 

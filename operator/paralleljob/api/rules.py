@@ -35,6 +35,8 @@ class Rule:
     cel: str
     message: str  # the fixed message CEL reports
     check: Check
+    # Only for a job on a cluster (the CRD, the operator, `paralleljob validate`); `paralleljob run` skips it.
+    cluster_only: bool = False
 
     def x_kubernetes_validation(self) -> dict[str, Any]:
         return {"rule": self.cel, "message": self.message, "fieldPath": self.field_path, "reason": "FieldValueInvalid"}
@@ -277,6 +279,17 @@ def _precision_matches(spec: t.ParallelJobSpec) -> Problem | None:
     return None
 
 
+def _checkpoint_volume(spec: t.ParallelJobSpec) -> Problem | None:
+    if spec.checkpoint is None or spec.checkpoint.volume:
+        return None
+    return error(
+        "spec.checkpoint.volume",
+        "is required on a cluster: without it the checkpoints are written inside the container and lost with "
+        "it; set {persistentVolumeClaim: {claimName: ...}} on a ReadWriteMany claim, or {emptyDir: {}} for "
+        "checkpoints that need not survive a restart.",
+    )
+
+
 _PAR = "self.parallelism"
 _BUDGET = f"(has({_PAR}.gpus) || has({_PAR}.nodes))"
 
@@ -426,6 +439,15 @@ RULES: tuple[Rule, ...] = (
         "deepspeed bf16/fp16 must agree with model.precision",
         _precision_matches,
     ),
+    Rule(
+        "checkpoint-needs-volume",
+        ".checkpoint.volume",
+        "!has(self.checkpoint) || has(self.checkpoint.volume)",
+        "checkpoint.volume is required: set {persistentVolumeClaim: {claimName: ...}} on a ReadWriteMany claim, "
+        "or {emptyDir: {}} for checkpoints that need not survive a restart",
+        _checkpoint_volume,
+        cluster_only=True,
+    ),
 )
 
 # Rules on the whole object (CRD root): only metadata.name is visible there besides spec.
@@ -480,6 +502,7 @@ SPEC_IMMUTABLE_MESSAGE = (
 )
 
 
-def check_rules(spec: t.ParallelJobSpec) -> list[Problem]:
-    """Run every cross-field rule; all problems, not only the first."""
-    return [p for rule in RULES if (p := rule.check(spec)) is not None]
+def check_rules(spec: t.ParallelJobSpec, *, cluster: bool = True) -> list[Problem]:
+    """Run every cross-field rule (without `cluster`, not the cluster-only ones); all problems, not the first."""
+    rules = [rule for rule in RULES if cluster or not rule.cluster_only]
+    return [p for rule in rules if (p := rule.check(spec)) is not None]

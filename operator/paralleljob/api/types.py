@@ -158,20 +158,49 @@ class Training:
     )
 
 
+# spec.checkpoint.resumeFrom: a job name, or a folder relative to the volume's root; no segment starts with ".".
+RESUME_FROM_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
+
+
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """Where and how often the trainer saves DeepSpeed checkpoints; restarts resume from the latest."""
+    """Where and how often the trainer saves DeepSpeed checkpoints; restarts resume from the newest complete one."""
 
     volume: RawObject | None = api_field(
-        "A Kubernetes volume source mounted at path in every pod, typically "
-        "{persistentVolumeClaim: {claimName: ...}} on a ReadWriteMany volume shared by all nodes.",
+        "The Kubernetes volume source mounted at path in every pod: required on a cluster, typically "
+        "{persistentVolumeClaim: {claimName: ...}} on a ReadWriteMany volume shared by all nodes. Any number "
+        "of jobs may share one claim. An explicit {emptyDir: {}} is accepted with a warning: it is deleted "
+        "with its pod, so a gang restart starts from step 0. `paralleljob run` ignores it (DIR/checkpoints).",
         default=None,
     )
-    path: str = api_field("Directory the checkpoints are written to and resumed from.", default="/checkpoints")
+    path: str = api_field(
+        "Where the volume is mounted in every pod. The job keeps its checkpoints in its own folder on it, "
+        "<path>/<namespace>/<name> (global_stepN folders, each with a manifest.json, and `latest`), and "
+        "rank 0's metrics.jsonl in <path>/<namespace>/<name>/metrics.",
+        default="/checkpoints",
+    )
     interval_steps: int = api_field(
-        "Save a checkpoint every this many steps (and at the end). A gang restart loses at most this many steps.",
+        "Save a checkpoint every this many steps, and always at the last step. A gang restart loses at most "
+        "this many steps.",
         default=100,
         minimum=1,
+    )
+    keep: int = api_field(
+        "Complete checkpoints kept, newest first; older ones are deleted once a newer one is complete, so the "
+        "one a restart resumes from is never deleted before its successor exists.",
+        default=3,
+        minimum=1,
+    )
+    resume_from: str | None = api_field(
+        "Start from another job's checkpoint (fine-tuning, branching a sweep) while this job has none of its "
+        "own: a job name in this namespace (its folder on the same volume), or a folder relative to the "
+        "volume's root that holds global_stepN checkpoints. Mounted read-only and never written. The model, "
+        "pipeline and tensor sizes, ZeRO stage and train batch must match the checkpoint's; DP may differ. "
+        "Training continues from the checkpoint's step.",
+        default=None,
+        pattern=RESUME_FROM_PATTERN,
+        pattern_fix="write a job name, or a folder relative to the volume's root with no leading / and no .. segment",
+        max_length=253,
     )
 
 
@@ -461,7 +490,8 @@ class ParallelJobSpec:
         schema_properties=DEEPSPEED_KNOWN_PROPERTIES,
     )
     checkpoint: Checkpoint | None = api_field(
-        "Checkpointing. Without it a gang restart starts training from step 0.", default=None
+        "Checkpointing (see docs/operator.md, Checkpoints). Without it a gang restart starts training from step 0.",
+        default=None,
     )
     failure_policy: FailurePolicy = api_field("Gang restart policy.", default_factory=FailurePolicy)
     topology: Topology = api_field("Network topology labels and rank axis order.", default_factory=Topology)
@@ -563,7 +593,11 @@ class ParallelJobStatus:
         json_name="excludedNodes",
     )
     restarts: int | None = api_field("Gang restarts so far.", default=None, minimum=0)
-    last_checkpoint_step: int | None = api_field("Step of the latest checkpoint.", default=None, minimum=0)
+    last_checkpoint_step: int | None = api_field(
+        "Step of the newest complete checkpoint: saved, or resumed from at the start of an attempt.",
+        default=None,
+        minimum=0,
+    )
     progress: Progress | None = api_field("Training progress.", default=None)
     nccl_env: dict[str, str] | None = api_field(
         "The NCCL and PyTorch environment the pods run with.", default=None, json_name="ncclEnv"

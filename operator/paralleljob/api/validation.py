@@ -119,27 +119,31 @@ class ValidationResult:
         return self.resolved is not None and not errors_of(self.problems)
 
 
-def validate_document(doc: Any) -> ValidationResult:
-    """Parse and validate one ParallelJob document, reporting every problem."""
+def validate_document(doc: Any, *, cluster: bool = True) -> ValidationResult:
+    """Parse and validate one ParallelJob document, reporting every problem.
+
+    `cluster=False` validates for `paralleljob run`, which skips the rules about pods (a checkpoint volume)."""
     name = _name_of(doc)
     job, problems = parsing.parse_job(doc)
     if job is None:
         return ValidationResult(problems, None, name)
-    return validate_job(job, problems)
+    return validate_job(job, problems, cluster=cluster)
 
 
-def validate_job(job: t.ParallelJob, problems: list[Problem] | None = None) -> ValidationResult:
+def validate_job(
+    job: t.ParallelJob, problems: list[Problem] | None = None, *, cluster: bool = True
+) -> ValidationResult:
     """Run every rule on a parsed job (after `problems` the parser found): what `validate_document` does once
     the YAML is parsed. The layout search calls it on each candidate, so a candidate is valid exactly when
-    the same job written as YAML would be."""
+    the same job written as YAML would be. `cluster=False` (paralleljob run) leaves out the cluster-only rules."""
     name = job.metadata.name
-    problems = list(problems or []) + rules.check_rules(job.spec) + claim_problems(job.spec)
+    problems = list(problems or []) + rules.check_rules(job.spec, cluster=cluster) + claim_problems(job.spec)
     if rules.budget_gpus(job.spec) is not None:
         return _budget_job(job, problems)
     resolved_batch, batch_problems = batch_math.resolve_batch(job.spec.deepspeed, job.spec.parallelism.data)
     problems += [p for p in batch_problems if p.path not in {q.path for q in problems}]
     if resolved_batch is not None:
-        problems += advisories(job.spec, resolved_batch)
+        problems += advisories(job.spec, resolved_batch, cluster=cluster)
     if errors_of(problems) or resolved_batch is None:
         return ValidationResult(problems, None, name, resolved_batch)
     return ValidationResult(problems, ResolvedJob(job, resolved_batch), name, resolved_batch)
@@ -198,7 +202,7 @@ def bubble_fraction(pipeline: int, micro_batches: int) -> float:
     return (pipeline - 1) / (micro_batches + pipeline - 1)
 
 
-def advisories(spec: t.ParallelJobSpec, batch: batch_math.Batch) -> list[Problem]:
+def advisories(spec: t.ParallelJobSpec, batch: batch_math.Batch, *, cluster: bool = True) -> list[Problem]:
     """Warnings: valid, but probably not what the user wants."""
     found: list[Problem] = []
     layers, pp = spec.model.layers, spec.parallelism.pipeline or 1  # sized jobs always have it
@@ -233,6 +237,14 @@ def advisories(spec: t.ParallelJobSpec, batch: batch_math.Batch) -> list[Problem
                 "spec.checkpoint.intervalSteps",
                 f"{spec.checkpoint.interval_steps} is more than the {spec.training.steps} training steps, so only "
                 "the final checkpoint is written; lower it so restarts lose less work.",
+            )
+        )
+    if cluster and spec.checkpoint is not None and "emptyDir" in (spec.checkpoint.volume or {}):
+        found.append(
+            warning(
+                "spec.checkpoint.volume",
+                "is an emptyDir, deleted with its pod: a gang restart (new pods) starts from step 0, and with "
+                "more than one pod no pod holds a whole checkpoint; use a ReadWriteMany persistentVolumeClaim.",
             )
         )
     return found

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if len(docs) != 1:
         print(f"{args.job}: (yaml): holds {len(docs)} documents; paralleljob run takes one ParallelJob.")
         return 1
-    valid, lines = validate_command.report(docs[0], args.job)
+    valid, lines = validate_command.report(docs[0], args.job, cluster=False)
     for line in lines:
         print(line)
     if not valid:
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_valid(args: argparse.Namespace, doc: documents.Document, console: Console) -> int:
-    resolved = validate_document(doc.body).resolved
+    resolved = validate_document(doc.body, cluster=False).resolved
     assert resolved is not None
     nodes, gpus_per_node = args.nodes, args.gpus_per_node
     if resolved.needs_layout:
@@ -91,7 +91,11 @@ def run_valid(args: argparse.Namespace, doc: documents.Document, console: Consol
     console.file.write(plan_command.render_table(resolved.name, outcome))
     output = (args.output or Path("runs") / resolved.name).resolve()
     local = runner.LocalRun(resolved, shape, outcome.to_dict(), output, console, devices)
-    local.prepare(Path(args.job).resolve(), resume=args.resume)
+    try:
+        local.prepare(Path(args.job).resolve(), resume=args.resume)
+    except OSError as error:
+        print(f"{args.job}: cannot write the output folder {output}: {error.strerror or error}")
+        return 1
     summary = local.execute()
     report.print_summary(console, summary)
     report.write_summary(summary, output / "summary.json")

@@ -76,8 +76,8 @@ def arithmetic_note(result: ValidationResult, doc: Any) -> str | None:
     )
 
 
-def report(doc: documents.Document, label: str) -> tuple[bool, list[str]]:
-    result = validate_document(doc.body)
+def report(doc: documents.Document, label: str, *, cluster: bool = True) -> tuple[bool, list[str]]:
+    result = validate_document(doc.body, cluster=cluster)
     lines = [f"{label}: {p.render()}" for p in result.problems]
     if result.ok:
         return True, [f"{label}: {summary(result)}", *lines]

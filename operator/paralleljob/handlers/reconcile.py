@@ -438,6 +438,10 @@ def _watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) ->
 
 def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
     message = f"training finished after {p.attempt} restarts"
+    step, folder = p.status.get("lastCheckpointStep"), pod_manifests.job_folder(resolved)
+    if step is not None and folder is not None:
+        # The trainer always saves the last step; the Event tells where the job's result lies.
+        message += f"; last checkpoint step {step} in {folder}/global_step{step}"
     cond = p.condition("Ready", "False", "Finished", message)
     cond = p.condition("Succeeded", "True", "TrainingFinished", message, base=cond)
     return _end(p, pods, "Succeeded", message, cond, ("Normal", "Completed"))

@@ -1,9 +1,15 @@
-"""The end of a local run: the summary a person reads, `summary.json`, and the loss-curve picture."""
+"""The end of a local run: the summary a person reads, `summary.json`, and the loss-curve picture.
+
+`summary.json` is reserved when the run starts (`reserve_summary`: a placeholder of a fixed size) and
+overwritten in place at the end, so a run whose output disk fills up still says how it ended. The picture
+is optional: a disk too full for it leaves `loss_curve` null.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +39,31 @@ class RunSummary:
         return dataclasses.asdict(self)
 
 
+# Bytes held for summary.json from the start of a run; a summary is about 1 KiB.
+SUMMARY_RESERVED_BYTES = 64 * 1024
+
+
+def reserve_summary(path: Path) -> None:
+    """A placeholder summary.json (valid JSON, padded with spaces) whose blocks the final summary reuses."""
+    placeholder = json.dumps({"running": True}) + "\n"
+    with path.open("w", encoding="utf-8") as handle:
+        handle.write(placeholder.ljust(SUMMARY_RESERVED_BYTES))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
 def write_loss_curve(curve: list[tuple[int, float]], path: Path, title: str) -> Path | None:
-    """Plot loss against step to a PNG; None when there is nothing to plot."""
+    """Plot loss against step to a PNG; None when there is nothing to plot or no room to write it."""
     if len(curve) < 2:
         return None
+    try:
+        return _plot(curve, path, title)
+    except OSError:
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _plot(curve: list[tuple[int, float]], path: Path, title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")  # no display: render to a file
@@ -73,4 +100,8 @@ def print_summary(console: Console, summary: RunSummary) -> None:
 
 
 def write_summary(summary: RunSummary, path: Path) -> None:
-    path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    """Write summary.json over its reserved placeholder (in place: no new blocks needed on a full disk)."""
+    text = json.dumps(summary.to_dict(), indent=2) + "\n"
+    with path.open("r+" if path.exists() else "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.truncate()

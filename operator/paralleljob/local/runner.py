@@ -168,9 +168,21 @@ class LocalRun:
     def checkpoint_dir(self) -> Path | None:
         return self.output / "checkpoints" if self.resolved.spec.checkpoint is not None else None
 
+    @property
+    def resume_from_dir(self) -> Path | None:
+        """spec.checkpoint.resumeFrom on this machine: a job name is that job's run next to this one
+        (`<runs>/<name>/checkpoints`), a folder is relative to the folder that holds the runs."""
+        checkpoint = self.resolved.spec.checkpoint
+        if checkpoint is None or not checkpoint.resume_from:
+            return None
+        source = checkpoint.resume_from.strip("/")
+        return self.output.parent / source if "/" in source else self.output.parent / source / "checkpoints"
+
     def prepare(self, job_file: Path, resume: bool) -> None:
-        """Write job.json; a fresh run clears the previous run's checkpoints and metrics."""
+        """Reserve summary.json and write job.json; a fresh run clears the previous run's checkpoints and
+        metrics. OSError when the output folder cannot be written."""
         self.output.mkdir(parents=True, exist_ok=True)
+        report.reserve_summary(self.output / "summary.json")
         if not resume:
             shutil.rmtree(self.output / "checkpoints", ignore_errors=True)
             for stale in self.output.glob("node-*.log"):
@@ -196,6 +208,7 @@ class LocalRun:
                 config_path=str(self.output / "job.json"),
                 output_dir=str(self.output),
                 checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None,
+                resume_from=str(self.resume_from_dir) if self.resume_from_dir else None,
                 nccl_env=env_nccl,
             )
             # gloo's own interface variable: the loopback device for a single machine.

@@ -88,7 +88,7 @@ def build_attempt(
         warnings=request.warnings,
         rdma_missing=request.missing,
     )
-    job_file = trainer_config.build_trainer_config(resolved, plan)
+    job_file = trainer_config.build_trainer_config(resolved, plan, uid=owner["metadata"].get("uid"))
     return Attempt(configmap.build_config_map(owner, job_file, plan, record, attempt), record)
 
 

@@ -24,6 +24,7 @@ def build_node_env(
     config_path: str,
     output_dir: str,
     checkpoint_dir: str | None = None,
+    resume_from: str | None = None,
     progress_hook: str | None = None,
     nccl_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
@@ -42,6 +43,7 @@ def build_node_env(
         node_name=node_name,
         output_dir=output_dir,
         checkpoint_dir=checkpoint_dir,
+        resume_from=resume_from,
         progress_hook=progress_hook,
     )
     return {"OMP_NUM_THREADS": "1", **dict(nccl_env or {}), **identity.to_environ()}

@@ -3,9 +3,13 @@
 Pure. Each pod is pinned to its planned node by *required node affinity* on kubernetes.io/hostname (not
 spec.nodeName), so the scheduler still checks resources and taints; it requests the planned GPUs and the
 fabric's RDMA/EFA resource, mounts /dev/shm in memory (the 64 MB default crashes NCCL), job.json, the
-checkpoint volume, and gets IPC_LOCK when RDMA registers memory. The environment comes from
-`manifests.env.build_node_env` and the torchrun line from `paralleljob_contract.launcher`, as for the local
-runner; `spec.template.env` follows the environment and may not set a name the operator owns (`env_problems`). Only node rank 0, which reports progress,
+checkpoint volume, and gets IPC_LOCK when RDMA registers memory. The checkpoint volume's root is mounted at
+spec.checkpoint.path and the job writes only its own folder on it, `<path>/<namespace>/<name>` (the trainer
+creates it as the pod's user, which a kubelet-created subPath folder, owned by root, would not allow), so
+jobs can share one claim; spec.checkpoint.resumeFrom's folder is mounted a second time, read-only. The
+environment comes from `manifests.env.build_node_env` and the torchrun line from
+`paralleljob_contract.launcher`, as for the local runner; `spec.template.env` follows the environment and may
+not set a name the operator owns (`env_problems`). Only node rank 0, which reports progress,
 mounts the per-job progress account's token.
 """
 
@@ -25,6 +29,8 @@ from paralleljob_contract.jobfile import Plan
 GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 OUTPUT_DIR = "/var/run/paralleljob/output"
+# spec.checkpoint.resumeFrom's folder, mounted read-only (subPath of the checkpoint volume).
+RESUME_FROM_DIR = "/var/run/paralleljob/resume-from"
 # metrics.jsonl goes here, under the checkpoint path, so it survives gang restarts (the trainer appends).
 METRICS_SUBDIR = "metrics"
 # Trainer knobs a user may set in spec.template.env; every other PARALLELJOB_ name is the operator's.
@@ -65,12 +71,28 @@ def env_problems(resolved: ResolvedJob) -> list[str]:
     return problems
 
 
-def output_dir(resolved: ResolvedJob) -> str:
-    """Where rank 0 appends metrics.jsonl: under the checkpoint path when there is one, else an emptyDir."""
+def job_folder(resolved: ResolvedJob) -> str | None:
+    """This job's checkpoint folder inside the pod, `<spec.checkpoint.path>/<namespace>/<name>`."""
     checkpoint = resolved.spec.checkpoint
-    if checkpoint is not None:
-        return f"{checkpoint.path.rstrip('/')}/{METRICS_SUBDIR}"
-    return OUTPUT_DIR
+    if checkpoint is None:
+        return None
+    return f"{checkpoint.path.rstrip('/')}/{resolved.namespace}/{resolved.name}"
+
+
+def resume_from_folder(resolved: ResolvedJob) -> str | None:
+    """spec.checkpoint.resumeFrom as a folder relative to the volume's root: a bare name is a job of this
+    namespace (`<namespace>/<name>`), anything with a slash is a folder on the volume."""
+    checkpoint = resolved.spec.checkpoint
+    if checkpoint is None or not checkpoint.resume_from:
+        return None
+    source = checkpoint.resume_from.strip("/")
+    return source if "/" in source else f"{resolved.namespace}/{source}"
+
+
+def output_dir(resolved: ResolvedJob) -> str:
+    """Where rank 0 appends metrics.jsonl: in the job's checkpoint folder when there is one, else an emptyDir."""
+    folder = job_folder(resolved)
+    return f"{folder}/{METRICS_SUBDIR}" if folder is not None else OUTPUT_DIR
 
 
 def torchrun_command(resolved: ResolvedJob, plan: Plan, node_rank: int) -> list[str]:
@@ -124,6 +146,8 @@ def volumes(resolved: ResolvedJob) -> tuple[list[dict[str, Any]], list[dict[str,
     elif checkpoint.volume:
         pod_volumes.append({"name": "checkpoint", **copy.deepcopy(dict(checkpoint.volume))})
         mounts.append({"name": "checkpoint", "mountPath": checkpoint.path})
+        if (source := resume_from_folder(resolved)) is not None:
+            mounts.append({"name": "checkpoint", "mountPath": RESUME_FROM_DIR, "subPath": source, "readOnly": True})
     template = resolved.spec.template
     pod_volumes += copy.deepcopy(list(template.volumes or []))
     mounts += copy.deepcopy(list(template.volume_mounts or []))
@@ -133,7 +157,6 @@ def volumes(resolved: ResolvedJob) -> tuple[list[dict[str, Any]], list[dict[str,
 def node_env(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> list[dict[str, Any]]:
     """The container env: build_node_env's variables, then the user's spec.template.env (which
     `env_problems` keeps off the operator's names)."""
-    checkpoint = resolved.spec.checkpoint
     variables = env.build_node_env(
         settings.plan,
         node_rank,
@@ -142,7 +165,8 @@ def node_env(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> li
         node_name=settings.nodes[node_rank],
         config_path=configmap.CONFIG_PATH,
         output_dir=output_dir(resolved),
-        checkpoint_dir=checkpoint.path if checkpoint is not None else None,
+        checkpoint_dir=job_folder(resolved),
+        resume_from=RESUME_FROM_DIR if resume_from_folder(resolved) is not None else None,
         progress_hook=PROGRESS_HOOK if node_rank == 0 else None,
         nccl_env=settings.nccl_env,
     )

@@ -24,12 +24,14 @@ def contract_plan(plan: Mapping[str, Any]) -> jobfile.Plan:
     return jobfile.make_plan(layout, int(plan["ranksPerNode"]))
 
 
-def build_trainer_config(resolved: ResolvedJob, plan: Mapping[str, Any]) -> dict[str, Any]:
-    """The job.json content: identity, the resolved spec, the DeepSpeed config and the plan's layout (the
-    resource's apiVersion and kind too, for people reading the file; the reader does not need them)."""
+def build_trainer_config(resolved: ResolvedJob, plan: Mapping[str, Any], uid: str | None = None) -> dict[str, Any]:
+    """The job.json content: identity (with the object's uid on a cluster, which each checkpoint records), the
+    resolved spec, the DeepSpeed config and the plan's layout (the resource's apiVersion and kind too, for
+    people reading the file; the reader does not need them)."""
     document = jobfile.job_document(
         name=resolved.name,
         namespace=resolved.namespace,
+        uid=uid,
         spec=resolved.resolved_spec(),
         deepspeed=resolved.deepspeed_config(),
         plan=contract_plan(plan),
