@@ -68,6 +68,13 @@ CASES = {
     "fp16-but-bf16": {"spec.deepspeed.fp16": {"enabled": True}},
     "fp16-agrees": {"spec.deepspeed.fp16": {"enabled": True}, "spec.model.precision": "fp16"},
     "bf16-disabled": {"spec.deepspeed.bf16": {"enabled": False}, "spec.model.precision": "fp32"},
+    "own-labels": {"spec.template": {"labels": {"team": "a", "example.com/x": "1", "app.kubernetes.io/name": "g"}}},
+    "job-label-override": {"spec.template": {"labels": {"paralleljob.io/job": "other"}}},
+    "subdomain-label": {"spec.template": {"labels": {"x.paralleljob.io/y": "1"}}},
+    "managed-by-label": {"spec.template": {"labels": {"app.kubernetes.io/managed-by": "me"}}},
+    "lookalike-label": {"spec.template": {"labels": {"notparalleljob.io/y": "1", "paralleljob.io": "1"}}},
+    "own-annotations": {"spec.template": {"annotations": {"example.com/owner": "team-a"}}},
+    "operator-annotation": {"spec.template": {"annotations": {"paralleljob.io/attempt": "0"}}},
 }
 
 

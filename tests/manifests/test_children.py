@@ -81,8 +81,9 @@ def test_user_command_runs_under_torchrun_with_the_same_env():
         (IB_NODES, {}, "rdma/ib", True, "NCCL_IB_TIMEOUT"),
         (PLAIN_NODES, {"fabric": "efa"}, "vpc.amazonaws.com/efa", True, "FI_PROVIDER"),
         (IB_NODES, {"fabric": "roce"}, "rdma/ib", True, "NCCL_IB_GID_INDEX"),
+        (PLAIN_NODES, {"fabric": "infiniband"}, None, False, "NCCL_IB_TIMEOUT"),
     ],
-    ids=["tcp", "infiniband-detected", "efa", "roce"],
+    ids=["tcp", "infiniband-detected", "efa", "roce", "infiniband-without-rdma-devices"],
 )
 def test_fabric_decides_network_resources_capabilities_and_nccl(nodes, network, resource, ipc_lock, nccl_key):
     built = build(nodes, network=network)
@@ -101,7 +102,13 @@ def test_volumes_shm_in_memory_config_and_checkpoint():
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert volumes["checkpoint"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
     assert volumes["job-config"]["configMap"]["name"] == "gpt-config"
-    assert mounts == {"job-config": "/etc/paralleljob", "dshm": "/dev/shm", "checkpoint": "/checkpoints"}
+    assert mounts == {
+        "job-config": "/etc/paralleljob",
+        "dshm": "/dev/shm",
+        "checkpoint": "/checkpoints",
+        "scratch-tmp": "/tmp",
+        "scratch-home": "/home/trainer",
+    }
     assert env_of(pod)["PARALLELJOB_CHECKPOINT_DIR"] == "/checkpoints"
 
 

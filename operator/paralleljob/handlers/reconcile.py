@@ -5,8 +5,8 @@ The pass reads the job and its pods from the API (only pods whose ownerReference
 count: a deleted job of the same name may leave children the garbage collector has not removed yet), then
 takes the first step that applies:
 
-1. invalid spec (the API's rules, and no `spec.template.env` name the operator sets): Valid=False, an
-   Event, no children;
+1. invalid spec (the API's rules, no `spec.template.env` name the operator sets, and the administrator's
+   admission policy, `api.policy`): Valid=False, an Event, no children;
 2. finished (Succeeded/Failed): delete the pods still running;
 3. pods of an older attempt exist: delete them gracefully, force-deleting only those stuck Terminating on a
    lost node, and wait until every one is gone (two generations never run at once);
@@ -31,13 +31,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from paralleljob import planning
-from paralleljob.api import ResolvedJob, validate_document
+from paralleljob.api import ResolvedJob, policy, validate_document
 from paralleljob.handlers import conditions, gang, placement
 from paralleljob.handlers import metrics as m
 from paralleljob.k8s import events, reads, timestamps, writes
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import children as child_objects
-from paralleljob.manifests import configmap, labels
+from paralleljob.manifests import configmap, labels, security
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.planning.inventory import TERMINAL_POD_PHASES
 
@@ -70,6 +70,9 @@ class Settings:
     # A pod stuck Terminating on a NotReady or deleted node is force-deleted this long after its deletion
     # deadline (deletionTimestamp): its kubelet cannot confirm that the containers stopped.
     force_delete_after_seconds: float = 120.0
+    # What a job may ask of its pods, and what its pods run as: the administrator's, never the job's.
+    admission_policy: policy.AdmissionPolicy = dataclasses.field(default_factory=policy.AdmissionPolicy)
+    pod_security: security.PodSecurity = dataclasses.field(default_factory=security.PodSecurity)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +155,7 @@ def _step(p: Pass) -> Outcome:
     problems = [problem.render() for problem in result.problems if problem.severity == "error"]
     if result.resolved is not None and result.ok:
         problems += pod_manifests.env_problems(result.resolved)
+        problems += [found.render() for found in policy.check_policy(result.resolved.spec, p.settings.admission_policy)]
     if result.resolved is None or problems:
         return _invalid(p, "; ".join(problems))
     m.observe_phase(p.namespace, p.name, p.status.get("phase"))
@@ -350,7 +354,9 @@ def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -
     if len(nodes) != configmap.plan_of(found).nodes:
         write_status(p, {"placement": None})
         return Outcome("replanning")
-    built = child_objects.build_children(p.job, resolved, found, nodes, image=p.settings.image)
+    built = child_objects.build_children(
+        p.job, resolved, found, nodes, image=p.settings.image, pod_security=p.settings.pod_security
+    )
     existing = {pod["metadata"]["name"] for pod in pods}
     for obj in [built.service, *built.rbac]:
         writes.create(p.session, obj)

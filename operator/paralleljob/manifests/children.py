@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.manifests import configmap, labels, nccl, pods, rbac, service, trainer_config
+from paralleljob.manifests import configmap, labels, nccl, pods, rbac, security, service, trainer_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,11 +70,13 @@ def build_attempt(
     """The ConfigMap of one attempt, with the network derived from the planned nodes."""
     network = network_of(resolved, default_fabric, default_nccl_env)
     facts = nccl.detect_facts(network, planned_nodes, resolved.spec.topology.nvlink_domain_label)
+    resources = nccl.rdma_request(network, facts)
     record = configmap.network_record(
         facts.fabric,
         nccl.build_nccl_env(network, facts.fabric, nvswitch=facts.nvswitch, mnnvl=facts.mnnvl),
-        nccl.rdma_request(network, facts),
-        nccl.uses_rdma(facts),
+        resources,
+        # IPC_LOCK only when the pods really get RDMA devices: a fabric without its device resource is unused.
+        nccl.uses_rdma(facts) and bool(resources),
     )
     job_file = trainer_config.build_trainer_config(resolved, plan)
     return Attempt(configmap.build_config_map(owner, job_file, plan, record, attempt), record)
@@ -87,6 +89,7 @@ def build_children(
     nodes: Sequence[str],
     *,
     image: str,
+    pod_security: security.PodSecurity = security.DEFAULT,
 ) -> Children:
     """Service, progress RBAC (unless the user names an account) and pods of the ConfigMap's attempt, node
     rank R on `nodes[R]`."""
@@ -105,6 +108,7 @@ def build_children(
         attempt=configmap.attempt_of(config_map),
         service_account=own_account or labels.progress_account_name(resolved.name),
         progress_account=not own_account,
+        security=pod_security,
     )
     return Children(
         service=service.build_service(owner),

@@ -79,11 +79,12 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
 
 
 def child_metadata(owner: Mapping[str, Any], name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """metadata of a child object: name, the job's namespace, labels and the owner reference."""
+    """metadata of a child object: name, the job's namespace, labels and the owner reference. The job's labels
+    come last, so no extra label can override the ones the operator selects its pods by."""
     job = owner["metadata"]["name"]
     return {
         "name": name,
         "namespace": owner["metadata"]["namespace"],
-        "labels": {**job_labels(job), **(labels or {})},
+        "labels": {**(labels or {}), **job_labels(job)},
         "ownerReferences": [owner_reference(owner)],
     }
