@@ -45,10 +45,11 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
   resources: [paralleljobs/status]
   verbs: [patch]
 # Application: one pod per node rank, watched for phase changes; deleted on gang restarts and after completion
-# (gracefully; a pod stuck Terminating on a lost node is force-deleted, which is also `delete`).
+# (gracefully; a pod stuck Terminating on a lost node is force-deleted, which is also `delete`). `get` reads a
+# pod that already holds a rank's name, to tell the job's own from a foreign one (a name conflict).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, create, delete]
+  verbs: [get, list, watch, create, delete]
 # Application: the job's headless Service (rank-0 DNS). It is owned by the ParallelJob, so the garbage
 # collector deletes it with the job. `get` reads an existing one to check that it is this job's and not a
 # deleted namesake's, which the collector has not removed yet.

@@ -10,7 +10,9 @@ takes the first step that applies:
 2. finished (Succeeded/Failed): delete the pods still running;
 3. pods of an older attempt exist: delete them gracefully, force-deleting only those stuck Terminating on a
    lost node, and wait until every one is gone (two generations never run at once);
-4. a deleted job's children still hold our names: wait for the garbage collector;
+4. a deleted job's children still hold our names: wait for the garbage collector; a name held by anyone else
+   (a foreign object, or a foreign pod with a rank's name) is a NameConflict: Scheduled=False naming the
+   kind and name, the reservation released, a Warning Event, and no new attempt until that object is gone;
 5. no placement: plan with gang admission; unschedulable -> Pending + Scheduled=False; else write the
    ConfigMap (the plan and network of this attempt) and the placement (which reserves the GPUs) -> Admitted;
 6. admitted: create the Service, the progress RBAC and every missing pod from the ConfigMap -> Placed;
@@ -54,6 +56,9 @@ ADMISSION = threading.Lock()
 UNSCHEDULABLE_RECHECK_SECONDS = 60.0
 # How often to look again while a deleted job's children wait for the garbage collector.
 PREVIOUS_JOB_RECHECK_SECONDS = 2.0
+# How often a job whose child name is held by a foreign object looks whether it is gone (no watch sees it).
+NAME_CONFLICT_RECHECK_SECONDS = 30.0
+NAME_CONFLICT = "NameConflict"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,14 +172,18 @@ def _step(p: Pass) -> Outcome:
     stale = [pod for pod in pods if _attempt_of(pod) != p.attempt]
     if stale:
         return _drain(p, stale)
-    if any(labels.owner_uid(pod) not in (None, p.uid) for pod in labelled):
+    if any(labels.claim_of(pod, p.name, p.uid) == "namesake" for pod in labelled):
         return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
     try:
         if not p.status.get("placement"):
+            if _waits_on_conflict(p, pods):
+                return Outcome("name-conflict", requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
             with ADMISSION:
                 return _admit(p, result.resolved)
         if conditions.is_true(p.status.get("conditions"), "Scheduled", ADMITTED):
             return _create(p, result.resolved, pods)
+    except writes.NameConflict as conflict:
+        return _name_conflict(p, conflict)
     except writes.HeldByAnother as held:
         log.info("%s/%s waits for the garbage collector: %s", p.namespace, p.name, held)
         return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
@@ -278,7 +287,10 @@ def _admit(p: Pass, resolved: ResolvedJob) -> Outcome:
     name = labels.config_map_name(p.name)
     previous = reads.get_config_map(p.session, p.namespace, name)
     if previous is not None:
-        if not labels.owned_by(previous, p.uid):
+        claim = labels.claim_of(previous, p.name, p.uid)
+        if claim == "foreign":
+            raise writes.NameConflict("ConfigMap", name, labels.holder_of(previous))
+        if claim == "namesake":
             return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
         writes.delete_config_map(p.session, p.namespace, name)
     attempt = child_objects.build_attempt(
@@ -293,6 +305,36 @@ def _admit(p: Pass, resolved: ResolvedJob) -> Outcome:
     writes.create(p.session, attempt.config_map)
     write_status(p, _admitted_status(p, resolved, outcome.plan, attempt))
     return Outcome("admitted")
+
+
+def _waits_on_conflict(p: Pass, pods: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a job that reported a name conflict still waits: until the pods it had created are gone, and
+    while the object named in the conflict is still someone else's."""
+    scheduled = conditions.find(p.status.get("conditions"), "Scheduled")
+    if not scheduled or scheduled.get("reason") != NAME_CONFLICT:
+        return False
+    if pods:
+        _delete(p, pods)
+        return True
+    named = writes.NameConflict.named_in(str(scheduled.get("message")))
+    if named is None:
+        return False
+    held = writes.read(p.session, named[0], named[1], p.namespace)
+    return held is not None and labels.claim_of(held, p.name, p.uid) == "foreign"
+
+
+def _name_conflict(p: Pass, conflict: writes.NameConflict) -> Outcome:
+    """A child name is taken by someone else's object: release the reservation (this attempt's pods and its
+    placement), say which object in Scheduled=False and a Warning Event, and look again later."""
+    message = str(conflict)
+    cond = p.condition("Scheduled", "False", NAME_CONFLICT, message)
+    phase = "Restarting" if p.attempt else "Pending"
+    patch = {"phase": phase, "message": message, "conditions": cond, "placement": None, "podsReady": 0}
+    if write_status(p, patch):
+        p.event("Warning", NAME_CONFLICT, message)
+    # This pass may have created some of the pods already: list them again.
+    _delete(p, [pod for pod in reads.list_job_pods(p.session, p.namespace, p.name) if labels.owned_by(pod, p.uid)])
+    return Outcome("name-conflict", wake_others=True, requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
 
 
 def _unschedulable(p: Pass, reason: str) -> Outcome:

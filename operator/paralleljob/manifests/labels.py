@@ -7,7 +7,7 @@ Pure. Names are deterministic (`<job>-<nodeRank>` pods, `<job>` Service, `<job>-
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from paralleljob.api import types as api_types
 from paralleljob_contract import launcher
@@ -76,6 +76,26 @@ def owner_uid(obj: Mapping[str, Any]) -> str | None:
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     """Whether `obj` is a child of the ParallelJob with this uid (not of an earlier job of the same name)."""
     return owner_uid(obj) == uid
+
+
+def claim_of(obj: Mapping[str, Any], job: str, uid: str) -> Literal["own", "namesake", "foreign"]:
+    """Whose an object holding one of a job's child names is: the job's own (by owner uid), a leftover of a
+    deleted job of the same name (the garbage collector removes it soon), or anyone else's (a name conflict)."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if ref.get("kind") == api_types.KIND and ref.get("controller"):
+            if str(ref.get("uid")) == uid:
+                return "own"
+            if ref.get("name") == job:
+                return "namesake"
+    return "foreign"
+
+
+def holder_of(obj: Mapping[str, Any]) -> str:
+    """Who controls `obj`, for a person: its controller owner, or that it has none."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if ref.get("controller"):
+            return f"{ref.get('kind')} {ref.get('name')}"
+    return "no controller"
 
 
 def child_metadata(owner: Mapping[str, Any], name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
