@@ -130,14 +130,13 @@ def test_only_rank_zero_reports_progress_through_its_own_account():
     assert [("PARALLELJOB_PROGRESS_HOOK" in env_of(p)) for p in built.pods] == [True, False, False, False]
     assert {p["spec"]["serviceAccountName"] for p in built.pods} == {"gpt-progress"}
     role = built.rbac[1]
+    # Its own progress ConfigMap and nothing else: not the job, not its status (which the operator trusts).
     assert role["rules"] == [
-        {
-            "apiGroups": ["paralleljob.io"],
-            "resources": ["paralleljobs/status"],
-            "resourceNames": ["gpt"],
-            "verbs": ["patch"],
-        }
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["gpt-progress"], "verbs": ["patch"]}
     ]
+    assert built.progress["metadata"]["name"] == "gpt-progress"
+    assert built.progress["metadata"]["labels"]["paralleljob.io/progress"] == "true"
+    assert built.progress["data"] == {}
 
 
 def test_only_rank_zero_gets_an_api_token():

@@ -274,7 +274,9 @@ class PodTemplate:
         "Where the extra volumes are mounted in the training container.", default=None
     )
     service_account_name: str | None = api_field(
-        "ServiceAccount of the pods. Default: a per-job account that may only update this job's status.",
+        "ServiceAccount of the pods. Default: a per-job account, mounted on node rank 0 only, that may only update "
+        "this job's progress ConfigMap (<name>-progress). The operator's admission policy lists the accounts "
+        "a job may name.",
         default=None,
     )
     priority_class_name: str | None = api_field("PriorityClass of the pods.", default=None)
@@ -395,7 +397,8 @@ class NodePlacement:
 
 @dataclasses.dataclass(frozen=True)
 class Progress:
-    """Training progress reported by rank 0."""
+    """Training progress: rank 0 reports it in the job's progress ConfigMap, the operator copies it after
+    validation. For people only: the operator never acts on it."""
 
     step: int = api_field("Last completed optimizer step.", default=0, minimum=0)
     total_steps: int | None = api_field("spec.training.steps.", default=None, minimum=0)
@@ -406,7 +409,7 @@ class Progress:
 
 @dataclasses.dataclass(frozen=True)
 class ParallelJobStatus:
-    """The observed state, written by the operator and by the job's rank 0 (progress)."""
+    """The observed state, written by the operator alone."""
 
     phase: Phase | None = api_field("Pending, Running, Restarting, Succeeded or Failed.", default=None)
     message: str | None = api_field("Why the job is in its phase, for people.", default=None)

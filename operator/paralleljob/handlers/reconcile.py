@@ -400,7 +400,7 @@ def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -
         p.job, resolved, found, nodes, image=p.settings.image, pod_security=p.settings.pod_security
     )
     existing = {pod["metadata"]["name"] for pod in pods}
-    for obj in [built.service, *built.rbac]:
+    for obj in [built.service, built.progress, *built.rbac]:
         writes.create(p.session, obj)
     for pod in built.pods:
         if pod["metadata"]["name"] not in existing:

@@ -2,9 +2,9 @@
 
 Pure. At admission the operator calls `build_attempt()`: it derives the network (fabric, NCCL environment,
 RDMA resources) from the planned nodes once and records it, with the plan's layout, in the ConfigMap. Then
-`build_children()` builds the Service, the progress RBAC and the pods from that ConfigMap and the node of
-each node rank (`status.placement`), so the pods run what the ConfigMap and `status.ncclEnv` say, even
-after an operator restart or a Node relabel.
+`build_children()` builds the Service, rank 0's progress ConfigMap and RBAC, and the pods from that ConfigMap
+and the node of each node rank (`status.placement`), so the pods run what the ConfigMap and `status.ncclEnv`
+say, even after an operator restart or a Node relabel.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.manifests import configmap, labels, nccl, pods, rbac, security, service, trainer_config
+from paralleljob.manifests import configmap, labels, nccl, pods, progress, rbac, security, service, trainer_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +38,8 @@ class Children:
     """The child objects of one attempt besides its ConfigMap, in creation order."""
 
     service: dict[str, Any]
+    # Rank 0's progress ConfigMap; created whatever account the pods run as.
+    progress: dict[str, Any]
     rbac: list[dict[str, Any]]
     pods: list[dict[str, Any]]
     nccl_env: dict[str, str]
@@ -112,6 +114,7 @@ def build_children(
     )
     return Children(
         service=service.build_service(owner),
+        progress=progress.build_config_map(owner),
         rbac=[] if own_account else rbac.build_progress_rbac(owner),
         pods=pods.build_pods(owner, resolved, settings),
         nccl_env=dict(network["ncclEnv"]),

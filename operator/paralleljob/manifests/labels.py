@@ -1,7 +1,8 @@
 """Names, labels and owner references shared by every child object of a ParallelJob.
 
 Pure. Names are deterministic (`<job>-<nodeRank>` pods, `<job>` Service, `<job>-config` ConfigMap,
-`<job>-progress` ServiceAccount/Role/RoleBinding), so a restarted operator finds what it made before.
+`<job>-progress` ServiceAccount/Role/RoleBinding and rank 0's progress ConfigMap), so a restarted operator
+finds what it made before.
 """
 
 from __future__ import annotations
@@ -34,8 +35,15 @@ def config_map_name(job: str) -> str:
     return f"{job}-config"
 
 
+PROGRESS_SUFFIX = "-progress"
+
+
 def progress_account_name(job: str) -> str:
-    return f"{job}-progress"
+    return f"{job}{PROGRESS_SUFFIX}"
+
+
+def progress_config_map_name(job: str) -> str:
+    return f"{job}{PROGRESS_SUFFIX}"
 
 
 def master_address(job: str) -> str:
