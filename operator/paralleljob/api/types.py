@@ -139,6 +139,58 @@ class Training:
     )
 
 
+# Every volume source of a core/v1 Volume. The CRD declares them (as preserved objects) so that CEL, in the
+# chart's ValidatingAdmissionPolicy, can see which one a volume uses: fields preserved as unknown are invisible
+# to CEL. The projected sources a volume can combine are declared for the same reason.
+VOLUME_SOURCES = (
+    "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "configMap", "csi", "downwardAPI",
+    "emptyDir", "ephemeral", "fc", "flexVolume", "flocker", "gcePersistentDisk", "gitRepo", "glusterfs",
+    "hostPath", "image", "iscsi", "nfs", "persistentVolumeClaim", "photonPersistentDisk", "portworxVolume",
+    "projected", "quobyte", "rbd", "scaleIO", "secret", "storageos", "vsphereVolume",
+)  # fmt: skip
+PROJECTED_SOURCES = (
+    "clusterTrustBundle",
+    "configMap",
+    "downwardAPI",
+    "podCertificate",
+    "secret",
+    "serviceAccountToken",
+)
+_PRESERVED: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+def _volume_source_properties() -> dict[str, Any]:
+    sources = {name: {**_PRESERVED, "description": f"A {name} volume source."} for name in VOLUME_SOURCES}
+    projection = {name: {**_PRESERVED, "description": f"A {name} projection."} for name in PROJECTED_SOURCES}
+    sources["projected"] = {
+        **_PRESERVED,
+        "description": "A projected volume source.",
+        "properties": {
+            "sources": {
+                "type": "array",
+                "description": "The projections.",
+                "items": {**_PRESERVED, "properties": projection},
+            }
+        },
+    }
+    return sources
+
+
+VOLUME_SOURCE_PROPERTIES = _volume_source_properties()
+VOLUME_KNOWN_PROPERTIES: dict[str, Any] = {
+    "name": {"type": "string", "description": "Volume name."},
+    **VOLUME_SOURCE_PROPERTIES,
+}
+ENV_KNOWN_PROPERTIES: dict[str, Any] = {
+    "name": {"type": "string", "description": "Variable name."},
+    "valueFrom": {
+        **_PRESERVED,
+        "description": "Where the value comes from.",
+        "properties": {"secretKeyRef": {**_PRESERVED, "description": "A key of a Secret."}},
+    },
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
     """Where and how often the trainer saves DeepSpeed checkpoints; restarts resume from the latest."""
@@ -147,6 +199,7 @@ class Checkpoint:
         "A Kubernetes volume source mounted at path in every pod, typically "
         "{persistentVolumeClaim: {claimName: ...}} on a ReadWriteMany volume shared by all nodes.",
         default=None,
+        schema_properties=VOLUME_SOURCE_PROPERTIES,
     )
     path: str = api_field("Directory the checkpoints are written to and resumed from.", default="/checkpoints")
     interval_steps: int = api_field(
@@ -268,8 +321,14 @@ class PodTemplate:
         "Tolerations of the pods; the planner skips nodes whose NoSchedule/NoExecute taints are not tolerated.",
         default=None,
     )
-    env: list[RawObject] | None = api_field("Extra environment variables of the training container.", default=None)
-    volumes: list[RawObject] | None = api_field("Extra pod volumes (e.g. the training data).", default=None)
+    env: list[RawObject] | None = api_field(
+        "Extra environment variables of the training container.", default=None, schema_properties=ENV_KNOWN_PROPERTIES
+    )
+    volumes: list[RawObject] | None = api_field(
+        "Extra pod volumes (e.g. the training data). The operator's admission policy lists the volume types allowed.",
+        default=None,
+        schema_properties=VOLUME_KNOWN_PROPERTIES,
+    )
     volume_mounts: list[RawObject] | None = api_field(
         "Where the extra volumes are mounted in the training container.", default=None
     )
