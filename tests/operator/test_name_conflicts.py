@@ -40,7 +40,9 @@ def scheduled(cluster, job):
     return next((c for c in cluster.status(job).get("conditions", []) if c["type"] == "Scheduled"), None)
 
 
-def test_a_foreign_holder_of_a_child_name_is_reported_and_releases_the_reservation(cluster, operator):
+def test_a_foreign_holder_of_a_child_name_is_reported_releases_the_reservation_and_waits_until_it_is_gone(
+    cluster, operator
+):
     cluster.add_nodes(2 * len(CONFLICTS))
     for job, (kind, name) in CONFLICTS.items():
         create_foreign(cluster, kind, name)
@@ -58,18 +60,12 @@ def test_a_foreign_holder_of_a_child_name_is_reported_and_releases_the_reservati
     # The foreign pod was never taken for the job's own.
     foreign = cluster.core.read_namespaced_pod("pod-1", "research")
     assert foreign.metadata.labels == FOREIGN
-
-
-def test_the_job_is_admitted_once_the_foreign_object_is_gone(cluster, operator):
-    cluster.add_nodes(2)
-    create_foreign(cluster, "Service", "gpt")
-    cluster.apply(job_doc(**TWO_NODES))
-    wait_for(lambda: (c := scheduled(cluster, "gpt")) and c["reason"] == "NameConflict", what="NameConflict")
-    cluster.core.delete_namespaced_service("gpt", "research")
-    # The operator looks again after a while; an edit of the job makes it look at once.
+    # Once the foreign object is gone the job is admitted again: the operator looks every 30 s, and at once on
+    # any change of the job.
+    cluster.core.delete_namespaced_service("svc", "research")
     cluster.custom.patch_namespaced_custom_object(
-        "paralleljob.io", "v1alpha1", "research", "paralleljobs", "gpt", {"metadata": {"annotations": {"retry": "1"}}}
+        "paralleljob.io", "v1alpha1", "research", "paralleljobs", "svc", {"metadata": {"annotations": {"retry": "1"}}}
     )
-    wait_for(lambda: len(cluster.pods()) == 2, what="2 pods")
-    service = cluster.core.read_namespaced_service("gpt", "research")
-    assert service.metadata.owner_references[0].name == "gpt"
+    wait_for(lambda: len(cluster.pods("svc")) == 2, what="svc's 2 pods")
+    service = cluster.core.read_namespaced_service("svc", "research")
+    assert service.metadata.owner_references[0].name == "svc"
