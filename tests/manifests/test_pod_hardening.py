@@ -18,8 +18,12 @@ PLAIN_NODES = [make_node(f"node-{i}", {}, {"nvidia.com/gpu": "4"}) for i in rang
 
 def pods_of(nodes=PLAIN_NODES, pod_security=security.DEFAULT, resolved=None):
     resolved = resolved or resolve()
-    made = children.build_attempt(OWNER, resolved, make_plan(), nodes, attempt=0)
-    return children.build_children(OWNER, resolved, made.config_map, image="t:1", pod_security=pod_security).pods
+    plan = make_plan()
+    made = children.build_attempt(OWNER, resolved, plan, nodes, attempt=0)
+    placed = [entry["node"] for entry in plan["nodes"]]
+    return children.build_children(
+        OWNER, resolved, made.config_map, placed, image="t:1", pod_security=pod_security
+    ).pods
 
 
 def test_every_pod_runs_as_the_trainer_uid_with_volumes_it_can_write():

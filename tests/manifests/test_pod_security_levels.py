@@ -38,7 +38,8 @@ def example_pods(name: str, network: dict | None = None, pod_security=security.D
     assert isinstance(plan, planning.Plan)
     planned = [n for n in nodes if n["metadata"]["name"] in {e.node for e in plan.nodes}]
     attempt = children.build_attempt(doc, resolved, plan.to_dict(), planned, attempt=0)
-    built = children.build_children(doc, resolved, attempt.config_map, image="t:1", pod_security=pod_security)
+    placed = [entry.node for entry in plan.nodes]
+    built = children.build_children(doc, resolved, attempt.config_map, placed, image="t:1", pod_security=pod_security)
     return built.pods
 
 
