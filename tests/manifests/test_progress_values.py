@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from paralleljob.manifests import progress
+from paralleljob_trainer import k8s_status
 
 TOTAL = 100
 CASES = {
@@ -48,3 +49,17 @@ def test_only_validated_numbers_are_taken(case: str) -> None:
 @pytest.mark.parametrize(("name", "job"), [("gpt-progress", "gpt"), ("gpt-config", None), ("-progress", None)])
 def test_the_job_is_known_from_the_config_map_name(name: str, job: str | None) -> None:
     assert progress.job_of(name) == job
+
+
+def test_what_the_trainers_hook_writes_is_what_the_operator_takes() -> None:
+    hook = k8s_status.ProgressReporter("http://127.0.0.1:9", "research", "gpt", token_path=None, ca_path=None)
+    data = {**hook.progress_of({"step": 7, "loss": 2.123456, "tokens_per_s": 5771.96}), "lastCheckpointStep": "5"}
+    found = progress.status_of({"data": data}, TOTAL)
+    assert found["lastCheckpointStep"] == 5
+    assert {k: v for k, v in found["progress"].items() if k != "updated"} == {
+        "step": 7,
+        "totalSteps": TOTAL,
+        "loss": 2.1235,
+        "tokensPerSecond": 5772.0,
+    }
+    assert found["progress"]["updated"] == data["updated"]

@@ -31,11 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from paralleljob_contract import environment
+from paralleljob_contract import progress as channel
 from paralleljob_contract.environment import PodEnvironment
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-# The operator's name for a job's progress ConfigMap (paralleljob.manifests.labels.progress_config_map_name).
-PROGRESS_SUFFIX = "-progress"
 DEFAULT_INTERVAL_SECONDS = environment.DEFAULT_STATUS_INTERVAL_SECONDS
 REQUEST_TIMEOUT_SECONDS = 5.0
 # How long on_finish waits for the last report to go out: the request timeout and a margin.
@@ -60,7 +59,7 @@ class ProgressReporter:
         interval: float = DEFAULT_INTERVAL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        config_map = f"{name}{PROGRESS_SUFFIX}"
+        config_map = channel.config_map_name(name)
         self.url = f"{api_url.rstrip('/')}/api/v1/namespaces/{namespace}/configmaps/{config_map}"
         self.token_path, self.interval, self.clock = token_path, interval, clock
         self.context = ssl.create_default_context(cafile=str(ca_path)) if ca_path and ca_path.exists() else None
@@ -83,7 +82,7 @@ class ProgressReporter:
             self.flush()
 
     def on_checkpoint(self, record: Mapping[str, Any]) -> None:
-        patch = {"lastCheckpointStep": str(int(record.get("step", 0)))}
+        patch = {channel.LAST_CHECKPOINT_STEP: str(int(record.get("step", 0)))}
         if self.pending is not None:
             patch.update(self.pending)
             self.pending = None
@@ -97,12 +96,12 @@ class ProgressReporter:
 
     def progress_of(self, record: Mapping[str, Any]) -> dict[str, str]:
         """The ConfigMap data of a metrics.jsonl step record (ConfigMap values are strings)."""
-        progress = {"step": str(int(record.get("step", 0))), "updated": _now()}
+        progress = {channel.STEP: str(int(record.get("step", 0))), channel.UPDATED: _now()}
         # Rounded for people: `kubectl get pj` prints these numbers as the operator copies them.
         if record.get("loss") is not None:
-            progress["loss"] = repr(round(float(record["loss"]), 4))
+            progress[channel.LOSS] = repr(round(float(record["loss"]), 4))
         if record.get("tokens_per_s") is not None:
-            progress["tokensPerSecond"] = repr(round(float(record["tokens_per_s"]), 1))
+            progress[channel.TOKENS_PER_SECOND] = repr(round(float(record["tokens_per_s"]), 1))
         return progress
 
     def flush(self) -> None:

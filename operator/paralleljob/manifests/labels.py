@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from paralleljob.api import types as api_types
-from paralleljob_contract import launcher
+from paralleljob_contract import launcher, progress
 
 JOB_LABEL = "paralleljob.io/job"
 NODE_RANK_LABEL = "paralleljob.io/node-rank"
@@ -35,15 +35,12 @@ def config_map_name(job: str) -> str:
     return f"{job}-config"
 
 
-PROGRESS_SUFFIX = "-progress"
-
-
 def progress_account_name(job: str) -> str:
-    return f"{job}{PROGRESS_SUFFIX}"
+    return f"{job}-progress"
 
 
 def progress_config_map_name(job: str) -> str:
-    return f"{job}{PROGRESS_SUFFIX}"
+    return progress.config_map_name(job)
 
 
 def master_address(job: str) -> str:

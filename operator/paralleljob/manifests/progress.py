@@ -16,17 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from paralleljob.manifests import labels
+from paralleljob_contract import progress as channel
 
 # The label the operator's watch selects progress ConfigMaps by (the job is found from the object's name).
 PROGRESS_LABEL = "paralleljob.io/progress"
-# The keys of the ConfigMap's data, as rank 0 writes them (strings, as ConfigMap data must be).
-STEP, LOSS, TOKENS_PER_SECOND, UPDATED, LAST_CHECKPOINT_STEP = (
-    "step",
-    "loss",
-    "tokensPerSecond",
-    "updated",
-    "lastCheckpointStep",
-)
 # Bounds of what a training run can report; anything outside is not progress.
 MAX_VALUE_LENGTH = 32
 MAX_STEP = 10**12
@@ -37,9 +30,7 @@ TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
 
 def job_of(config_map_name: str) -> str | None:
     """The job a progress ConfigMap belongs to, from its name (which, unlike its labels, rank 0 cannot change)."""
-    if not config_map_name.endswith(labels.PROGRESS_SUFFIX):
-        return None
-    return config_map_name[: -len(labels.PROGRESS_SUFFIX)] or None
+    return channel.job_of(config_map_name)
 
 
 def build_config_map(owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -79,12 +70,12 @@ def status_of(config_map: Mapping[str, Any], total_steps: int) -> dict[str, Any]
     if not isinstance(data, Mapping):
         return {}
     found: dict[str, Any] = {}
-    step = _count(data, STEP, total_steps)
+    step = _count(data, channel.STEP, total_steps)
     if step is not None:
         progress: dict[str, Any] = {"step": step, "totalSteps": total_steps}
-        loss = _number(data, LOSS, -MAX_LOSS, MAX_LOSS)
-        throughput = _number(data, TOKENS_PER_SECOND, 0.0, MAX_TOKENS_PER_SECOND)
-        updated = _text(data, UPDATED)
+        loss = _number(data, channel.LOSS, -MAX_LOSS, MAX_LOSS)
+        throughput = _number(data, channel.TOKENS_PER_SECOND, 0.0, MAX_TOKENS_PER_SECOND)
+        updated = _text(data, channel.UPDATED)
         if loss is not None:
             progress["loss"] = round(loss, 4)
         if throughput is not None:
@@ -92,7 +83,7 @@ def status_of(config_map: Mapping[str, Any], total_steps: int) -> dict[str, Any]
         if updated is not None and TIMESTAMP.match(updated):
             progress["updated"] = updated
         found["progress"] = progress
-    checkpoint = _count(data, LAST_CHECKPOINT_STEP, total_steps)
+    checkpoint = _count(data, channel.LAST_CHECKPOINT_STEP, total_steps)
     if checkpoint is not None:
         found["lastCheckpointStep"] = checkpoint
     return found
