@@ -96,6 +96,13 @@ CASES = {
     "checkpoint-without-volume": {"spec.checkpoint.volume": DELETE},
     "checkpoint-on-empty-dir": {"spec.checkpoint.volume": {"emptyDir": {}}},
     "no-checkpoint": {"spec.checkpoint": DELETE},
+    "own-labels": {"spec.template": {"labels": {"team": "a", "example.com/x": "1", "app.kubernetes.io/name": "g"}}},
+    "job-label-override": {"spec.template": {"labels": {"paralleljob.io/job": "other"}}},
+    "subdomain-label": {"spec.template": {"labels": {"x.paralleljob.io/y": "1"}}},
+    "managed-by-label": {"spec.template": {"labels": {"app.kubernetes.io/managed-by": "me"}}},
+    "lookalike-label": {"spec.template": {"labels": {"notparalleljob.io/y": "1", "paralleljob.io": "1"}}},
+    "own-annotations": {"spec.template": {"annotations": {"example.com/owner": "team-a"}}},
+    "operator-annotation": {"spec.template": {"annotations": {"paralleljob.io/attempt": "0"}}},
 }
 
 

@@ -101,6 +101,21 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
         "fabric": "infiniband",
         "ncclEnv": {"NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "=mlx5_0,mlx5_1"},
     },
+    "policy": {
+        "allowedVolumeTypes": ["persistentVolumeClaim", "emptyDir", "hostPath"],
+        "allowedServiceAccounts": ["default", "trainer"],
+        "forbiddenEnv": ["LD_*", "PYTHONPATH"],
+        "allowedPriorityClasses": ["research-low"],
+        "allowedMetadataDomains": ["app.kubernetes.io", "example.com"],
+        "validatingAdmissionPolicy": {"enabled": True, "exemptPodCreators": False},
+    },
+    "jobPods": {
+        "runAsUser": 2000,
+        "runAsGroup": 2001,
+        "fsGroup": 2002,
+        "readOnlyRootFilesystem": False,
+        "rdmaIpcLock": False,
+    },
     "metrics": {
         "port": 9464,
         "service": {"enabled": True, "annotations": {"prometheus.io/scrape": "true"}},

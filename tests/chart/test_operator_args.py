@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from paralleljob import cli
+from paralleljob.api import policy
+from paralleljob.commands import operator as operator_command
+from paralleljob.manifests import security
 from tests.chart.conftest import NON_DEFAULT_VALUES, only, render
 
 WITHOUT_NCCL_DEFAULTS = {**NON_DEFAULT_VALUES, "jobDefaults": {**NON_DEFAULT_VALUES["jobDefaults"], "ncclEnv": {}}}
@@ -39,3 +42,22 @@ def test_non_default_arguments_parse_and_carry_the_values() -> None:
 def test_default_nccl_env_reaches_the_operator() -> None:
     args = parse_rendered_args(NON_DEFAULT_VALUES)
     assert args.default_nccl_env == [("NCCL_DEBUG", "INFO"), ("NCCL_IB_HCA", "=mlx5_0,mlx5_1")]
+
+
+def test_the_admission_policy_and_pod_security_reach_the_operator() -> None:
+    defaults, custom = parse_rendered_args({}), parse_rendered_args(NON_DEFAULT_VALUES)
+    assert reconcile_settings(defaults) == (policy.AdmissionPolicy(), security.PodSecurity())
+    assert reconcile_settings(custom) == (
+        policy.AdmissionPolicy(
+            volume_types=("persistentVolumeClaim", "emptyDir", "hostPath"),
+            service_accounts=("default", "trainer"),
+            forbidden_env=("LD_*", "PYTHONPATH"),
+            priority_classes=("research-low",),
+            metadata_domains=("app.kubernetes.io", "example.com"),
+        ),
+        security.PodSecurity(2000, 2001, 2002, read_only_root_filesystem=False, rdma_ipc_lock=False),
+    )
+
+
+def reconcile_settings(args: Any) -> tuple[policy.AdmissionPolicy, security.PodSecurity]:
+    return operator_command.policy_of(args), operator_command.pod_security_of(args)

@@ -199,7 +199,8 @@ def progress_role_needs() -> set[tuple[str, str, str]]:
 
 # Permissions the chart holds although the operator never calls them, each for a reason:
 # - nodes get: issue #7 lists get, list and watch on nodes; get reveals nothing that list does not.
-UNUSED_BUT_INTENDED = {("", "nodes", "get")}
+# - pods get: read only when creating a rank's pod finds its name taken (tests/operator/test_name_conflicts.py).
+UNUSED_BUT_INTENDED = {("", "nodes", "get"), ("", "pods", "get")}
 
 
 def unused_grants(

@@ -15,6 +15,8 @@ from tests.chart.conftest import NON_DEFAULT_VALUES, render
 KUBERNETES_VERSIONS = ["1.29.0", "1.34.0"]
 # Kinds served by CRDs of other projects; kubernetes-validate has no schema for them (checked in test_deployment.py).
 FOREIGN_KINDS = {"ServiceMonitor"}
+# Kinds the chart renders only when asked (policy.validatingAdmissionPolicy), for clusters that serve them.
+NEWER_KINDS = {"ValidatingAdmissionPolicy": "1.30.0", "ValidatingAdmissionPolicyBinding": "1.30.0"}
 
 CASES = {"default-values": {}, "non-default-values": NON_DEFAULT_VALUES}
 
@@ -29,7 +31,7 @@ def test_every_rendered_object_is_valid_kubernetes(case: str, version: str) -> N
     objects = render(CASES[case])
     errors = []
     for obj in objects:
-        if obj["kind"] in FOREIGN_KINDS:
+        if obj["kind"] in FOREIGN_KINDS or _older(version, NEWER_KINDS.get(obj["kind"], version)):
             continue
         try:
             validate_strictly(obj, version)
@@ -69,8 +71,14 @@ def test_the_expected_kinds_are_rendered(case: str) -> None:
                 "Deployment",
                 "Service",
                 "ServiceMonitor",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
             ]
         )
+
+
+def _older(version: str, than: str) -> bool:
+    return tuple(map(int, version.split("."))) < tuple(map(int, than.split(".")))
 
 
 def test_strict_validation_rejects_an_unknown_field() -> None:
@@ -86,6 +94,6 @@ def test_every_namespaced_object_is_in_the_release_namespace_or_a_watched_one() 
     namespaces = {
         o["metadata"].get("namespace")
         for o in objects
-        if o["kind"] not in {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+        if o["kind"] not in {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", *NEWER_KINDS}
     }
     assert namespaces == {"platform", "ml-team-a", "ml-team-b"}

@@ -82,9 +82,11 @@ def test_user_command_runs_under_torchrun_with_the_same_env():
         (IB_NODES, {}, "rdma/ib", True, "IB"),
         (EFA_NODES, {"fabric": "efa"}, "vpc.amazonaws.com/efa", True, "AWS Libfabric"),
         (IB_NODES, {"fabric": "roce"}, "rdma/ib", True, "IB"),
+        (PLAIN_NODES, {"fabric": "infiniband"}, None, False, "IB"),
     ],
-    # An inferred tcp names no transport (NCCL may still find RDMA); each RDMA fabric names its own.
-    ids=["tcp", "infiniband-detected", "efa", "roce"],
+    # An inferred tcp names no transport (NCCL may still find RDMA); each RDMA fabric names its own; IPC_LOCK
+    # only where the pods really get RDMA devices.
+    ids=["tcp", "infiniband-detected", "efa", "roce", "infiniband-without-rdma-devices"],
 )
 def test_fabric_decides_network_resources_capabilities_and_nccl(nodes, network, resource, ipc_lock, nccl_net):
     built = build(nodes, network=network)
@@ -103,7 +105,14 @@ def test_volumes_shm_in_memory_config_and_checkpoint():
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert volumes["checkpoint"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
     assert volumes["job-config"]["configMap"]["name"] == "gpt-config"
-    assert mounts == {"job-config": "/etc/paralleljob", "dshm": "/dev/shm", "checkpoint": "/checkpoints"}
+    assert mounts == {
+        "job-config": "/etc/paralleljob",
+        "dshm": "/dev/shm",
+        "checkpoint": "/checkpoints",
+        "scratch-tmp": "/tmp",
+        "scratch-home": "/home/trainer",
+    }
+    assert env_of(pod)["PARALLELJOB_CHECKPOINT_DIR"] == "/checkpoints"
 
 
 def test_each_job_checkpoints_into_its_own_namespace_and_name_folder_of_the_shared_volume():
@@ -150,14 +159,13 @@ def test_only_rank_zero_reports_progress_through_its_own_account():
     assert [("PARALLELJOB_PROGRESS_HOOK" in env_of(p)) for p in built.pods] == [True, False, False, False]
     assert {p["spec"]["serviceAccountName"] for p in built.pods} == {"gpt-progress"}
     role = built.rbac[1]
+    # Its own progress ConfigMap and nothing else: not the job, not its status (which the operator trusts).
     assert role["rules"] == [
-        {
-            "apiGroups": ["paralleljob.io"],
-            "resources": ["paralleljobs/status"],
-            "resourceNames": ["gpt"],
-            "verbs": ["patch"],
-        }
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["gpt-progress"], "verbs": ["patch"]}
     ]
+    assert built.progress["metadata"]["name"] == "gpt-progress"
+    assert built.progress["metadata"]["labels"]["paralleljob.io/progress"] == "true"
+    assert built.progress["data"] == {}
 
 
 def test_only_rank_zero_gets_an_api_token():

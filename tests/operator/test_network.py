@@ -61,7 +61,7 @@ def test_rank_zeros_network_verdict_becomes_the_network_verified_condition(clust
     # Rank 0's reporter, with the token of the progress account the operator made for the job.
     token = tmp_path / "token"
     token.write_text(emulator.token_for("research", labels.progress_account_name("gpt")) + "\n")
-    reporter = k8s_status.StatusReporter(emulator.url, "research", "gpt", token_path=token, ca_path=emulator.ca)
+    reporter = k8s_status.ProgressReporter(emulator.url, "research", "gpt", token_path=token, ca_path=emulator.ca)
     # The first step record of an attempt, as training.py writes it after the warm-up collective.
     verdict = nccl_log.Verdict("False", "NoGPUDirectRDMA", "NCCL uses IB over 4 NICs without GPUDirect RDMA")
     reporter.on_step({"event": "step", "step": 10, "loss": 2.5, "network": verdict.to_record()})

@@ -65,7 +65,7 @@ def test_printer_columns_show_layout_gpus_phase_step_loss_restarts(cluster, oper
     wait_for(lambda: cluster.status().get("message", "").startswith("16 pods"), what="placed")
     cluster.bind_all()
     wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
-    # What rank 0's progress hook writes (tests/operator/test_progress_hook.py drives the real hook).
+    # What the operator copies from rank 0's progress ConfigMap (tests/operator/test_progress_channel.py).
     progress = {"step": 42, "totalSteps": 100, "loss": 3.25, "tokensPerSecond": 1.5e5}
     cluster.custom.patch_namespaced_custom_object_status(
         "paralleljob.io",

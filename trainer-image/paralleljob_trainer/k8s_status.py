@@ -1,9 +1,10 @@
-"""The in-pod progress hook: rank 0 writes training progress into its ParallelJob's status.
+"""The in-pod progress hook: rank 0 writes training progress into its job's progress ConfigMap.
 
 Loaded by the trainer from `PARALLELJOB_PROGRESS_HOOK=paralleljob_trainer.k8s_status:create_hook`, which
-the operator sets on rank 0's pod. It PATCHes `status.progress` and `status.lastCheckpointStep` of the
-job through the `status` subresource (JSON merge patch), authenticated as the pod's ServiceAccount (the
-operator's per-job `<job>-progress` account may only get/patch this one job's status).
+the operator sets on rank 0's pod. It PATCHes the `data` of the ConfigMap `<job>-progress` (JSON merge patch:
+step, loss, tokensPerSecond, updated, lastCheckpointStep, as strings), authenticated as the pod's
+ServiceAccount: the operator's per-job `<job>-progress` account may patch that one ConfigMap and nothing else.
+The operator validates the numbers and copies them into the job's `status.progress`; it never acts on them.
 
 Standard library only (urllib): the trainer image does not ship the kubernetes client. Step reports are
 rate-limited (at most one PATCH per `PARALLELJOB_STATUS_INTERVAL` seconds, default 10; the latest record
@@ -30,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from paralleljob_contract import environment
+from paralleljob_contract import progress as channel
 from paralleljob_contract.environment import PodEnvironment
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-GROUP, VERSION, PLURAL = "paralleljob.io", "v1alpha1", "paralleljobs"
 DEFAULT_INTERVAL_SECONDS = environment.DEFAULT_STATUS_INTERVAL_SECONDS
 REQUEST_TIMEOUT_SECONDS = 5.0
 # How long on_finish waits for the last report to go out: the request timeout and a margin.
@@ -44,8 +45,8 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class StatusReporter:
-    """A ProgressHook that patches the job's status subresource, rate-limited and never raising."""
+class ProgressReporter:
+    """A ProgressHook that patches the job's progress ConfigMap, rate-limited and never raising."""
 
     def __init__(
         self,
@@ -56,17 +57,17 @@ class StatusReporter:
         token_path: Path | None = SERVICE_ACCOUNT / "token",
         ca_path: Path | None = SERVICE_ACCOUNT / "ca.crt",
         interval: float = DEFAULT_INTERVAL_SECONDS,
-        total_steps: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.url = f"{api_url.rstrip('/')}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
-        self.token_path, self.interval, self.total_steps, self.clock = token_path, interval, total_steps, clock
+        config_map = channel.config_map_name(name)
+        self.url = f"{api_url.rstrip('/')}/api/v1/namespaces/{namespace}/configmaps/{config_map}"
+        self.token_path, self.interval, self.clock = token_path, interval, clock
         self.context = ssl.create_default_context(cafile=str(ca_path)) if ca_path and ca_path.exists() else None
         self.last_sent: float | None = None
-        self.pending: dict[str, Any] | None = None
+        self.pending: dict[str, str] | None = None
         self.reported_errors: set[str] = set()
         self.patches = 0
-        self._outbox: dict[str, Any] = {}
+        self._outbox: dict[str, str] = {}
         self._sending = False
         self._changed = threading.Condition()
         self._sender = threading.Thread(target=self._send_forever, name="paralleljob-status", daemon=True)
@@ -78,7 +79,7 @@ class StatusReporter:
         self.pending = self.progress_of(record)
         if isinstance(record.get("network"), Mapping):
             # Once per attempt, not rate-limited: the operator turns it into the NetworkVerified condition.
-            self._submit({"network": network_of(record["network"]), "progress": self.pending})
+            self._submit({**network_of(record["network"]), **self.pending})
             self.pending = None
             return
         now = self.clock()
@@ -86,9 +87,9 @@ class StatusReporter:
             self.flush()
 
     def on_checkpoint(self, record: Mapping[str, Any]) -> None:
-        patch: dict[str, Any] = {"lastCheckpointStep": int(record.get("step", 0))}
+        patch = {channel.LAST_CHECKPOINT_STEP: str(int(record.get("step", 0)))}
         if self.pending is not None:
-            patch["progress"] = self.pending
+            patch.update(self.pending)
             self.pending = None
         self._submit(patch)
 
@@ -98,22 +99,20 @@ class StatusReporter:
 
     # -- internals ---------------------------------------------------------------------------------------
 
-    def progress_of(self, record: Mapping[str, Any]) -> dict[str, Any]:
-        """status.progress from a metrics.jsonl step record."""
-        progress: dict[str, Any] = {"step": int(record.get("step", 0)), "updated": _now()}
-        if self.total_steps is not None:
-            progress["totalSteps"] = self.total_steps
-        # Rounded for people: `kubectl get pj` prints these numbers as they are stored.
+    def progress_of(self, record: Mapping[str, Any]) -> dict[str, str]:
+        """The ConfigMap data of a metrics.jsonl step record (ConfigMap values are strings)."""
+        progress = {channel.STEP: str(int(record.get("step", 0))), channel.UPDATED: _now()}
+        # Rounded for people: `kubectl get pj` prints these numbers as the operator copies them.
         if record.get("loss") is not None:
-            progress["loss"] = round(float(record["loss"]), 4)
+            progress[channel.LOSS] = repr(round(float(record["loss"]), 4))
         if record.get("tokens_per_s") is not None:
-            progress["tokensPerSecond"] = round(float(record["tokens_per_s"]), 1)
+            progress[channel.TOKENS_PER_SECOND] = repr(round(float(record["tokens_per_s"]), 1))
         return progress
 
     def flush(self) -> None:
         if self.pending is not None:
             progress, self.pending = self.pending, None
-            self._submit({"progress": progress})
+            self._submit(progress)
 
     def wait_sent(self, timeout: float) -> bool:
         """Wait until every submitted report has been sent (or has failed); False on timeout."""
@@ -126,11 +125,11 @@ class StatusReporter:
                 self._changed.wait(left)
         return True
 
-    def _submit(self, status: Mapping[str, Any]) -> None:
+    def _submit(self, data: Mapping[str, str]) -> None:
         """Merge into the one pending patch (latest value per field wins) and wake the sender."""
         self.last_sent = self.clock()
         with self._changed:
-            self._outbox.update(status)
+            self._outbox.update(data)
             self._changed.notify_all()
 
     def _send_forever(self) -> None:
@@ -138,9 +137,9 @@ class StatusReporter:
             with self._changed:
                 while not self._outbox:
                     self._changed.wait()
-                status, self._outbox, self._sending = self._outbox, {}, True
+                data, self._outbox, self._sending = self._outbox, {}, True
             try:
-                self._send(status)
+                self._send(data)
             except Exception as error:
                 self._report(type(error).__name__, str(error))
             finally:
@@ -155,8 +154,8 @@ class StatusReporter:
             headers["Authorization"] = f"Bearer {self.token_path.read_text().strip()}"
         return headers
 
-    def _send(self, status: Mapping[str, Any]) -> bool:
-        body = json.dumps({"status": dict(status)}).encode()
+    def _send(self, data: Mapping[str, str]) -> bool:
+        body = json.dumps({"data": dict(data)}).encode()
         request = urllib.request.Request(self.url, data=body, method="PATCH", headers=self._headers())
         try:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS, context=self.context):
@@ -175,18 +174,12 @@ class StatusReporter:
 
 
 def network_of(verdict: Mapping[str, Any]) -> dict[str, str]:
-    """status.network from the trainer's network verdict (paralleljob_trainer.nccl_log.Verdict.to_record)."""
-    return {key: str(verdict[key]) for key in ("verified", "reason", "message") if verdict.get(key) is not None}
+    """The progress ConfigMap's network keys from the trainer's verdict (paralleljob_trainer.nccl_log.Verdict)."""
+    keys = {"verified": channel.NETWORK_VERIFIED, "reason": channel.NETWORK_REASON, "message": channel.NETWORK_MESSAGE}
+    return {key: str(verdict[field]) for field, key in keys.items() if verdict.get(field) is not None}
 
 
-def _total_steps(config_path: str | None) -> int | None:
-    try:
-        return int(json.loads(Path(config_path or "").read_text())["spec"]["training"]["steps"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def create_hook() -> StatusReporter:
+def create_hook() -> ProgressReporter:
     """The factory named in PARALLELJOB_PROGRESS_HOOK; configured from the pod's environment.
 
     PARALLELJOB_STATUS_API overrides the API URL (default: https://$KUBERNETES_SERVICE_HOST:$..._PORT).
@@ -196,10 +189,9 @@ def create_hook() -> StatusReporter:
     host = environ.get("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")
     port = environ.get("KUBERNETES_SERVICE_PORT", "443")
     host = f"[{host}]" if ":" in host else host
-    return StatusReporter(
+    return ProgressReporter(
         env.status_api or f"https://{host}:{port}",
         str(env.namespace),
         str(env.job_name),
         interval=env.status_interval_seconds,
-        total_steps=_total_steps(env.config_path),
     )

@@ -60,3 +60,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $image := .Values.jobDefaults.trainerImage }}
 {{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
 {{- end }}
+
+{{/*
+Every volume source of a core/v1 Volume, as JSON: the ones the ParallelJob CRD declares (operator/paralleljob/api
+types.VOLUME_SOURCES; tests/chart/test_admission_policy.py checks that the two lists agree).
+*/}}
+{{- define "paralleljob-operator.volumeSources" -}}
+["awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "fc", "flexVolume", "flocker", "gcePersistentDisk", "gitRepo", "glusterfs", "hostPath", "image", "iscsi", "nfs", "persistentVolumeClaim", "photonPersistentDisk", "portworxVolume", "projected", "quobyte", "rbd", "scaleIO", "secret", "storageos", "vsphereVolume"]
+{{- end }}

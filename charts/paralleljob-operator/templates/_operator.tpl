@@ -21,4 +21,14 @@ its arguments. tests/chart/test_operator_args.py parses them with the operator's
 {{- range $name, $value := .Values.jobDefaults.ncclEnv }}
 - {{ printf "--default-nccl-env=%s=%s" $name $value | quote }}
 {{- end }}
+- {{ printf "--allowed-volume-types=%s" (join "," .Values.policy.allowedVolumeTypes) | quote }}
+- {{ printf "--allowed-service-accounts=%s" (join "," .Values.policy.allowedServiceAccounts) | quote }}
+- {{ printf "--forbidden-env=%s" (join "," .Values.policy.forbiddenEnv) | quote }}
+- {{ printf "--allowed-priority-classes=%s" (join "," .Values.policy.allowedPriorityClasses) | quote }}
+- {{ printf "--allowed-metadata-domains=%s" (join "," .Values.policy.allowedMetadataDomains) | quote }}
+- --pod-run-as-user={{ .Values.jobPods.runAsUser }}
+- --pod-run-as-group={{ .Values.jobPods.runAsGroup }}
+- --pod-fs-group={{ .Values.jobPods.fsGroup }}
+- {{ ternary "--pod-read-only-root-filesystem" "--no-pod-read-only-root-filesystem" .Values.jobPods.readOnlyRootFilesystem }}
+- {{ ternary "--rdma-ipc-lock" "--no-rdma-ipc-lock" .Values.jobPods.rdmaIpcLock }}
 {{- end }}

@@ -39,28 +39,32 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
 - apiGroups: [paralleljob.io]
   resources: [paralleljobs]
   verbs: [get, list, watch]
-# Application: phase, conditions, placement and excluded nodes. Each job's progress account is granted the
-# same `patch` on its own job's status, and Kubernetes lets the operator grant only what it holds.
+# Application: phase, conditions, placement, excluded nodes, and the progress the operator copies, validated,
+# from rank 0's progress ConfigMap. Only the operator writes a job's status.
 - apiGroups: [paralleljob.io]
   resources: [paralleljobs/status]
   verbs: [patch]
 # Application: one pod per node rank, watched for phase changes; deleted on gang restarts and after completion
-# (gracefully; a pod stuck Terminating on a lost node is force-deleted, which is also `delete`).
+# (gracefully; a pod stuck Terminating on a lost node is force-deleted, which is also `delete`). `get` reads a
+# pod that already holds a rank's name, to tell the job's own from a foreign one (a name conflict).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, create, delete]
+  verbs: [get, list, watch, create, delete]
 # Application: the job's headless Service (rank-0 DNS). It is owned by the ParallelJob, so the garbage
 # collector deletes it with the job. `get` reads an existing one to check that it is this job's and not a
 # deleted namesake's, which the collector has not removed yet.
 - apiGroups: [""]
   resources: [services]
   verbs: [get, create]
-# Application: the job's ConfigMap (job.json, DeepSpeed config, plan, network), replaced on each attempt.
+# Application: the job's ConfigMap (job.json, DeepSpeed config, plan, network), replaced on each attempt, and
+# rank 0's progress ConfigMap, watched (list, watch: only those labelled paralleljob.io/progress) and copied into
+# status. `patch` is never called: each job's progress Role grants it on that job's progress ConfigMap, and
+# Kubernetes lets the operator grant only what it holds.
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, create, delete]
-# Application: the per-job progress account: rank 0 patches its own job's status through a ServiceAccount
-# whose Role allows exactly that (see the paralleljobs/status rule above). `get` as for the Service.
+  verbs: [get, list, watch, create, delete, patch]
+# Application: the per-job progress account: rank 0 patches its own progress ConfigMap through a
+# ServiceAccount whose Role allows exactly that (resourceNames). `get` as for the Service.
 - apiGroups: [""]
   resources: [serviceaccounts]
   verbs: [get, create]

@@ -79,7 +79,9 @@ def field_schema(field: dataclasses.Field[Any], hint: Any) -> dict[str, Any]:
         if value is not None:
             schema[key] = int(value) if key in ("minimum", "maximum") and float(value).is_integer() else value
     if info.schema_properties:
-        schema["properties"] = info.schema_properties
+        # On a list, the declared properties are its items'.
+        target = schema["items"] if schema.get("type") == "array" else schema
+        target["properties"] = info.schema_properties
     if info.crd_default and field.default is not dataclasses.MISSING and field.default is not None:
         schema["default"] = field.default
     elif field.default_factory is not dataclasses.MISSING and schema.get("type") == "object":

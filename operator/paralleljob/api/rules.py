@@ -267,6 +267,44 @@ def _uint16_vocab(spec: t.ParallelJobSpec) -> Problem | None:
     )
 
 
+# Metadata keys the operator sets on every pod and selects its pods by: the paralleljob.io domain (and its
+# subdomains) and app.kubernetes.io/managed-by. A user key there would blind the operator to its own pods, or
+# to another job's.
+OPERATOR_DOMAIN = "paralleljob.io"
+MANAGED_BY_KEY = "app.kubernetes.io/managed-by"
+_OWNED_KEY_CEL = "k.matches('^([^/]*[.])?paralleljob[.]io/') || k == 'app.kubernetes.io/managed-by'"
+
+
+def is_operator_key(key: str) -> bool:
+    """Whether a label or annotation key belongs to the operator (its domain, or app.kubernetes.io/managed-by)."""
+    domain, slash, _ = key.partition("/")
+    owned_domain = bool(slash) and (domain == OPERATOR_DOMAIN or domain.endswith("." + OPERATOR_DOMAIN))
+    return owned_domain or key == MANAGED_BY_KEY
+
+
+def _operator_keys(kind: str, keys: dict[str, str] | None) -> Problem | None:
+    owned = sorted(key for key in keys or {} if is_operator_key(key))
+    if not owned:
+        return None
+    return error(
+        f"spec.template.{kind}",
+        f"{', '.join(owned)}: keys in the {OPERATOR_DOMAIN}/ domain and {MANAGED_BY_KEY} are set by the "
+        "operator, which finds its pods by them; remove them or use a key of your own domain.",
+    )
+
+
+def _operator_labels(spec: t.ParallelJobSpec) -> Problem | None:
+    return _operator_keys("labels", spec.template.labels)
+
+
+def _operator_annotations(spec: t.ParallelJobSpec) -> Problem | None:
+    return _operator_keys("annotations", spec.template.annotations)
+
+
+def _metadata_cel(kind: str) -> str:
+    return f"!has(self.template) || !has(self.template.{kind}) || self.template.{kind}.all(k, !({_OWNED_KEY_CEL}))"
+
+
 def _precision_matches(spec: t.ParallelJobSpec) -> Problem | None:
     precision = spec.model.precision
     for key in ("bf16", "fp16"):
@@ -447,6 +485,20 @@ RULES: tuple[Rule, ...] = (
         "or {emptyDir: {}} for checkpoints that need not survive a restart",
         _checkpoint_volume,
         cluster_only=True,
+    ),
+    Rule(
+        "operator-owned-labels",
+        ".template.labels",
+        _metadata_cel("labels"),
+        "labels in the paralleljob.io/ domain and app.kubernetes.io/managed-by are set by the operator",
+        _operator_labels,
+    ),
+    Rule(
+        "operator-owned-annotations",
+        ".template.annotations",
+        _metadata_cel("annotations"),
+        "annotations in the paralleljob.io/ domain and app.kubernetes.io/managed-by are set by the operator",
+        _operator_annotations,
     ),
 )
 

@@ -160,6 +160,56 @@ class Training:
 
 # spec.checkpoint.resumeFrom: a job name, or a folder relative to the volume's root; no segment starts with ".".
 RESUME_FROM_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
+# Every volume source of a core/v1 Volume. The CRD declares them (as preserved objects) so that CEL, in the
+# chart's ValidatingAdmissionPolicy, can see which one a volume uses: fields preserved as unknown are invisible
+# to CEL. The projected sources a volume can combine are declared for the same reason.
+VOLUME_SOURCES = (
+    "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "configMap", "csi", "downwardAPI",
+    "emptyDir", "ephemeral", "fc", "flexVolume", "flocker", "gcePersistentDisk", "gitRepo", "glusterfs",
+    "hostPath", "image", "iscsi", "nfs", "persistentVolumeClaim", "photonPersistentDisk", "portworxVolume",
+    "projected", "quobyte", "rbd", "scaleIO", "secret", "storageos", "vsphereVolume",
+)  # fmt: skip
+PROJECTED_SOURCES = (
+    "clusterTrustBundle",
+    "configMap",
+    "downwardAPI",
+    "podCertificate",
+    "secret",
+    "serviceAccountToken",
+)
+_PRESERVED: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+def _volume_source_properties() -> dict[str, Any]:
+    sources = {name: {**_PRESERVED, "description": f"A {name} volume source."} for name in VOLUME_SOURCES}
+    projection = {name: {**_PRESERVED, "description": f"A {name} projection."} for name in PROJECTED_SOURCES}
+    sources["projected"] = {
+        **_PRESERVED,
+        "description": "A projected volume source.",
+        "properties": {
+            "sources": {
+                "type": "array",
+                "description": "The projections.",
+                "items": {**_PRESERVED, "properties": projection},
+            }
+        },
+    }
+    return sources
+
+
+VOLUME_SOURCE_PROPERTIES = _volume_source_properties()
+VOLUME_KNOWN_PROPERTIES: dict[str, Any] = {
+    "name": {"type": "string", "description": "Volume name."},
+    **VOLUME_SOURCE_PROPERTIES,
+}
+ENV_KNOWN_PROPERTIES: dict[str, Any] = {
+    "name": {"type": "string", "description": "Variable name."},
+    "valueFrom": {
+        **_PRESERVED,
+        "description": "Where the value comes from.",
+        "properties": {"secretKeyRef": {**_PRESERVED, "description": "A key of a Secret."}},
+    },
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +222,7 @@ class Checkpoint:
         "of jobs may share one claim. An explicit {emptyDir: {}} is accepted with a warning: it is deleted "
         "with its pod, so a gang restart starts from step 0. `paralleljob run` ignores it (DIR/checkpoints).",
         default=None,
+        schema_properties=VOLUME_SOURCE_PROPERTIES,
     )
     path: str = api_field(
         "Where the volume is mounted in every pod. The job keeps its checkpoints in its own folder on it, "
@@ -401,13 +452,21 @@ class PodTemplate:
         "Tolerations of the pods; the planner skips nodes whose NoSchedule/NoExecute taints are not tolerated.",
         default=None,
     )
-    env: list[RawObject] | None = api_field("Extra environment variables of the training container.", default=None)
-    volumes: list[RawObject] | None = api_field("Extra pod volumes (e.g. the training data).", default=None)
+    env: list[RawObject] | None = api_field(
+        "Extra environment variables of the training container.", default=None, schema_properties=ENV_KNOWN_PROPERTIES
+    )
+    volumes: list[RawObject] | None = api_field(
+        "Extra pod volumes (e.g. the training data). The operator's admission policy lists the volume types allowed.",
+        default=None,
+        schema_properties=VOLUME_KNOWN_PROPERTIES,
+    )
     volume_mounts: list[RawObject] | None = api_field(
         "Where the extra volumes are mounted in the training container.", default=None
     )
     service_account_name: str | None = api_field(
-        "ServiceAccount of the pods. Default: a per-job account that may only update this job's status.",
+        "ServiceAccount of the pods. Default: a per-job account, mounted on node rank 0 only, that may only update "
+        "this job's progress ConfigMap (<name>-progress). The operator's admission policy lists the accounts "
+        "a job may name.",
         default=None,
     )
     priority_class_name: str | None = api_field("PriorityClass of the pods.", default=None)
@@ -537,7 +596,8 @@ class NodePlacement:
 
 @dataclasses.dataclass(frozen=True)
 class Progress:
-    """Training progress reported by rank 0."""
+    """Training progress: rank 0 reports it in the job's progress ConfigMap, the operator copies it after
+    validation. For people only: the operator never acts on it."""
 
     step: int = api_field("Last completed optimizer step.", default=0, minimum=0)
     total_steps: int | None = api_field("spec.training.steps.", default=None, minimum=0)
@@ -563,7 +623,7 @@ class NetworkStatus:
 
 @dataclasses.dataclass(frozen=True)
 class ParallelJobStatus:
-    """The observed state, written by the operator and by the job's rank 0 (progress)."""
+    """The observed state, written by the operator alone."""
 
     phase: Phase | None = api_field("Pending, Running, Restarting, Succeeded or Failed.", default=None)
     message: str | None = api_field("Why the job is in its phase, for people.", default=None)

@@ -1,7 +1,8 @@
 """`paralleljob operator`: run the ParallelJob operator (kopf) against the cluster of the kubeconfig or pod.
 
 Flags choose the watched namespaces, the liveness endpoint, the metrics port, logging, the default trainer
-image and the default fabric. The handlers live in `paralleljob.handlers.registry`.
+image and the default fabric, the admission policy every job is checked against (`api.policy`) and the security
+context of every job's pods (`manifests.security`). The handlers live in `paralleljob.handlers.registry`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import logging
 import re
 from typing import Any
 
+from paralleljob.api import policy
+from paralleljob.manifests import security
 from paralleljob.manifests.nccl import FABRICS
 
 DEFAULT_IMAGE = "ghcr.io/paralleljob/trainer:0.1.0"
@@ -68,11 +71,73 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="force-delete a pod stuck Terminating on a NotReady or deleted node this long past its deadline",
     )
+    add_policy_flags(parser)
+    add_pod_security_flags(parser)
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
     parser.add_argument(
         "--peering", default=None, metavar="NAME", help="kopf peering object for several replicas (default: standalone)"
     )
     parser.set_defaults(run=run)
+
+
+def add_policy_flags(parser: argparse.ArgumentParser) -> None:
+    """The admission policy: comma-separated lists; an empty value is an empty list."""
+    group = parser.add_argument_group("admission policy (what a ParallelJob may ask of its pods)")
+    lists = (
+        ("--allowed-volume-types", policy.DEFAULT_VOLUME_TYPES, "volume types of template and checkpoint volumes"),
+        ("--allowed-service-accounts", policy.DEFAULT_SERVICE_ACCOUNTS, "accounts spec.template may name"),
+        ("--forbidden-env", policy.DEFAULT_FORBIDDEN_ENV, "env names or PREFIX* patterns a job may not set"),
+        ("--allowed-priority-classes", (), "priority classes spec.template may name"),
+        ("--allowed-metadata-domains", policy.DEFAULT_METADATA_DOMAINS, "key domains of template labels/annotations"),
+    )
+    for flag, default, what in lists:
+        group.add_argument(
+            flag, type=comma_list, default=tuple(default), metavar="A,B", help=f"{what} (default: {','.join(default)})"
+        )
+
+
+def add_pod_security_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("pod security (what every job's pods run as)")
+    defaults = security.PodSecurity()
+    group.add_argument("--pod-run-as-user", type=int, default=defaults.run_as_user, metavar="UID")
+    group.add_argument("--pod-run-as-group", type=int, default=defaults.run_as_group, metavar="GID")
+    group.add_argument("--pod-fs-group", type=int, default=defaults.fs_group, metavar="GID", help="owner of volumes")
+    group.add_argument(
+        "--pod-read-only-root-filesystem",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.read_only_root_filesystem,
+        help="read-only root filesystem, with emptyDirs at /tmp and $HOME",
+    )
+    group.add_argument(
+        "--rdma-ipc-lock",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.rdma_ipc_lock,
+        help="add IPC_LOCK to pods using RDMA devices (off: the runtime's RLIMIT_MEMLOCK must be unlimited)",
+    )
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def policy_of(args: argparse.Namespace) -> policy.AdmissionPolicy:
+    return policy.AdmissionPolicy(
+        volume_types=args.allowed_volume_types,
+        service_accounts=args.allowed_service_accounts,
+        forbidden_env=args.forbidden_env,
+        priority_classes=args.allowed_priority_classes,
+        metadata_domains=args.allowed_metadata_domains,
+    )
+
+
+def pod_security_of(args: argparse.Namespace) -> security.PodSecurity:
+    return security.PodSecurity(
+        run_as_user=args.pod_run_as_user,
+        run_as_group=args.pod_run_as_group,
+        fs_group=args.pod_fs_group,
+        read_only_root_filesystem=args.pod_read_only_root_filesystem,
+        rdma_ipc_lock=args.rdma_ipc_lock,
+    )
 
 
 def nccl_pair(text: str) -> tuple[str, str]:
@@ -117,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
         namespaces=namespaces,
         start_timeout_seconds=args.start_timeout,
         force_delete_after_seconds=args.force_delete_after,
+        admission_policy=policy_of(args),
+        pod_security=pod_security_of(args),
     )
     registry.configure(settings, metrics_port=args.metrics_port, kubeconfig=args.kubeconfig)
     kopf.configure(

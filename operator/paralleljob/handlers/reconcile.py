@@ -5,12 +5,14 @@ The pass reads the job and its pods from the API (only pods whose ownerReference
 count: a deleted job of the same name may leave children the garbage collector has not removed yet), then
 takes the first step that applies:
 
-1. invalid spec (the API's rules, and no `spec.template.env` name the operator sets): Valid=False, an
-   Event, no children;
+1. invalid spec (the API's rules, no `spec.template.env` name the operator sets, and the administrator's
+   admission policy, `api.policy`): Valid=False, an Event, no children;
 2. finished (Succeeded/Failed): delete the pods still running;
 3. pods of an older attempt exist: delete them gracefully, force-deleting only those stuck Terminating on a
    lost node, and wait until every one is gone (two generations never run at once);
-4. a deleted job's children still hold our names: wait for the garbage collector;
+4. a deleted job's children still hold our names: wait for the garbage collector; a name held by anyone else
+   (a foreign object, or a foreign pod with a rank's name) is a NameConflict: Scheduled=False naming the
+   kind and name, the reservation released, a Warning Event, and no new attempt until that object is gone;
 5. no placement: plan with gang admission; unschedulable -> Pending + Scheduled=False; else write the
    ConfigMap (the plan and network of this attempt) and the placement (which reserves the GPUs) -> Admitted;
 6. admitted: create the Service, the progress RBAC and every missing pod from the ConfigMap -> Placed;
@@ -31,13 +33,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from paralleljob import planning
-from paralleljob.api import ResolvedJob, validate_document
+from paralleljob.api import ResolvedJob, policy, validate_document
 from paralleljob.handlers import conditions, gang, placement
 from paralleljob.handlers import metrics as m
 from paralleljob.k8s import events, reads, timestamps, writes
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import children as child_objects
-from paralleljob.manifests import configmap, labels
+from paralleljob.manifests import configmap, labels, security
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.planning.inventory import TERMINAL_POD_PHASES
 from paralleljob_contract.network import NetworkFailure
@@ -55,6 +57,9 @@ ADMISSION = threading.Lock()
 UNSCHEDULABLE_RECHECK_SECONDS = 60.0
 # How often to look again while a deleted job's children wait for the garbage collector.
 PREVIOUS_JOB_RECHECK_SECONDS = 2.0
+# How often a job whose child name is held by a foreign object looks whether it is gone (no watch sees it).
+NAME_CONFLICT_RECHECK_SECONDS = 30.0
+NAME_CONFLICT = "NameConflict"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +76,9 @@ class Settings:
     # A pod stuck Terminating on a NotReady or deleted node is force-deleted this long after its deletion
     # deadline (deletionTimestamp): its kubelet cannot confirm that the containers stopped.
     force_delete_after_seconds: float = 120.0
+    # What a job may ask of its pods, and what its pods run as: the administrator's, never the job's.
+    admission_policy: policy.AdmissionPolicy = dataclasses.field(default_factory=policy.AdmissionPolicy)
+    pod_security: security.PodSecurity = dataclasses.field(default_factory=security.PodSecurity)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +161,7 @@ def _step(p: Pass) -> Outcome:
     problems = [problem.render() for problem in result.problems if problem.severity == "error"]
     if result.resolved is not None and result.ok:
         problems += pod_manifests.env_problems(result.resolved)
+        problems += [found.render() for found in policy.check_policy(result.resolved.spec, p.settings.admission_policy)]
     if result.resolved is None or problems:
         return _invalid(p, "; ".join(problems))
     resolved = result.resolved
@@ -170,10 +179,12 @@ def _step(p: Pass) -> Outcome:
     stale = [pod for pod in pods if _attempt_of(pod) != p.attempt]
     if stale:
         return _drain(p, stale)
-    if any(labels.owner_uid(pod) not in (None, p.uid) for pod in labelled):
+    if any(labels.claim_of(pod, p.name, p.uid) == "namesake" for pod in labelled):
         return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
     try:
         if not p.status.get("placement"):
+            if _waits_on_conflict(p, pods):
+                return Outcome("name-conflict", requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
             with ADMISSION:
                 view = _cluster_view(p)
                 if resolved.needs_layout:
@@ -184,6 +195,8 @@ def _step(p: Pass) -> Outcome:
                 return _admit(p, resolved, view)
         if conditions.is_true(p.status.get("conditions"), "Scheduled", ADMITTED):
             return _create(p, resolved, pods)
+    except writes.NameConflict as conflict:
+        return _name_conflict(p, conflict)
     except writes.HeldByAnother as held:
         log.info("%s/%s waits for the garbage collector: %s", p.namespace, p.name, held)
         return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
@@ -318,7 +331,10 @@ def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
     name = labels.config_map_name(p.name)
     previous = reads.get_config_map(p.session, p.namespace, name)
     if previous is not None:
-        if not labels.owned_by(previous, p.uid):
+        claim = labels.claim_of(previous, p.name, p.uid)
+        if claim == "foreign":
+            raise writes.NameConflict("ConfigMap", name, labels.holder_of(previous))
+        if claim == "namesake":
             return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
         writes.delete_config_map(p.session, p.namespace, name)
     attempt = child_objects.build_attempt(
@@ -338,6 +354,36 @@ def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
         for note in attempt.network.get("warnings") or ():
             p.event("Warning", "NetworkWarning", note)
     return Outcome("admitted")
+
+
+def _waits_on_conflict(p: Pass, pods: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a job that reported a name conflict still waits: until the pods it had created are gone, and
+    while the object named in the conflict is still someone else's."""
+    scheduled = conditions.find(p.status.get("conditions"), "Scheduled")
+    if not scheduled or scheduled.get("reason") != NAME_CONFLICT:
+        return False
+    if pods:
+        _delete(p, pods)
+        return True
+    named = writes.NameConflict.named_in(str(scheduled.get("message")))
+    if named is None:
+        return False
+    held = writes.read(p.session, named[0], named[1], p.namespace)
+    return held is not None and labels.claim_of(held, p.name, p.uid) == "foreign"
+
+
+def _name_conflict(p: Pass, conflict: writes.NameConflict) -> Outcome:
+    """A child name is taken by someone else's object: release the reservation (this attempt's pods and its
+    placement), say which object in Scheduled=False and a Warning Event, and look again later."""
+    message = str(conflict)
+    cond = p.condition("Scheduled", "False", NAME_CONFLICT, message)
+    phase = "Restarting" if p.attempt else "Pending"
+    patch = {"phase": phase, "message": message, "conditions": cond, "placement": None, "podsReady": 0}
+    if write_status(p, patch):
+        p.event("Warning", NAME_CONFLICT, message)
+    # This pass may have created some of the pods already: list them again.
+    _delete(p, [pod for pod in reads.list_job_pods(p.session, p.namespace, p.name) if labels.owned_by(pod, p.uid)])
+    return Outcome("name-conflict", wake_others=True, requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
 
 
 def _unschedulable(p: Pass, reason: str) -> Outcome:
@@ -399,9 +445,11 @@ def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -
     if len(nodes) != configmap.plan_of(found).nodes:
         write_status(p, {"placement": None})
         return Outcome("replanning")
-    built = child_objects.build_children(p.job, resolved, found, nodes, image=p.settings.image)
+    built = child_objects.build_children(
+        p.job, resolved, found, nodes, image=p.settings.image, pod_security=p.settings.pod_security
+    )
     existing = {pod["metadata"]["name"] for pod in pods}
-    for obj in [built.service, *built.rbac]:
+    for obj in [built.service, built.progress, *built.rbac]:
         writes.create(p.session, obj)
     for pod in built.pods:
         if pod["metadata"]["name"] not in existing:

@@ -1,7 +1,8 @@
 """The kopf handlers: each one only turns a watch event into a reconcile request.
 
-Watches ParallelJobs (their own changes), the pods labelled with a job (phase changes, deletions) and Nodes
-(readiness, capacity, labels: a pending job may fit now, a running gang may have lost a node). Whenever GPUs
+Watches ParallelJobs (their own changes), the pods labelled with a job (phase changes, deletions), Nodes
+(readiness, capacity, labels: a pending job may fit now, a running gang may have lost a node) and rank 0's
+progress ConfigMaps (copied into status by `handlers.progress`, apart from reconciles). Whenever GPUs
 may have been freed (a Node changed, a job's pod ended or went away, a job was deleted, finished or
 restarted) the `RECHECK` pass requests every unfinished job, so a waiting job re-plans at once. No handler
 stores progress in annotations and none adds a finalizer, so deleting a job never waits for the operator,
@@ -20,12 +21,13 @@ from typing import Any
 import kopf
 
 from paralleljob.api import types as api_types
-from paralleljob.handlers import metrics, reconcile
+from paralleljob.handlers import metrics, progress, reconcile
 from paralleljob.handlers.coalescer import Coalescer, Next
 from paralleljob.handlers.nodes import NodeWatch
 from paralleljob.k8s import reads
 from paralleljob.k8s.session import Session, connect
 from paralleljob.manifests import labels as child_labels
+from paralleljob.manifests import progress as progress_manifests
 
 log = logging.getLogger(__name__)
 RECHECK = "recheck-unfinished-jobs"
@@ -60,6 +62,9 @@ def _pass(key: Hashable) -> Next:
     assert RUNTIME.session is not None
     if key == RECHECK:
         return Next(keys=tuple(_jobs_to_recheck(RUNTIME.session)))
+    if isinstance(key, progress.ProgressKey):
+        progress.copy_progress(RUNTIME.session, key)
+        return Next()
     namespace, name = typing.cast(tuple[str, str], key)
     nodes = reconcile.NodeView(RUNTIME.nodes.known(), RUNTIME.nodes.not_ready())
     outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, nodes)
@@ -117,6 +122,13 @@ async def pod_changed(
     _request((namespace, labels[child_labels.JOB_LABEL]))
     if frees_gpus(event["type"], body):
         _request(RECHECK)
+
+
+@kopf.on.event("", "v1", "configmaps", labels={progress_manifests.PROGRESS_LABEL: kopf.PRESENT})
+async def progress_changed(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
+    job = progress_manifests.job_of(name)
+    if job is not None and event["type"] != "DELETED":
+        _request(progress.ProgressKey(namespace or "", job))
 
 
 @kopf.on.event("", "v1", "nodes")

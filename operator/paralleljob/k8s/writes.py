@@ -1,9 +1,11 @@
 """Writes: create children, delete pods, patch a job's status; all idempotent.
 
 Creating an object that exists (AlreadyExists, 409) and deleting one that is gone (NotFound, 404) are
-normal outcomes after an operator restart. An existing object counts as created only when it is the job's
-own: a job deleted and re-created under the same name leaves children the garbage collector has not
-removed yet, and adopting them would run the new job with the old one's plan (`HeldByAnother`). A refusal
+normal outcomes after an operator restart. An existing object (read back on the 409, pods included) counts as
+created only when it is the job's own: a job deleted and re-created under the same name leaves children the
+garbage collector has not removed yet, and adopting them would run the new job with the old one's plan
+(`HeldByAnother`: wait for the collector); any other holder of the name is a `NameConflict` that no waiting
+resolves, for the handlers to report. A refusal
 that retrying cannot fix (a 4xx other than 409 Conflict and 429 Too Many Requests: an invalid volume, a
 quota, a missing permission) is raised as `Rejected` with the API's message, for the handlers to report.
 """
@@ -11,6 +13,7 @@ quota, a missing permission) is raised as `Rejected` with the API's message, for
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,9 +33,10 @@ CREATORS: dict[str, Creator] = {
     "Role": lambda s: s.rbac.create_namespaced_role,
     "RoleBinding": lambda s: s.rbac.create_namespaced_role_binding,
 }
-# Kinds whose existing copy is read on a 409 to check its owner. Pods are not: the reconciler lists them
-# (with their owners) before creating any, so a 409 on a pod is one it created itself moments before.
+# How the existing copy of each kind is read on a 409, to check its owner. Pods too: the reconciler lists the
+# pods labelled with the job, but a foreign pod with a rank's name need not carry that label.
 READERS: dict[str, Creator] = {
+    "Pod": lambda s: s.core.read_namespaced_pod,
     "Service": lambda s: s.core.read_namespaced_service,
     "ConfigMap": lambda s: s.core.read_namespaced_config_map,
     "ServiceAccount": lambda s: s.core.read_namespaced_service_account,
@@ -44,6 +48,25 @@ RETRYABLE = frozenset({409, 429})
 
 class HeldByAnother(Exception):
     """The name is taken by an object another owner holds (a deleted job's child awaiting the collector)."""
+
+
+class NameConflict(Exception):
+    """A child's name is held by an object that is neither this job's nor a deleted namesake's leftover."""
+
+    PATTERN = re.compile(r"^(?P<kind>[A-Za-z]+) (?P<name>[-.a-z0-9]+) already exists and is not this ParallelJob's")
+
+    def __init__(self, kind: str, name: str, holder: str) -> None:
+        super().__init__(
+            f"{kind} {name} already exists and is not this ParallelJob's (its controller: {holder}); delete or "
+            "rename it, and the job is admitted again"
+        )
+        self.kind, self.name, self.holder = kind, name, holder
+
+    @classmethod
+    def named_in(cls, message: str) -> tuple[str, str] | None:
+        """(kind, name) of the conflict a message of this class describes, or None."""
+        found = cls.PATTERN.match(message or "")
+        return (found["kind"], found["name"]) if found and found["kind"] in READERS else None
 
 
 class Rejected(Exception):
@@ -65,12 +88,21 @@ def create(session: Session, body: Mapping[str, Any]) -> bool:
         raise
     if reply.status == 200:
         return True
-    if kind in READERS:
-        existing = session.send(READERS[kind](session), metadata["name"], metadata["namespace"], tolerate={404})
-        owner = labels.owner_uid(body)
-        if existing.body is None or labels.owner_uid(existing.body) != owner:
-            raise HeldByAnother(f"{kind} {metadata['name']} exists and is not owned by job uid {owner}")
+    existing = read(session, kind, metadata["name"], metadata["namespace"])
+    owner = body["metadata"]["ownerReferences"][0]
+    claim = "namesake" if existing is None else labels.claim_of(existing, owner["name"], owner["uid"])
+    if claim == "foreign":
+        raise NameConflict(kind, metadata["name"], labels.holder_of(existing or {}))
+    if claim == "namesake":
+        # (or gone between the 409 and the read: the next pass creates it)
+        raise HeldByAnother(f"{kind} {metadata['name']} exists and is not owned by job uid {owner['uid']}")
     return False
+
+
+def read(session: Session, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+    """The object of a child kind with this name, or None."""
+    body = session.send(READERS[kind](session), name, namespace, tolerate={404}).body
+    return dict(body) if body is not None else None
 
 
 def _message(error: kubernetes.client.ApiException) -> str:

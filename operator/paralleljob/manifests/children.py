@@ -2,9 +2,9 @@
 
 Pure. At admission the operator calls `build_attempt()`: it derives the network (fabric, NCCL environment,
 RDMA resources) from the planned nodes once and records it, with the plan's layout, in the ConfigMap. Then
-`build_children()` builds the Service, the progress RBAC and the pods from that ConfigMap and the node of
-each node rank (`status.placement`), so the pods run what the ConfigMap and `status.ncclEnv` say, even
-after an operator restart or a Node relabel.
+`build_children()` builds the Service, rank 0's progress ConfigMap and RBAC, and the pods from that ConfigMap
+and the node of each node rank (`status.placement`), so the pods run what the ConfigMap and `status.ncclEnv`
+say, even after an operator restart or a Node relabel.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.manifests import configmap, labels, nccl, pods, rbac, service, trainer_config
+from paralleljob.manifests import configmap, labels, nccl, pods, progress, rbac, security, service, trainer_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +47,8 @@ class Children:
     """The child objects of one attempt besides its ConfigMap, in creation order."""
 
     service: dict[str, Any]
+    # Rank 0's progress ConfigMap; created whatever account the pods run as.
+    progress: dict[str, Any]
     rbac: list[dict[str, Any]]
     pods: list[dict[str, Any]]
     nccl_env: dict[str, str]
@@ -84,7 +86,8 @@ def build_attempt(
         facts.fabric,
         env,
         request.resources,
-        nccl.uses_rdma(facts),
+        # IPC_LOCK only when the pods really get RDMA devices: a fabric without its device resource is unused.
+        nccl.uses_rdma(facts) and bool(request.resources),
         warnings=request.warnings,
         rdma_missing=request.missing,
     )
@@ -99,6 +102,7 @@ def build_children(
     nodes: Sequence[str],
     *,
     image: str,
+    pod_security: security.PodSecurity = security.DEFAULT,
 ) -> Children:
     """Service, progress RBAC (unless the user names an account) and pods of the ConfigMap's attempt, node
     rank R on `nodes[R]`."""
@@ -117,9 +121,11 @@ def build_children(
         attempt=configmap.attempt_of(config_map),
         service_account=own_account or labels.progress_account_name(resolved.name),
         progress_account=not own_account,
+        security=pod_security,
     )
     return Children(
         service=service.build_service(owner),
+        progress=progress.build_config_map(owner),
         rbac=[] if own_account else rbac.build_progress_rbac(owner),
         pods=pods.build_pods(owner, resolved, settings),
         nccl_env=dict(network["ncclEnv"]),

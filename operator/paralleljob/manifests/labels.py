@@ -1,16 +1,17 @@
 """Names, labels and owner references shared by every child object of a ParallelJob.
 
 Pure. Names are deterministic (`<job>-<nodeRank>` pods, `<job>` Service, `<job>-config` ConfigMap,
-`<job>-progress` ServiceAccount/Role/RoleBinding), so a restarted operator finds what it made before.
+`<job>-progress` ServiceAccount/Role/RoleBinding and rank 0's progress ConfigMap), so a restarted operator
+finds what it made before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from paralleljob.api import types as api_types
-from paralleljob_contract import launcher
+from paralleljob_contract import launcher, progress
 
 JOB_LABEL = "paralleljob.io/job"
 NODE_RANK_LABEL = "paralleljob.io/node-rank"
@@ -36,6 +37,10 @@ def config_map_name(job: str) -> str:
 
 def progress_account_name(job: str) -> str:
     return f"{job}-progress"
+
+
+def progress_config_map_name(job: str) -> str:
+    return progress.config_map_name(job)
 
 
 def master_address(job: str) -> str:
@@ -78,12 +83,33 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return owner_uid(obj) == uid
 
 
+def claim_of(obj: Mapping[str, Any], job: str, uid: str) -> Literal["own", "namesake", "foreign"]:
+    """Whose an object holding one of a job's child names is: the job's own (by owner uid), a leftover of a
+    deleted job of the same name (the garbage collector removes it soon), or anyone else's (a name conflict)."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if ref.get("kind") == api_types.KIND and ref.get("controller"):
+            if str(ref.get("uid")) == uid:
+                return "own"
+            if ref.get("name") == job:
+                return "namesake"
+    return "foreign"
+
+
+def holder_of(obj: Mapping[str, Any]) -> str:
+    """Who controls `obj`, for a person: its controller owner, or that it has none."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if ref.get("controller"):
+            return f"{ref.get('kind')} {ref.get('name')}"
+    return "no controller"
+
+
 def child_metadata(owner: Mapping[str, Any], name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """metadata of a child object: name, the job's namespace, labels and the owner reference."""
+    """metadata of a child object: name, the job's namespace, labels and the owner reference. The job's labels
+    come last, so no extra label can override the ones the operator selects its pods by."""
     job = owner["metadata"]["name"]
     return {
         "name": name,
         "namespace": owner["metadata"]["namespace"],
-        "labels": {**job_labels(job), **(labels or {})},
+        "labels": {**(labels or {}), **job_labels(job)},
         "ownerReferences": [owner_reference(owner)],
     }

@@ -3,7 +3,8 @@
 Pure. Each pod is pinned to its planned node by *required node affinity* on kubernetes.io/hostname (not
 spec.nodeName), so the scheduler still checks resources and taints; it requests the planned GPUs and the
 fabric's RDMA/EFA resource, mounts /dev/shm in memory (the 64 MB default crashes NCCL), job.json, the
-checkpoint volume, and gets IPC_LOCK when RDMA registers memory. The checkpoint volume's root is mounted at
+checkpoint volume, and runs hardened (`manifests.security`: non-root, no capabilities but IPC_LOCK for RDMA,
+read-only root with writable scratch folders). The checkpoint volume's root is mounted at
 spec.checkpoint.path and the job writes only its own folder on it, `<path>/<namespace>/<name>` (the trainer
 creates it as the pod's user, which a kubelet-created subPath folder, owned by root, would not allow), so
 jobs can share one claim; spec.checkpoint.resumeFrom's folder is mounted a second time, read-only. The
@@ -22,7 +23,7 @@ from typing import Any
 
 from paralleljob.api import ResolvedJob
 from paralleljob.api.types import spec_to_dict
-from paralleljob.manifests import configmap, env, labels
+from paralleljob.manifests import configmap, env, labels, security
 from paralleljob_contract import environment, launcher
 from paralleljob_contract.jobfile import Plan
 
@@ -51,11 +52,14 @@ class PodSettings:
     nodes: tuple[str, ...]
     nccl_env: Mapping[str, str]
     network_resources: Mapping[str, int | str]
+    # Whether the pods use RDMA devices (the attempt's network record); they then get IPC_LOCK unless the
+    # administrator's PodSecurity says otherwise.
     ipc_lock: bool
     attempt: int
     service_account: str
     # True when service_account is the operator's per-job progress account (its token is for rank 0 only).
     progress_account: bool = True
+    security: security.PodSecurity = dataclasses.field(default_factory=security.PodSecurity)
 
 
 def env_problems(resolved: ResolvedJob) -> list[str]:
@@ -192,8 +196,7 @@ def build_container(
     }
     if template.image_pull_policy:
         container["imagePullPolicy"] = template.image_pull_policy
-    if settings.ipc_lock:
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    container["securityContext"] = security.container_security_context(settings.security, settings.ipc_lock)
     return container
 
 
@@ -212,6 +215,8 @@ def build_pod(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSett
     if template.annotations:
         metadata["annotations"] = dict(template.annotations)
     pod_volumes, mounts = volumes(resolved)
+    scratch_volumes, scratch_mounts = security.scratch_volumes(settings.security)
+    pod_volumes, mounts = pod_volumes + scratch_volumes, mounts + scratch_mounts
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "hostname": labels.pod_name(job, node_rank),
@@ -219,6 +224,7 @@ def build_pod(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSett
         "affinity": node_affinity(node),
         "serviceAccountName": settings.service_account,
         "enableServiceLinks": False,
+        "securityContext": security.pod_security_context(settings.security),
         "containers": [build_container(resolved, settings, node_rank, mounts)],
         "volumes": pod_volumes,
     }

@@ -1,6 +1,7 @@
-"""The per-job identity rank 0 reports progress with: a ServiceAccount bound to a Role that may only
-`patch` the `status` of this one ParallelJob (resourceNames: [job]): the hook sends merge patches and never
-reads.
+"""The per-job identity rank 0 reports progress with: a ServiceAccount bound to a Role that may only `patch`
+the job's own progress ConfigMap (resourceNames: [<job>-progress], see `manifests.progress`): the hook sends
+merge patches and never reads. Nothing else: not the ParallelJob or its status, not Secrets, not another job's
+progress object.
 
 Pure. The operator creates these unless spec.template.serviceAccountName names the user's own account.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from paralleljob.api import types as api_types
 from paralleljob.manifests import labels
 
 PROGRESS_VERBS = ("patch",)
@@ -24,9 +24,9 @@ def build_service_account(owner: Mapping[str, Any]) -> dict[str, Any]:
 def build_role(owner: Mapping[str, Any]) -> dict[str, Any]:
     job = owner["metadata"]["name"]
     rule = {
-        "apiGroups": [api_types.GROUP],
-        "resources": [f"{api_types.PLURAL}/status"],
-        "resourceNames": [job],
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "resourceNames": [labels.progress_config_map_name(job)],
         "verbs": list(PROGRESS_VERBS),
     }
     return {

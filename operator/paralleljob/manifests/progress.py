@@ -1,0 +1,106 @@
+"""The progress channel: rank 0's own ConfigMap `<job>-progress`, and the numbers the operator takes from it.
+
+Pure. Rank 0 reports progress by merge-patching the `data` of this one ConfigMap (`paralleljob_trainer.k8s_status`);
+its ServiceAccount may patch nothing else (`manifests.rbac`): not the job, not its status, not another job's
+object. The operator creates the ConfigMap empty, owned by the job, and copies from it only numbers it has
+validated (`status_of`) into `status.progress`, `status.lastCheckpointStep` and `status.network`, which are for people and never
+feed a decision: a value that is not a plain number in range is dropped, so whatever rank 0's token writes, the
+operator's reservations, placement, phase and restarts cannot change.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from paralleljob.manifests import labels
+from paralleljob_contract import progress as channel
+
+# The label the operator's watch selects progress ConfigMaps by (the job is found from the object's name).
+PROGRESS_LABEL = "paralleljob.io/progress"
+# Bounds of what a training run can report; anything outside is not progress.
+MAX_VALUE_LENGTH = 32
+MAX_STEP = 10**12
+MAX_LOSS = 1e6
+MAX_TOKENS_PER_SECOND = 1e12
+MAX_MESSAGE_LENGTH = 512
+REASON = re.compile(r"^[A-Z][A-Za-z]{0,31}$")
+VERDICTS = ("True", "False", "Unknown")
+TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
+
+
+def job_of(config_map_name: str) -> str | None:
+    """The job a progress ConfigMap belongs to, from its name (which, unlike its labels, rank 0 cannot change)."""
+    return channel.job_of(config_map_name)
+
+
+def build_config_map(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """The empty progress ConfigMap of a job, owned by it."""
+    job = owner["metadata"]["name"]
+    metadata = labels.child_metadata(owner, labels.progress_config_map_name(job), {PROGRESS_LABEL: "true"})
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {}}
+
+
+def _text(data: Mapping[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    return value.strip() if isinstance(value, str) and len(value) <= MAX_VALUE_LENGTH else None
+
+
+def _count(data: Mapping[str, Any], key: str, limit: int) -> int | None:
+    text = _text(data, key)
+    if text is None or not text.isdigit():
+        return None
+    value = int(text)
+    return value if value <= limit else None
+
+
+def _number(data: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
+    text = _text(data, key)
+    try:
+        value = float(text) if text is not None else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and low <= value <= high else None
+
+
+def status_of(config_map: Mapping[str, Any], total_steps: int) -> dict[str, Any]:
+    """`status.progress` and `status.lastCheckpointStep` from a progress ConfigMap, validated: a field rank 0
+    wrote wrong is left out; without a valid step there is no progress at all. Steps cannot pass the job's
+    spec.training.steps, and totalSteps comes from the spec, not from rank 0."""
+    data = config_map.get("data") or {}
+    if not isinstance(data, Mapping):
+        return {}
+    found: dict[str, Any] = {}
+    step = _count(data, channel.STEP, total_steps)
+    if step is not None:
+        progress: dict[str, Any] = {"step": step, "totalSteps": total_steps}
+        loss = _number(data, channel.LOSS, -MAX_LOSS, MAX_LOSS)
+        throughput = _number(data, channel.TOKENS_PER_SECOND, 0.0, MAX_TOKENS_PER_SECOND)
+        updated = _text(data, channel.UPDATED)
+        if loss is not None:
+            progress["loss"] = round(loss, 4)
+        if throughput is not None:
+            progress["tokensPerSecond"] = round(throughput, 1)
+        if updated is not None and TIMESTAMP.match(updated):
+            progress["updated"] = updated
+        found["progress"] = progress
+    checkpoint = _count(data, channel.LAST_CHECKPOINT_STEP, total_steps)
+    if checkpoint is not None:
+        found["lastCheckpointStep"] = checkpoint
+    if (network := network_of(data)) is not None:
+        found["network"] = network
+    return found
+
+
+def network_of(data: Mapping[str, Any]) -> dict[str, str] | None:
+    """`status.network` (verified, reason, message) from rank 0's verdict; None unless all three are well formed.
+    It only feeds the NetworkVerified condition and its Event, never a decision."""
+    verified, reason = _text(data, channel.NETWORK_VERIFIED), _text(data, channel.NETWORK_REASON)
+    message = data.get(channel.NETWORK_MESSAGE)
+    if verified not in VERDICTS or reason is None or not REASON.match(reason):
+        return None
+    if not isinstance(message, str) or len(message) > MAX_MESSAGE_LENGTH:
+        return None
+    return {"verified": verified, "reason": reason, "message": message.strip()}

@@ -1,0 +1,65 @@
+"""What the operator takes from rank 0's progress ConfigMap, as a table: plain numbers in range, and nothing
+else; a report without a valid step is no progress at all."""
+
+from __future__ import annotations
+
+import pytest
+
+from paralleljob.manifests import progress
+from paralleljob_trainer import k8s_status
+
+TOTAL = 100
+CASES = {
+    "valid": (
+        {"step": "10", "loss": "2.5", "tokensPerSecond": "1000.04", "updated": "2026-12-01T08:00:00Z"},
+        {
+            "progress": {
+                "step": 10,
+                "totalSteps": TOTAL,
+                "loss": 2.5,
+                "tokensPerSecond": 1000.0,
+                "updated": "2026-12-01T08:00:00Z",
+            }
+        },
+    ),
+    "checkpoint-only": ({"lastCheckpointStep": "40"}, {"lastCheckpointStep": 40}),
+    "negative-step": ({"step": "-1", "loss": "2.5"}, {}),
+    "non-numeric-step": ({"step": "ten"}, {}),
+    "float-step": ({"step": "1.5"}, {}),
+    "step-past-the-spec": ({"step": "101"}, {}),
+    "huge-string": ({"step": "9" * 100000}, {}),
+    "nan-and-inf": (
+        {"step": "5", "loss": "nan", "tokensPerSecond": "inf"},
+        {"progress": {"step": 5, "totalSteps": TOTAL}},
+    ),
+    "negative-throughput": ({"step": "5", "tokensPerSecond": "-3"}, {"progress": {"step": 5, "totalSteps": TOTAL}}),
+    "bad-timestamp": ({"step": "5", "updated": "now; rm -rf /"}, {"progress": {"step": 5, "totalSteps": TOTAL}}),
+    "checkpoint-negative": ({"lastCheckpointStep": "-4"}, {}),
+    "status-lookalikes": ({"phase": "Succeeded", "restarts": "0", "placement": "[]"}, {}),
+    "not-strings": ({"step": 5}, {}),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_only_validated_numbers_are_taken(case: str) -> None:
+    data, expected = CASES[case]
+    assert progress.status_of({"data": data}, TOTAL) == expected
+
+
+@pytest.mark.parametrize(("name", "job"), [("gpt-progress", "gpt"), ("gpt-config", None), ("-progress", None)])
+def test_the_job_is_known_from_the_config_map_name(name: str, job: str | None) -> None:
+    assert progress.job_of(name) == job
+
+
+def test_what_the_trainers_hook_writes_is_what_the_operator_takes() -> None:
+    hook = k8s_status.ProgressReporter("http://127.0.0.1:9", "research", "gpt", token_path=None, ca_path=None)
+    data = {**hook.progress_of({"step": 7, "loss": 2.123456, "tokens_per_s": 5771.96}), "lastCheckpointStep": "5"}
+    found = progress.status_of({"data": data}, TOTAL)
+    assert found["lastCheckpointStep"] == 5
+    assert {k: v for k, v in found["progress"].items() if k != "updated"} == {
+        "step": 7,
+        "totalSteps": TOTAL,
+        "loss": 2.1235,
+        "tokensPerSecond": 5772.0,
+    }
+    assert found["progress"]["updated"] == data["updated"]

@@ -1,0 +1,63 @@
+"""Rank 0's progress channel cannot steer the operator: what it writes to its progress ConfigMap reaches
+status.progress only as validated numbers, and nothing it writes changes the phase, the placement or the
+restarts. (Which calls rank 0's token may make at all is tests/cluster's RBAC, see test_rank0_token.py.)"""
+
+from __future__ import annotations
+
+from tests.operator.conftest import job_doc, wait_for
+
+TWO_NODES = {"parallelism": {"pipeline": 2, "tensor": 4, "data": 1}}
+
+
+def report(cluster, **data: str) -> None:
+    """What rank 0's hook does: merge-patch the data of the job's progress ConfigMap."""
+    cluster.core.patch_namespaced_config_map("gpt-progress", "research", {"data": data})
+
+
+def running_job(cluster):
+    cluster.add_nodes(2)
+    cluster.apply(job_doc(**TWO_NODES))
+    wait_for(lambda: len(cluster.pods()) == 2, what="2 pods")
+    cluster.bind_all()
+    return wait_for(lambda: cluster.status().get("phase") == "Running" and cluster.status(), what="Running")
+
+
+def test_valid_progress_is_copied_and_bogus_reports_are_dropped_without_reaching_a_decision(cluster, operator):
+    before = running_job(cluster)
+    pods = [pod["metadata"]["uid"] for pod in cluster.pods()]
+    report(cluster, step="10", loss="3.25", tokensPerSecond="12345.6", updated="2026-12-01T08:00:00Z")
+    report(cluster, lastCheckpointStep="10")
+    status = wait_for(lambda: cluster.status().get("lastCheckpointStep") == 10 and cluster.status(), what="copied")
+    # totalSteps is the spec's, not rank 0's.
+    assert status["progress"] == {
+        "step": 10,
+        "totalSteps": 100,
+        "loss": 3.25,
+        "tokensPerSecond": 12345.6,
+        "updated": "2026-12-01T08:00:00Z",
+    }
+    # Each value wrong in a different way, and keys that look like status fields.
+    report(
+        cluster,
+        step="20",
+        loss="NaN",
+        tokensPerSecond="-1",
+        updated="yesterday",
+        lastCheckpointStep="-3",
+        phase="Succeeded",
+        restarts="0",
+        placement="[]",
+    )
+    status = wait_for(lambda: cluster.status()["progress"]["step"] == 20 and cluster.status(), what="step 20")
+    assert status["progress"] == {"step": 20, "totalSteps": 100}  # no stale loss beside the new step
+    assert status["lastCheckpointStep"] == 10
+    report(cluster, step="x" * 30000, lastCheckpointStep="15")
+    status = wait_for(lambda: cluster.status().get("lastCheckpointStep") == 15 and cluster.status(), what="15")
+    assert status["progress"]["step"] == 20
+    report(cluster, step="1000000", lastCheckpointStep="16")  # past spec.training.steps
+    status = wait_for(lambda: cluster.status().get("lastCheckpointStep") == 16 and cluster.status(), what="16")
+    assert status["progress"]["step"] == 20
+    for field in ("phase", "placement", "restarts", "nodes", "startTime"):
+        assert status.get(field) == before.get(field), field
+    assert [pod["metadata"]["uid"] for pod in cluster.pods()] == pods
+    assert all(pod["status"]["phase"] == "Running" for pod in cluster.pods())

@@ -1,0 +1,34 @@
+"""The progress channel between node rank 0 and the operator: one ConfigMap per job, and the keys of its data.
+
+Rank 0's progress hook (paralleljob_trainer.k8s_status) merge-patches `data` with these keys, every value a
+string; its ServiceAccount may patch this one ConfigMap and nothing else. The operator creates the ConfigMap,
+owned by the job, validates what it finds there and copies it into `status.progress` and
+`status.lastCheckpointStep` (and the network verdict into `status.network`), which are for people: the operator never acts on them.
+"""
+
+from __future__ import annotations
+
+CONFIG_MAP_SUFFIX = "-progress"
+# The data keys, as rank 0 writes them.
+STEP = "step"
+LOSS = "loss"
+TOKENS_PER_SECOND = "tokensPerSecond"
+UPDATED = "updated"
+LAST_CHECKPOINT_STEP = "lastCheckpointStep"
+# The trainer's network verdict (NCCL's own choice after the warm-up collective), once per attempt; the
+# operator turns it into the NetworkVerified condition.
+NETWORK_VERIFIED = "networkVerified"
+NETWORK_REASON = "networkReason"
+NETWORK_MESSAGE = "networkMessage"
+
+
+def config_map_name(job: str) -> str:
+    """The name of a job's progress ConfigMap."""
+    return f"{job}{CONFIG_MAP_SUFFIX}"
+
+
+def job_of(config_map: str) -> str | None:
+    """The job a progress ConfigMap belongs to, from its name; None for any other name."""
+    if not config_map.endswith(CONFIG_MAP_SUFFIX):
+        return None
+    return config_map[: -len(CONFIG_MAP_SUFFIX)] or None
