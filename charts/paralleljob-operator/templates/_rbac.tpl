@@ -22,10 +22,15 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get, list, watch]
-# Application: the GPUs already held by bound pods, in every namespace, so that no GPU is planned twice.
+# Application: the GPUs already held by bound pods, in every namespace, so that no GPU is planned twice: the
+# usage index lists them in pages, then watches them (only bound, unfinished pods, selected server-side).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list]
+  verbs: [list, watch]
+# Application: the admission order reads the value of the PriorityClass a job's pods name.
+- apiGroups: [scheduling.k8s.io]
+  resources: [priorityclasses]
+  verbs: [get]
 {{- end }}
 
 {{- define "paralleljob-operator.namespacedRules" -}}

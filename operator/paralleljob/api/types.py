@@ -425,6 +425,14 @@ class ParallelJobStatus:
         json_name="excludedNodes",
     )
     restarts: int | None = api_field("Gang restarts so far.", default=None, minimum=0)
+    held_nodes: list[str] | None = api_field(
+        "While a gang restarts: its old nodes, less the one blamed, kept from other jobs until heldUntil.",
+        default=None,
+        json_name="heldNodes",
+    )
+    held_until: str | None = api_field(
+        "When a restarting gang's hold on heldNodes ends.", default=None, format="date-time", json_name="heldUntil"
+    )
     last_checkpoint_step: int | None = api_field("Step of the latest checkpoint.", default=None, minimum=0)
     progress: Progress | None = api_field("Training progress.", default=None)
     nccl_env: dict[str, str] | None = api_field(

@@ -1,7 +1,9 @@
-"""The planner's port: live cluster objects in, a plan in its JSON form (or the reason it cannot fit) out.
+"""The planner's port: the watches' node records and usage totals, and other jobs' reservations, in; a plan in
+its JSON form (or the reason it cannot fit) out.
 
-Builds the planner's `Cluster` from Nodes, pods and other jobs' reservations, leaving out nodes that broke an
-earlier attempt when the job still fits without them ("where possible"), and times the planning.
+Builds the planner's `Cluster` from the Node watch's snapshot and the usage index's totals (no API call),
+leaving out nodes that broke an earlier attempt when the job still fits without them ("where possible"),
+and times the planning.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from typing import Any
 
 from paralleljob import planning
 from paralleljob.api import ResolvedJob
-from paralleljob.planning.inventory import Reservation, build_cluster
+from paralleljob.handlers.nodes import NodeSnapshot
+from paralleljob.planning.inventory import ClusterBuilder, NodeInfo, Reservation
+from paralleljob.planning.usage import NodeUsage
 
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """A plan (JSON form) and the Node dicts it uses, or the planner's reason why the job does not fit."""
+    """A plan (JSON form) and the slim Node dicts it uses, or the planner's reason why the job does not fit."""
 
     plan: dict[str, Any] | None
     nodes: list[Mapping[str, Any]]
@@ -28,11 +32,12 @@ class Outcome:
 
 def _plan_once(
     resolved: ResolvedJob,
-    nodes: Sequence[Mapping[str, Any]],
-    pods: Sequence[Mapping[str, Any]],
+    builder: ClusterBuilder,
+    infos: Sequence[NodeInfo],
+    usage: Mapping[str, NodeUsage],
     reservations: Sequence[Reservation],
 ) -> tuple[dict[str, Any] | None, str]:
-    result = planning.plan_job(resolved, build_cluster(nodes, pods, reservations))
+    result = planning.plan_job(resolved, builder.build(infos, usage, reservations))
     if isinstance(result, planning.Unschedulable):
         return None, result.message
     return result.to_dict(), ""
@@ -40,17 +45,18 @@ def _plan_once(
 
 def plan(
     resolved: ResolvedJob,
-    nodes: Sequence[Mapping[str, Any]],
-    pods: Sequence[Mapping[str, Any]],
+    nodes: NodeSnapshot,
+    usage: Mapping[str, NodeUsage],
     reservations: Sequence[Reservation],
     excluded: Collection[str] = (),
+    builder: ClusterBuilder | None = None,
 ) -> Outcome:
     """Plan without the excluded nodes, else with them; the reason is from the attempt without them."""
     started = time.perf_counter()
-    preferred = [n for n in nodes if n["metadata"]["name"] not in excluded]
-    found, reason = _plan_once(resolved, preferred, pods, reservations)
-    if found is None and len(preferred) < len(nodes):
-        found, _ = _plan_once(resolved, nodes, pods, reservations)
-    used = {entry["node"] for entry in (found or {}).get("nodes", [])}
-    planned = [n for n in nodes if n["metadata"]["name"] in used]
+    builder = builder or ClusterBuilder()
+    preferred = [info for info in nodes.infos if info.name not in excluded] if excluded else nodes.infos
+    found, reason = _plan_once(resolved, builder, preferred, usage, reservations)
+    if found is None and len(preferred) < len(nodes.infos):
+        found, _ = _plan_once(resolved, builder, nodes.infos, usage, reservations)
+    planned = [nodes.dicts[entry["node"]] for entry in (found or {}).get("nodes", [])]
     return Outcome(found, planned, reason, time.perf_counter() - started)

@@ -1,11 +1,14 @@
-"""The kopf handlers: each one only turns a watch event into a reconcile request.
+"""The kopf handlers and the operator's watches: each one only turns a watch event into a reconcile request.
 
-Watches ParallelJobs (their own changes), the pods labelled with a job (phase changes, deletions) and Nodes
-(readiness, capacity, labels: a pending job may fit now, a running gang may have lost a node). Whenever GPUs
-may have been freed (a Node changed, a job's pod ended or went away, a job was deleted, finished or
-restarted) the `RECHECK` pass requests every unfinished job, so a waiting job re-plans at once. No handler
-stores progress in annotations and none adds a finalizer, so deleting a job never waits for the operator,
-and a quiet cluster sees no writes. `configure()` must be called before kopf starts.
+kopf watches ParallelJobs (their own changes) and the pods labelled with a job (phase changes, deletions).
+Two informers (`paralleljob.k8s.informer`) keep what admission plans from: Nodes (readiness, capacity,
+labels) in `NodeWatch`, and every bound pod's requests in the usage index. Whenever GPUs may have been freed
+(a Node changed, a bound pod ended or went away, a job was deleted, finished or restarted) the `RECHECK` pass
+offers every unplaced job to the admission queue and requests a pass over every placed one. Supervision
+passes run on the coalescer's threads; admissions on the admission queue's one worker, in its order, so a
+restart never waits behind them. No handler stores progress in annotations and none adds a finalizer, so
+deleting a job never waits for the operator, and a quiet cluster sees no writes. `configure()` must be
+called before kopf starts.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import typing
 from collections.abc import Hashable
 from typing import Any
@@ -21,11 +25,14 @@ import kopf
 
 from paralleljob.api import types as api_types
 from paralleljob.handlers import metrics, reconcile
-from paralleljob.handlers.coalescer import Coalescer, Next
+from paralleljob.handlers.admission_queue import AdmissionQueue, Order, PriorityValues
+from paralleljob.handlers.coalescer import FIRST_RETRY_SECONDS, Coalescer, Next
 from paralleljob.handlers.nodes import NodeWatch
-from paralleljob.k8s import reads
+from paralleljob.k8s import informer, reads
 from paralleljob.k8s.session import Session, connect
 from paralleljob.manifests import labels as child_labels
+from paralleljob.planning.inventory import ClusterBuilder
+from paralleljob.planning.usage import UsageIndex
 
 log = logging.getLogger(__name__)
 RECHECK = "recheck-unfinished-jobs"
@@ -46,7 +53,13 @@ class Runtime:
     kubeconfig: str | None = None
     session: Session | None = None
     nodes: NodeWatch = dataclasses.field(default_factory=NodeWatch)
+    usage: UsageIndex = dataclasses.field(default_factory=UsageIndex)
+    builder: ClusterBuilder = dataclasses.field(default_factory=ClusterBuilder)
+    informers: list[informer.Informer] = dataclasses.field(default_factory=list)
     coalescer: Coalescer | None = None
+    admissions: AdmissionQueue | None = None
+    priorities: PriorityValues | None = None
+    loop: asyncio.AbstractEventLoop | None = None
 
 
 RUNTIME = Runtime()
@@ -56,21 +69,76 @@ def configure(settings: reconcile.Settings, metrics_port: int = 0, kubeconfig: s
     RUNTIME.settings, RUNTIME.metrics_port, RUNTIME.kubeconfig = settings, metrics_port, kubeconfig
 
 
+def _view() -> reconcile.NodeView:
+    snapshot = RUNTIME.nodes.snapshot()
+    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, RUNTIME.usage, RUNTIME.builder)
+
+
 def _pass(key: Hashable) -> Next:
+    """A supervision pass (a coalescer thread): never admits, hands unplaced jobs to the admission queue."""
     assert RUNTIME.session is not None
     if key == RECHECK:
         return Next(keys=tuple(_jobs_to_recheck(RUNTIME.session)))
     namespace, name = typing.cast(tuple[str, str], key)
-    nodes = reconcile.NodeView(RUNTIME.nodes.known(), RUNTIME.nodes.not_ready())
-    outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, nodes)
+    outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, _view())
+    if outcome.admission is not None:
+        _offer(namespace, name, outcome.admission)
     return Next(keys=(RECHECK,) if outcome.wake_others else (), after=outcome.requeue_after)
 
 
+def _offer(namespace: str, name: str, request: reconcile.AdmissionRequest) -> None:
+    assert RUNTIME.admissions is not None and RUNTIME.priorities is not None
+    priority = RUNTIME.priorities.value(request.priority_class)
+    order = Order.of(namespace, name, restarting=request.restarting, priority=priority, created=request.created)
+    RUNTIME.admissions.offer((namespace, name), order)
+
+
+def _admission_pass(key: Hashable) -> None:
+    """An admission pass (the admission worker's thread); what it asks of the scheduler goes to the loop."""
+    assert RUNTIME.session is not None
+    namespace, name = typing.cast(tuple[str, str], key)
+    started = time.perf_counter()
+    try:
+        outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, _view(), admit=True)
+        log.info("admission pass of %s/%s: %s in %.3fs", namespace, name, outcome.step, time.perf_counter() - started)
+    except Exception:
+        log.exception("admission of %s/%s failed; retrying in %.0fs", namespace, name, FIRST_RETRY_SECONDS)
+        _on_loop(lambda: _coalescer().request_later(key, FIRST_RETRY_SECONDS))
+        return
+    if outcome.admission is not None:  # not admitted by this pass (its own timer will bring it back)
+        _offer(namespace, name, outcome.admission)
+
+    def follow_up() -> None:
+        _coalescer().request_later(key, outcome.requeue_after)
+        if outcome.wake_others:
+            _coalescer().request(RECHECK)
+
+    _on_loop(follow_up)
+
+
+def _coalescer() -> Coalescer:
+    assert RUNTIME.coalescer is not None
+    return RUNTIME.coalescer
+
+
+def _on_loop(callback: typing.Callable[[], None]) -> None:
+    assert RUNTIME.loop is not None
+    RUNTIME.loop.call_soon_threadsafe(callback)
+
+
 def _jobs_to_recheck(session: Session) -> list[tuple[str, str]]:
-    """Unfinished jobs: a pending one may fit now, a running one may have lost its node."""
+    """Unfinished jobs: an unplaced one is offered for admission (all of them before the worker picks, so the
+    order decides who gets freed GPUs first); a placed one may have lost its node, so it gets a pass."""
     jobs = reads.list_jobs(session, RUNTIME.settings.namespaces)
     unfinished = [j for j in jobs if (j.get("status") or {}).get("phase") not in reconcile.TERMINAL]
-    return [(j["metadata"]["namespace"], j["metadata"]["name"]) for j in unfinished]
+    placed = []
+    for job in unfinished:
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        if (job.get("status") or {}).get("placement"):
+            placed.append(key)
+        else:
+            _offer(*key, reconcile.admission_request(job))
+    return placed
 
 
 def _request(key: Hashable) -> None:
@@ -88,9 +156,31 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.connect_timeout = CONNECT_SECONDS
     settings.networking.request_timeout = REQUEST_SECONDS
     RUNTIME.session = await asyncio.to_thread(connect, RUNTIME.kubeconfig)
+    RUNTIME.loop = asyncio.get_running_loop()
     RUNTIME.coalescer = Coalescer(_pass)
+    session = RUNTIME.session
+    RUNTIME.priorities = PriorityValues(lambda name: reads.priority_value(session, name))
+    wake = lambda: _on_loop(lambda: _request(RECHECK))  # noqa: E731 - called from the informers' threads
+    RUNTIME.informers = [
+        informer.Informer(session, informer.NODES, RUNTIME.nodes, wake).start(),
+        informer.Informer(session, informer.BOUND_PODS, RUNTIME.usage, wake).start(),
+    ]
+    RUNTIME.admissions = AdmissionQueue(_admission_pass, ready=_watches_synced).start()
     metrics.serve(RUNTIME.metrics_port)
     log.info("paralleljob operator started: %s", RUNTIME.settings)
+
+
+def _watches_synced(timeout: float) -> bool:
+    """Whether every informer has listed the cluster once (waits up to `timeout` seconds)."""
+    return all(each.synced.wait(timeout) for each in RUNTIME.informers)
+
+
+@kopf.on.cleanup()
+async def stop(**_: Any) -> None:
+    for each in RUNTIME.informers:
+        each.stop()
+    if RUNTIME.admissions is not None:
+        RUNTIME.admissions.stop()
 
 
 @kopf.on.event(api_types.GROUP, api_types.VERSION, api_types.PLURAL)
@@ -103,23 +193,7 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, **
     _request((namespace, name))
 
 
-def frees_gpus(event_type: str | None, pod: kopf.Body) -> bool:
-    """Whether a pod event may have released GPUs: a bound pod ended or went away."""
-    bound = bool((pod.get("spec") or {}).get("nodeName"))
-    ended = (pod.get("status") or {}).get("phase") in reconcile.TERMINAL
-    return bound and (event_type == "DELETED" or ended)
-
-
 @kopf.on.event("", "v1", "pods", labels={child_labels.JOB_LABEL: kopf.PRESENT})
-async def pod_changed(
-    event: kopf.RawEvent, body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
-) -> None:
+async def pod_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    # GPUs this pod frees wake the waiting jobs through the usage index's informer, which sees every pod.
     _request((namespace, labels[child_labels.JOB_LABEL]))
-    if frees_gpus(event["type"], body):
-        _request(RECHECK)
-
-
-@kopf.on.event("", "v1", "nodes")
-async def node_changed(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-    if RUNTIME.nodes.observe(event["type"] or "ADDED", body):
-        _request(RECHECK)
