@@ -129,3 +129,12 @@ def test_the_cluster_builder_reuses_records_of_nodes_that_did_not_change() -> No
     assert [n.free_gpus for n in second.nodes] == [0, 0, 0]
     assert second.nodes[1] is first.nodes[1]  # unchanged usage: the same record
     assert second.nodes[2].holders == ("b",) and second.nodes[0].reserved_by == ("research/other",)
+
+
+def test_a_snapshot_without_pods_the_api_no_longer_has_frees_their_gpus() -> None:
+    index = UsageIndex.of([on("n0", "gpt-0", 4), on("n0", "other-0", 2), on("n1", "gpt-1", 4)])
+    snapshot = index.snapshot()
+    fresher = snapshot.without([("research", "gpt-0"), ("research", "gpt-1"), ("research", "never-existed")])
+    assert fresher.usage == {"n0": NodeUsage(2, ("other-0",)), "n1": NodeUsage(0, ())}
+    assert fresher.bound == {("research", "other-0")}
+    assert snapshot.usage["n0"].gpus == 6  # the snapshot itself is left as it was

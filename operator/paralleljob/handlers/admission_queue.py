@@ -2,9 +2,12 @@
 order, off the path of gang supervision.
 
 Supervision passes (the `Coalescer`'s threads) never plan: a pass that finds a job without a placement
-`offer()`s it here and returns, so a gang restart never waits behind admissions. One worker thread takes the
-first waiting job in `Order` and runs its admission pass; as it is the only one, two admissions never plan
-onto the same GPUs (each sees the placement the previous one wrote). Order, the first difference deciding:
+`offer()`s it here and returns, so a gang restart never waits behind admissions. One worker thread admits in
+rounds: it takes every waiting job, takes one snapshot of the watches' caches, and runs each job's admission
+pass in `Order` against that snapshot. As it is the only admitter, two admissions never plan onto the same
+GPUs (each reads the placements the previous ones wrote); as the snapshot is the round's, GPUs freed during a
+round cannot go to a job behind one that was already found not to fit: they wait for the next round, which
+the change that freed them requests. Order, the first difference deciding:
 
 1. restarting jobs before new ones (a restarting gang was already running: its progress is at stake);
 2. higher PriorityClass value first (`spec.template.priorityClassName`; none, or one that does not exist, is 0);
@@ -21,12 +24,14 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
 # How long a PriorityClass value is trusted before it is read again.
 PRIORITY_CACHE_SECONDS = 60.0
+Snapshot = TypeVar("Snapshot")
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -65,11 +70,18 @@ class PriorityValues:
         return value
 
 
-class AdmissionQueue:
-    """Waiting jobs by key, and the one thread that admits them in `Order`."""
+class AdmissionQueue(Generic[Snapshot]):
+    """Waiting jobs by key, and the one thread that admits them in rounds, in `Order`: `admit(key, snapshot)`
+    for each key of a round, with the round's `snapshot()`."""
 
-    def __init__(self, admit: Callable[[Hashable], None], ready: Callable[[float], bool] = lambda _: True) -> None:
+    def __init__(
+        self,
+        admit: Callable[[Hashable, Snapshot], None],
+        snapshot: Callable[[], Snapshot],
+        ready: Callable[[float], bool] = lambda _: True,
+    ) -> None:
         self._admit = admit
+        self._snapshot = snapshot
         self._ready = ready
         self._waiting: dict[Hashable, Order] = {}
         self._changed = threading.Condition()
@@ -77,7 +89,7 @@ class AdmissionQueue:
         self._thread: threading.Thread | None = None
         self.admitted: list[Hashable] = []  # keys in the order their passes ran (bounded, for tests and logs)
 
-    def start(self) -> AdmissionQueue:
+    def start(self) -> AdmissionQueue[Snapshot]:
         self._thread = threading.Thread(target=self._run, name="admission", daemon=True)
         self._thread.start()
         return self
@@ -89,8 +101,12 @@ class AdmissionQueue:
 
     def offer(self, key: Hashable, order: Order) -> None:
         """Ask for an admission pass over `key` (thread-safe; a key already waiting takes the newer order)."""
+        self.offer_all([(key, order)])
+
+    def offer_all(self, offers: Iterable[tuple[Hashable, Order]]) -> None:
+        """Offer several keys at once: they enter the same round, so their order decides among them."""
         with self._changed:
-            self._waiting[key] = order
+            self._waiting.update(offers)
             self._changed.notify()
 
     def waiting(self) -> list[Hashable]:
@@ -98,23 +114,25 @@ class AdmissionQueue:
         with self._changed:
             return sorted(self._waiting, key=self._waiting.__getitem__)
 
-    def take(self) -> Hashable | None:
-        """Remove and return the first waiting key, blocking until there is one; None once stopped."""
+    def take_round(self) -> list[Hashable] | None:
+        """Remove and return every waiting key in order, blocking until there is one; None once stopped."""
         with self._changed:
             while not self._waiting and not self._stopped:
                 self._changed.wait()
             if self._stopped:
                 return None
-            key = min(self._waiting, key=self._waiting.__getitem__)
-            del self._waiting[key]
-            return key
+            keys = sorted(self._waiting, key=self._waiting.__getitem__)
+            self._waiting.clear()
+            return keys
 
     def _run(self) -> None:
         while not self._stopped and not self._ready(1.0):
             pass
-        while (key := self.take()) is not None:
-            self.admitted = [*self.admitted[-999:], key]
-            try:
-                self._admit(key)
-            except Exception:  # the action reports and retries its own failures; never let the worker die
-                log.exception("admission of %s failed", key)
+        while (keys := self.take_round()) is not None:
+            snapshot = self._snapshot()
+            for key in keys:
+                self.admitted = [*self.admitted[-999:], key]
+                try:
+                    self._admit(key, snapshot)
+                except Exception:  # the action reports and retries its own failures; never let the worker die
+                    log.exception("admission of %s failed", key)

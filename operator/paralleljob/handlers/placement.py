@@ -9,6 +9,7 @@ and times the planning.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -18,6 +19,8 @@ from paralleljob.api import ResolvedJob
 from paralleljob.handlers.nodes import NodeSnapshot
 from paralleljob.planning.inventory import ClusterBuilder, NodeInfo, Reservation
 from paralleljob.planning.usage import NodeUsage
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +60,7 @@ def plan(
     preferred = [info for info in nodes.infos if info.name not in excluded] if excluded else nodes.infos
     found, reason = _plan_once(resolved, builder, preferred, usage, reservations)
     if found is None and len(preferred) < len(nodes.infos):
+        log.info("%s does not fit without nodes %s (%s); planning with them", resolved.name, sorted(excluded), reason)
         found, _ = _plan_once(resolved, builder, nodes.infos, usage, reservations)
     planned = [nodes.dicts[entry["node"]] for entry in (found or {}).get("nodes", [])]
     return Outcome(found, planned, reason, time.perf_counter() - started)

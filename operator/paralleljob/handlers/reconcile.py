@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -46,7 +47,7 @@ from paralleljob.manifests import children as child_objects
 from paralleljob.manifests import configmap, labels
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.planning.inventory import TERMINAL_POD_PHASES, ClusterBuilder, held_until
-from paralleljob.planning.usage import UsageIndex
+from paralleljob.planning.usage import UsageSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +81,14 @@ class Settings:
 
 @dataclasses.dataclass(frozen=True)
 class NodeView:
-    """What the watches know: the nodes that exist and those that are NotReady, the planner's node records
-    and the usage index (admission plans from these), and the cluster builder that reuses unchanged records."""
+    """What the watches know: the nodes that exist and those that are NotReady; for admission passes also the
+    planner's node records, the usage index's totals and bound pods of the same moment, and the cluster
+    builder that reuses unchanged records."""
 
     known: frozenset[str] = frozenset()
     not_ready: frozenset[str] = frozenset()
     snapshot: NodeSnapshot = dataclasses.field(default_factory=NodeSnapshot)
-    usage: UsageIndex = dataclasses.field(default_factory=UsageIndex)
+    usage: UsageSnapshot = dataclasses.field(default_factory=UsageSnapshot)
     builder: ClusterBuilder = dataclasses.field(default_factory=ClusterBuilder)
 
 
@@ -191,7 +193,7 @@ def _step(p: Pass) -> Outcome:
         return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
     try:
         if not p.status.get("placement"):
-            return _admit(p, result.resolved) if p.admit else _awaiting_admission(p)
+            return _admit(p, result.resolved, labelled) if p.admit else _awaiting_admission(p)
         if p.admit:
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.
             return Outcome("placed", requeue_after=0.0)
@@ -316,11 +318,24 @@ def _hold_remaining(p: Pass) -> float | None:
     return left + 0.5 if left > 0 else None
 
 
-def _admit(p: Pass, resolved: ResolvedJob) -> Outcome:
+def _own_pods_gone(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """This job's pods that the usage index still counts but the API, read just now, no longer has: the index
+    learns of a deletion a moment after the API, and a restarting gang must not wait on its own old pods."""
+    named = re.compile(rf"{re.escape(p.name)}-\d+")
+    present = {pod["metadata"]["name"] for pod in labelled}
+    return [
+        (namespace, name)
+        for namespace, name in p.nodes.usage.claims
+        if namespace == p.namespace and name.startswith(p.name) and named.fullmatch(name) and name not in present
+    ]
+
+
+def _admit(p: Pass, resolved: ResolvedJob, labelled: Sequence[Mapping[str, Any]]) -> Outcome:
     jobs = reads.list_jobs(p.session, p.settings.namespaces)
     view = p.nodes
-    held = planning.job_reservations(jobs, exclude=(p.namespace, p.name), bound=view.usage.bound())
-    outcome = placement.plan(resolved, view.snapshot, view.usage.usage(), held, p.excluded, view.builder)
+    usage = view.usage.without(_own_pods_gone(p, labelled))
+    held = planning.job_reservations(jobs, exclude=(p.namespace, p.name), bound=usage.bound)
+    outcome = placement.plan(resolved, view.snapshot, usage.usage, held, p.excluded, view.builder)
     m.PLANNING.observe(outcome.seconds)
     if outcome.plan is None:
         return _unschedulable(p, outcome.reason)
@@ -434,7 +449,9 @@ def _placed_nodes(p: Pass) -> list[str]:
 def _watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
     entries = p.status.get("placement") or []
     nodes = [entry.get("node") for entry in entries] + [gang.node_of(pod) for pod in pods]
-    state = gang.judge(pods, len(entries), _lost_nodes(p, nodes), start_timeout=p.settings.start_timeout_seconds)
+    planned = {int(entry["nodeRank"]): str(entry["node"]) for entry in entries if entry.get("node")}
+    lost = _lost_nodes(p, nodes)
+    state = gang.judge(pods, len(entries), lost, start_timeout=p.settings.start_timeout_seconds, planned_nodes=planned)
     handlers: dict[str, Callable[[Pass, ResolvedJob, Sequence[Mapping[str, Any]], gang.GangState], Outcome]] = {
         "succeeded": _succeeded,
         "broken": _broken,

@@ -57,7 +57,7 @@ class Runtime:
     builder: ClusterBuilder = dataclasses.field(default_factory=ClusterBuilder)
     informers: list[informer.Informer] = dataclasses.field(default_factory=list)
     coalescer: Coalescer | None = None
-    admissions: AdmissionQueue | None = None
+    admissions: AdmissionQueue[reconcile.NodeView] | None = None
     priorities: PriorityValues | None = None
     loop: asyncio.AbstractEventLoop | None = None
 
@@ -70,8 +70,15 @@ def configure(settings: reconcile.Settings, metrics_port: int = 0, kubeconfig: s
 
 
 def _view() -> reconcile.NodeView:
+    """What a supervision pass needs of the watches: which nodes exist and which are NotReady."""
     snapshot = RUNTIME.nodes.snapshot()
-    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, RUNTIME.usage, RUNTIME.builder)
+    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot)
+
+
+def _admission_view() -> reconcile.NodeView:
+    """What an admission round plans from: the node records and the usage of one moment."""
+    snapshot = RUNTIME.nodes.snapshot()
+    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, RUNTIME.usage.snapshot(), RUNTIME.builder)
 
 
 def _pass(key: Hashable) -> Next:
@@ -86,20 +93,24 @@ def _pass(key: Hashable) -> Next:
     return Next(keys=(RECHECK,) if outcome.wake_others else (), after=outcome.requeue_after)
 
 
-def _offer(namespace: str, name: str, request: reconcile.AdmissionRequest) -> None:
-    assert RUNTIME.admissions is not None and RUNTIME.priorities is not None
+def _order(namespace: str, name: str, request: reconcile.AdmissionRequest) -> Order:
+    assert RUNTIME.priorities is not None
     priority = RUNTIME.priorities.value(request.priority_class)
-    order = Order.of(namespace, name, restarting=request.restarting, priority=priority, created=request.created)
-    RUNTIME.admissions.offer((namespace, name), order)
+    return Order.of(namespace, name, restarting=request.restarting, priority=priority, created=request.created)
 
 
-def _admission_pass(key: Hashable) -> None:
+def _offer(namespace: str, name: str, request: reconcile.AdmissionRequest) -> None:
+    assert RUNTIME.admissions is not None
+    RUNTIME.admissions.offer((namespace, name), _order(namespace, name, request))
+
+
+def _admission_pass(key: Hashable, view: reconcile.NodeView) -> None:
     """An admission pass (the admission worker's thread); what it asks of the scheduler goes to the loop."""
     assert RUNTIME.session is not None
     namespace, name = typing.cast(tuple[str, str], key)
     started = time.perf_counter()
     try:
-        outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, _view(), admit=True)
+        outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, view, admit=True)
         log.info("admission pass of %s/%s: %s in %.3fs", namespace, name, outcome.step, time.perf_counter() - started)
     except Exception:
         log.exception("admission of %s/%s failed; retrying in %.0fs", namespace, name, FIRST_RETRY_SECONDS)
@@ -131,13 +142,15 @@ def _jobs_to_recheck(session: Session) -> list[tuple[str, str]]:
     order decides who gets freed GPUs first); a placed one may have lost its node, so it gets a pass."""
     jobs = reads.list_jobs(session, RUNTIME.settings.namespaces)
     unfinished = [j for j in jobs if (j.get("status") or {}).get("phase") not in reconcile.TERMINAL]
-    placed = []
+    placed, waiting = [], []
     for job in unfinished:
-        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         if (job.get("status") or {}).get("placement"):
-            placed.append(key)
+            placed.append((namespace, name))
         else:
-            _offer(*key, reconcile.admission_request(job))
+            waiting.append(((namespace, name), _order(namespace, name, reconcile.admission_request(job))))
+    assert RUNTIME.admissions is not None
+    RUNTIME.admissions.offer_all(waiting)
     return placed
 
 
@@ -165,7 +178,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         informer.Informer(session, informer.NODES, RUNTIME.nodes, wake).start(),
         informer.Informer(session, informer.BOUND_PODS, RUNTIME.usage, wake).start(),
     ]
-    RUNTIME.admissions = AdmissionQueue(_admission_pass, ready=_watches_synced).start()
+    RUNTIME.admissions = AdmissionQueue(_admission_pass, _admission_view, ready=_watches_synced).start()
     metrics.serve(RUNTIME.metrics_port)
     log.info("paralleljob operator started: %s", RUNTIME.settings)
 

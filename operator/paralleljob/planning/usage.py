@@ -13,6 +13,7 @@ Pure: no Kubernetes client. Thread-safe: the operator's watch thread writes whil
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import sys
 import threading
@@ -185,6 +186,11 @@ class UsageIndex:
                     self._set(key, claim)
             return drift
 
+    def snapshot(self) -> UsageSnapshot:
+        """The totals and the claims of one moment (for an admission round)."""
+        with self._lock:
+            return UsageSnapshot(dict(self._usage), dict(self._claims))
+
     def usage(self) -> dict[str, NodeUsage]:
         """Totals by node name, a snapshot (nodes without claims are absent)."""
         with self._lock:
@@ -216,14 +222,54 @@ class UsageIndex:
             self._by_node.pop(node, None)
             self._usage.pop(node, None)
             return
-        totals: dict[str, int] = {}
-        for claim in claims.values():
-            _add(totals, dict(claim.requests))
-        self._usage[node] = NodeUsage(
-            gpus=sum(claim.gpus for claim in claims.values()),
-            holders=tuple(claim.pod for claim in claims.values() if claim.gpus),
-            requests=tuple(sorted(totals.items())),
-        )
+        self._usage[node] = _total(claims.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class UsageSnapshot:
+    """The index at one moment: totals by node, and the claims they sum."""
+
+    usage: Mapping[str, NodeUsage] = dataclasses.field(default_factory=dict)
+    claims: Mapping[PodKey, Claim] = dataclasses.field(default_factory=dict)
+
+    @functools.cached_property
+    def bound(self) -> frozenset[PodKey]:
+        """(namespace, name) of every pod holding GPUs."""
+        return frozenset(key for key, claim in self.claims.items() if claim.gpus)
+
+    def without(self, keys: Iterable[PodKey]) -> UsageSnapshot:
+        """This moment less the claims of these pods: pods the API says are gone while their DELETED event has
+        not reached the index yet."""
+        gone = {key: self.claims[key] for key in keys if key in self.claims}
+        if not gone:
+            return self
+        claims = {key: claim for key, claim in self.claims.items() if key not in gone}
+        usage = dict(self.usage)
+        for claim in gone.values():
+            usage[claim.node] = _minus(usage.get(claim.node, EMPTY), claim)
+        return UsageSnapshot(usage, claims)
+
+
+def _minus(total: NodeUsage, claim: Claim) -> NodeUsage:
+    holders = list(total.holders)
+    if claim.gpus and claim.pod in holders:
+        holders.remove(claim.pod)
+    left = dict(total.requests)
+    for resource, amount in claim.requests:
+        left[resource] = left.get(resource, 0) - amount
+    return NodeUsage(total.gpus - claim.gpus, tuple(holders), tuple(sorted((r, a) for r, a in left.items() if a > 0)))
+
+
+def _total(claims: Iterable[Claim]) -> NodeUsage:
+    found = list(claims)
+    totals: dict[str, int] = {}
+    for claim in found:
+        _add(totals, dict(claim.requests))
+    return NodeUsage(
+        gpus=sum(claim.gpus for claim in found),
+        holders=tuple(claim.pod for claim in found if claim.gpus),
+        requests=tuple(sorted(totals.items())),
+    )
 
 
 def _shrinks(old: Claim, new: Claim) -> bool:
