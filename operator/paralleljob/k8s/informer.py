@@ -88,10 +88,12 @@ class Informer:
         return self
 
     def stop(self) -> None:
+        """Stop at once: a watch blocked on the socket is woken by shutting the socket down (never `close()`,
+        which waits for the reading thread's lock)."""
         self._stop.set()
         response = self._response
-        if response is not None:
-            response.close()
+        if response is not None and hasattr(response, "shutdown"):
+            response.shutdown()
 
     def _run(self) -> None:
         delay = FIRST_RETRY_SECONDS

@@ -24,10 +24,15 @@ def get_job(session: Session, namespace: str, name: str) -> dict[str, Any] | Non
     return _object(reply.body)
 
 
-def list_jobs(session: Session, namespaces: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """ParallelJobs in these namespaces (None: all namespaces)."""
+def list_jobs(
+    session: Session, namespaces: Iterable[str] | None = None, *, missing_ok: bool = False
+) -> list[dict[str, Any]]:
+    """ParallelJobs in these namespaces (None: all namespaces); with `missing_ok`, none where the CRD is not
+    installed (the CLI's live path), instead of an error."""
+    tolerate = {404} if missing_ok else set()
     if namespaces is None:
-        return _items(session.send(session.custom.list_cluster_custom_object, *JOB_API, api_types.PLURAL).body)
+        call = session.custom.list_cluster_custom_object
+        return _items(session.send(call, *JOB_API, api_types.PLURAL, tolerate=tolerate).body)
     found: list[dict[str, Any]] = []
     for namespace in namespaces:
         call = session.custom.list_namespaced_custom_object
