@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.operator.conftest import Cluster, Operator, job_doc, wait_for  # noqa: E402
-from tests.operator.emulator import EmulatorThread  # noqa: E402
+from tests.operator.conftest import Cluster, Operator, job_doc, wait_for
+from tests.operator.emulator import EmulatorThread
 
 
 def gang_pods(emulator: EmulatorThread, attempt: str) -> list[dict]:  # type: ignore[type-arg]
@@ -76,7 +76,10 @@ def main() -> int:
             while not all_deleting(emulator, str(attempt)):
                 time.sleep(0.005)
             samples.append(time.perf_counter() - started)
-            print(f"round {attempt}: every pod of the gang deleted {samples[-1] * 1e3:.0f} ms after the failure", flush=True)
+            print(
+                f"round {attempt}: every pod of the gang deleted {samples[-1] * 1e3:.0f} ms after the failure",
+                flush=True,
+            )
     finally:
         operator.stop()
         emulator.stop()
