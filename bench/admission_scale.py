@@ -265,11 +265,15 @@ def main() -> int:
     parser.add_argument("--pending", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--rss", action="store_true", help="also measure the operator process's memory")
+    parser.add_argument("--rss-only", action="store_true", help="measure only the operator process's memory")
     args = parser.parse_args()
     node_dicts, pods = synth_objects(args.nodes, args.pods_per_node)
     pod_bytes = statistics.mean(len(json.dumps(p)) for p in pods[:1000])
     print(f"cluster: {len(node_dicts)} nodes, {len(pods)} pods ({pod_bytes:.0f} bytes of JSON each)", flush=True)
 
+    if args.rss_only:
+        print_memory(node_dicts, pods)
+        return 0
     nodes, usage = NodeWatch(), UsageIndex()
     started = time.process_time()
     nodes.replace(iter(node_dicts))
@@ -287,13 +291,17 @@ def main() -> int:
         flush=True,
     )
     if args.rss:
-        memory = operator_memory(node_dicts, pods)
-        print(
-            f"3. operator memory with {len(node_dicts)} nodes and {len(pods)} pods watched: RSS "
-            f"{memory['rss_mib']:.0f} MiB, peak {memory['peak_mib']:.0f} MiB (listed and watching after "
-            f"{memory['listed_s']:.0f} s)"
-        )
+        print_memory(node_dicts, pods)
     return 0
+
+
+def print_memory(node_dicts: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+    memory = operator_memory(node_dicts, pods)
+    print(
+        f"3. operator memory with {len(node_dicts)} nodes and {len(pods)} pods watched: RSS "
+        f"{memory['rss_mib']:.0f} MiB, peak {memory['peak_mib']:.0f} MiB (listed and watching after "
+        f"{memory['listed_s']:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """The kopf handlers and the operator's watches: each one only turns a watch event into a reconcile request.
 
-kopf watches ParallelJobs (their own changes) and the pods labelled with a job (phase changes, deletions).
-Two informers (`paralleljob.k8s.informer`) keep what admission plans from: Nodes (readiness, capacity,
-labels) in `NodeWatch`, and every bound pod's requests in the usage index. Whenever GPUs may have been freed
+kopf watches ParallelJobs (their own changes). Three informers (`paralleljob.k8s.informer`) watch the rest:
+the pods labelled with a job (phase changes, deletions: each asks for a pass over its job; selected by the
+API server, whereas kopf would list and watch every pod of the cluster and filter them itself), and what
+admission plans from: Nodes (readiness, capacity, labels) in `NodeWatch`, and every bound pod's requests in
+the usage index. Whenever GPUs may have been freed
 (a Node changed, a bound pod ended or went away, a job was deleted, finished or restarted) the `RECHECK` pass
 offers every unplaced job to the admission queue and requests a pass over every placed one. Supervision
 passes run on the coalescer's threads; admissions on the admission queue's one worker, in its order, so a
@@ -18,7 +20,7 @@ import dataclasses
 import logging
 import time
 import typing
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import kopf
@@ -55,7 +57,8 @@ class Runtime:
     nodes: NodeWatch = dataclasses.field(default_factory=NodeWatch)
     usage: UsageIndex = dataclasses.field(default_factory=UsageIndex)
     builder: ClusterBuilder = dataclasses.field(default_factory=ClusterBuilder)
-    informers: list[informer.Informer] = dataclasses.field(default_factory=list)
+    informers: list[informer.Informer] = dataclasses.field(default_factory=list)  # admission waits for these
+    job_pods: informer.Informer | None = None
     coalescer: Coalescer | None = None
     admissions: AdmissionQueue[reconcile.NodeView] | None = None
     priorities: PriorityValues | None = None
@@ -178,9 +181,31 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         informer.Informer(session, informer.NODES, RUNTIME.nodes, wake).start(),
         informer.Informer(session, informer.BOUND_PODS, RUNTIME.usage, wake).start(),
     ]
+    RUNTIME.job_pods = informer.Informer(session, informer.JOB_PODS, JobPods(RUNTIME.settings.namespaces)).start()
     RUNTIME.admissions = AdmissionQueue(_admission_pass, _admission_view, ready=_watches_synced).start()
     metrics.serve(RUNTIME.metrics_port)
     log.info("paralleljob operator started: %s", RUNTIME.settings)
+
+
+class JobPods:
+    """The job-pods informer's sink: every event of a pod labelled with a job asks for a pass over that job
+    (a pod of a namespace this operator does not watch is left alone); it keeps nothing."""
+
+    def __init__(self, namespaces: tuple[str, ...] | None) -> None:
+        self._namespaces = namespaces
+
+    def replace(self, objects: Iterable[Mapping[str, Any]]) -> int:
+        for obj in objects:
+            self.observe("ADDED", obj)
+        return 0
+
+    def observe(self, event_type: str, obj: Mapping[str, Any]) -> bool:
+        metadata = obj.get("metadata") or {}
+        job = (metadata.get("labels") or {}).get(child_labels.JOB_LABEL)
+        namespace = metadata.get("namespace")
+        if job and (self._namespaces is None or namespace in self._namespaces):
+            _on_loop(lambda: _request((namespace, job)))
+        return False
 
 
 def _watches_synced(timeout: float) -> bool:
@@ -190,7 +215,7 @@ def _watches_synced(timeout: float) -> bool:
 
 @kopf.on.cleanup()
 async def stop(**_: Any) -> None:
-    for each in RUNTIME.informers:
+    for each in [*RUNTIME.informers, *([RUNTIME.job_pods] if RUNTIME.job_pods else [])]:
         each.stop()
     if RUNTIME.admissions is not None:
         RUNTIME.admissions.stop()
@@ -204,9 +229,3 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, **
         _request(RECHECK)
         return
     _request((namespace, name))
-
-
-@kopf.on.event("", "v1", "pods", labels={child_labels.JOB_LABEL: kopf.PRESENT})
-async def pod_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-    # GPUs this pod frees wake the waiting jobs through the usage index's informer, which sees every pod.
-    _request((namespace, labels[child_labels.JOB_LABEL]))

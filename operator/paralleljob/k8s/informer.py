@@ -1,8 +1,9 @@
 """List-then-watch of one cluster-wide kind (Pods or Nodes), in a thread of its own, into a sink that keeps
 only what the planner needs.
 
-The operator starts one `Informer` for bound pods (feeding `planning.usage.UsageIndex`) and one for Nodes
-(feeding `handlers.nodes.NodeWatch`). Each lists in pages of `page_size` (so a listing of 50,000 pods is never
+The operator starts one `Informer` for bound pods (feeding `planning.usage.UsageIndex`), one for Nodes
+(feeding `handlers.nodes.NodeWatch`) and one for the pods of ParallelJobs (each event asks for a pass over
+its job). Each lists in pages of `page_size` (so a listing of 50,000 pods is never
 in memory at once: the sink turns each page into small records before the next is read), then watches from
 the listing's resourceVersion with watch bookmarks, and lists again every `relist_seconds` to correct drift,
 after a watch that expired (410 Gone), and after any error (with backoff). Pods are selected server-side
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 import kubernetes
 
 from paralleljob.k8s.session import Session, raw_json
+from paralleljob.manifests import labels
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +50,16 @@ class Sink(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """One cluster-wide kind: the CoreV1Api list method and the server-side field selector."""
+    """One cluster-wide kind: the CoreV1Api list method and the server-side field and label selectors."""
 
     kind: str
     method: str
     field_selector: str | None = None
+    label_selector: str | None = None
+
+    def selectors(self) -> dict[str, str]:
+        found = {"field_selector": self.field_selector, "label_selector": self.label_selector}
+        return {key: value for key, value in found.items() if value}
 
 
 # Bound pods that still run: the only ones that hold GPUs.
@@ -60,6 +67,8 @@ BOUND_PODS = Source(
     "pods", "list_pod_for_all_namespaces", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 )
 NODES = Source("nodes", "list_node")
+# The pods of ParallelJobs (selected server-side: kopf would list and watch every pod of the cluster).
+JOB_PODS = Source("pods", "list_pod_for_all_namespaces", label_selector=labels.JOB_LABEL)
 
 
 class Expired(Exception):
@@ -141,8 +150,7 @@ class Informer:
 
     def _call(self, **kwargs: Any) -> dict[str, Any]:
         method = getattr(self.session.core, self.source.method)
-        if self.source.field_selector:
-            kwargs["field_selector"] = self.source.field_selector
+        kwargs.update(self.source.selectors())
         try:
             response = method(**{k: v for k, v in kwargs.items() if v is not None}, **self.session.options)
         except kubernetes.client.ApiException as error:
@@ -155,7 +163,7 @@ class Informer:
         """Apply events until the server ends the watch or the relist is due; returns the last version seen."""
         seconds = max(1, min(self.watch_seconds, int(deadline - time.monotonic())))
         method = getattr(self.session.core, self.source.method)
-        extra = {"field_selector": self.source.field_selector} if self.source.field_selector else {}
+        extra = self.source.selectors()
         response = method(
             watch=True,
             resource_version=version or None,

@@ -31,8 +31,8 @@ def list_jobs(
     installed (the CLI's live path), instead of an error."""
     tolerate = {404} if missing_ok else set()
     if namespaces is None:
-        call = session.custom.list_cluster_custom_object
-        return _items(session.send(call, *JOB_API, api_types.PLURAL, tolerate=tolerate).body)
+        everywhere = session.custom.list_cluster_custom_object
+        return _items(session.send(everywhere, *JOB_API, api_types.PLURAL, tolerate=tolerate).body)
     found: list[dict[str, Any]] = []
     for namespace in namespaces:
         call = session.custom.list_namespaced_custom_object
