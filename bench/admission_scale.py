@@ -235,12 +235,17 @@ def operator_memory(node_dicts: list[dict[str, Any]], pods: list[dict[str, Any]]
         assert operator.process is not None
         try:
             started = time.perf_counter()
-            # Synced: the usage informer's listing (first page call) and watch have both been made.
+            # Synced: every page of the usage informer's listing was asked for, and then both pod informers
+            # (the usage index's and the job pods') watch.
             assert emulator.emulator is not None
             calls = emulator.emulator.calls
+            pages = -(-len(pods) // 500)
+
+            def ours(verb: str, plural: str) -> int:
+                return sum(1 for c in calls if c[0] == verb and c[2] == plural and c[4].startswith("paralleljob"))
 
             def watching_pods() -> bool:
-                return any(c[0] == "watch" and c[2] == "pods" and c[4].startswith("paralleljob") for c in calls)
+                return ours("list", "pods") >= pages and ours("watch", "pods") >= 2
 
             wait_for(watching_pods, timeout=1800, what="the usage informer watching")
             listed = time.perf_counter() - started
