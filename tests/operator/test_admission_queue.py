@@ -1,6 +1,6 @@
 """The admission queue: waiting jobs are admitted one round at a time in a defined order (restarting jobs
 first, then higher PriorityClass value, then earlier creation), admission plans from the watches' caches
-without listing every pod, and a gang restart never waits behind admissions."""
+without listing every pod, and a gang restart never waits behind admissions and holds its old nodes."""
 
 from __future__ import annotations
 
@@ -138,6 +138,7 @@ def test_a_gang_restart_does_not_wait_behind_admissions(cluster, operator, emula
     for name in waiting:
         cluster.apply(job_doc(name, parallelism=TWO_NODES))
     wait_for(lambda: cluster_wide_job_lists(emulator) > job_lists, what="an admission under way")
+    nodes = {pod["metadata"]["name"]: pod["spec"]["nodeName"] for pod in cluster.pods("holder")}
     cluster.set_pod_phase("holder-1", "Failed", reason="Error")
 
     def gang_deleted() -> bool:
@@ -148,5 +149,8 @@ def test_a_gang_restart_does_not_wait_behind_admissions(cluster, operator, emula
         )
 
     wait_for(gang_deleted, timeout=20, what="every pod of the failed gang deleted")
-    assert cluster.status("holder").get("phase") == "Restarting"
+    status = cluster.status("holder")
+    assert status.get("phase") == "Restarting"
+    # Its old nodes, less the failed pod's, are held for it while its pods go.
+    assert status["heldNodes"] == [nodes["holder-0"]] and status["heldUntil"]
     assert all(not scheduled(cluster, name) for name in waiting), "the admissions were not still queued"
