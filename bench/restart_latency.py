@@ -42,6 +42,22 @@ def gang_pods(emulator: EmulatorThread, attempt: str) -> list[dict]:  # type: ig
     ]
 
 
+def pending_jobs(emulator: EmulatorThread) -> int:
+    """Waiting jobs already found not to fit, read from the emulator's store (polling 100 jobs over HTTP would
+    starve the emulator, which serves from this process)."""
+    time.sleep(0.5)
+    assert emulator.emulator is not None
+    items = list(emulator.emulator.objects.items())
+    return sum(
+        1
+        for (res, _, name), obj in items
+        if res.plural == "paralleljobs"
+        and name.startswith("waiting-")
+        and not obj.deleted
+        and (obj.raw.get("status") or {}).get("phase") == "Pending"
+    )
+
+
 def all_deleting(emulator: EmulatorThread, attempt: str) -> bool:
     return all(pod["metadata"].get("deletionTimestamp") for pod in gang_pods(emulator, attempt))
 
@@ -61,11 +77,7 @@ def main() -> int:
         cluster.apply(job_doc(failurePolicy={"backoffLimit": args.repeat + 1}))
         for i in range(args.pending):
             cluster.apply(job_doc(f"waiting-{i}"))
-        wait_for(
-            lambda: all(cluster.status(f"waiting-{i}").get("phase") == "Pending" for i in range(args.pending)),
-            timeout=600,
-            what="every waiting job Pending",
-        )
+        wait_for(lambda: pending_jobs(emulator) >= args.pending, timeout=900, what="every waiting job Pending")
         for attempt in range(args.repeat):
             wait_for(lambda a=attempt: len(gang_pods(emulator, str(a))) == 16, timeout=120, what="the gang's pods")
             cluster.bind_all()
