@@ -46,8 +46,8 @@ from paralleljob.k8s import session as k8s_session
 from paralleljob.planning import synth
 from paralleljob.planning.inventory import ClusterBuilder
 from paralleljob.planning.usage import UsageIndex
-from tests.operator.conftest import Cluster, Operator, job_doc, wait_for
-from tests.operator.emulator import EmulatorThread, HardenedEmulator, matches_fields, matches_selector
+from tests.cluster.apiserver import APIServer, ClusterThread, matches_fields, matches_selector
+from tests.operator.conftest import Cluster, Operator, install_operator_rbac, job_doc, wait_for
 
 JOB = {"parallelism": {"pipeline": 8, "tensor": 8, "data": 16}, "gpusPerNode": 8}
 JOB_DEEPSPEED = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 16}
@@ -150,7 +150,7 @@ def planning_in_process(view: reconcile.NodeView, jobs: list[dict[str, Any]], re
     return samples
 
 
-class StaticEmulator(HardenedEmulator):
+class StaticEmulator(APIServer):
     """The emulator, serving cluster-wide lists and watches of `static` kinds from a fixed, sorted store."""
 
     static: ClassVar[dict[str, list[tuple[str, dict[str, Any]]]]] = {}
@@ -202,7 +202,7 @@ def admission_over_http(
     jobs: list[dict[str, Any]], view: reconcile.NodeView, repeat: int
 ) -> tuple[list[float], list[float]]:
     workdir = Path(tempfile.mkdtemp())
-    emulator = EmulatorThread(workdir).start()
+    emulator = ClusterThread(workdir).start()
     cluster = Cluster(emulator)
     try:
         for job in jobs:
@@ -229,9 +229,10 @@ def admission_over_http(
 
 def operator_memory(node_dicts: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, float]:
     workdir = Path(tempfile.mkdtemp())
-    emulator = EmulatorThread(workdir, static_emulator({"nodes": node_dicts, "pods": pods})).start()
+    emulator = ClusterThread(workdir, static_emulator({"nodes": node_dicts, "pods": pods})).start()
     try:
-        operator = Operator(emulator, workdir / "operator.log", ["--log-level", "info"]).start()
+        kubeconfig = install_operator_rbac(emulator, Cluster(emulator).client)
+        operator = Operator(emulator, workdir / "operator.log", kubeconfig, ["--log-level", "info"]).start()
         assert operator.process is not None
         try:
             started = time.perf_counter()

@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.operator.conftest import Cluster, Operator, job_doc, wait_for
-from tests.operator.emulator import EmulatorThread
+from tests.cluster.apiserver import ClusterThread
+from tests.operator.conftest import Cluster, Operator, install_operator_rbac, job_doc, wait_for
 
 
-def gang_pods(emulator: EmulatorThread, attempt: str) -> list[dict]:  # type: ignore[type-arg]
+def gang_pods(emulator: ClusterThread, attempt: str) -> list[dict]:  # type: ignore[type-arg]
     assert emulator.emulator is not None
     while True:
         try:
@@ -42,7 +42,7 @@ def gang_pods(emulator: EmulatorThread, attempt: str) -> list[dict]:  # type: ig
     ]
 
 
-def pending_jobs(emulator: EmulatorThread) -> int:
+def pending_jobs(emulator: ClusterThread) -> int:
     """Waiting jobs already found not to fit, read from the emulator's store (polling 100 jobs over HTTP would
     starve the emulator, which serves from this process)."""
     time.sleep(0.5)
@@ -58,7 +58,7 @@ def pending_jobs(emulator: EmulatorThread) -> int:
     )
 
 
-def all_deleting(emulator: EmulatorThread, attempt: str) -> bool:
+def all_deleting(emulator: ClusterThread, attempt: str) -> bool:
     return all(pod["metadata"].get("deletionTimestamp") for pod in gang_pods(emulator, attempt))
 
 
@@ -68,10 +68,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp())
-    emulator = EmulatorThread(workdir).start()
+    emulator = ClusterThread(workdir).start()
     cluster = Cluster(emulator)
     cluster.add_nodes(16)
-    operator = Operator(emulator, workdir / "operator.log").start()
+    kubeconfig = install_operator_rbac(emulator, cluster.client)
+    operator = Operator(emulator, workdir / "operator.log", kubeconfig).start()
     samples = []
     try:
         cluster.apply(job_doc(failurePolicy={"backoffLimit": args.repeat + 1}))

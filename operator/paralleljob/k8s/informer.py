@@ -163,7 +163,9 @@ class Informer:
         """Apply events until the server ends the watch or the relist is due; returns the last version seen."""
         seconds = max(1, min(self.watch_seconds, int(deadline - time.monotonic())))
         method = getattr(self.session.core, self.source.method)
-        extra = self.source.selectors()
+        # Only the label selector: a pod leaving a field selector (Running -> Succeeded) must still reach the
+        # sink, and a test API server may drop such an event where kube-apiserver sends DELETED.
+        extra = {k: v for k, v in self.source.selectors().items() if k == "label_selector"}
         response = method(
             watch=True,
             resource_version=version or None,
