@@ -198,9 +198,11 @@ def progress_role_needs() -> set[tuple[str, str, str]]:
 
 
 # Permissions the chart holds although the operator never calls them, each for a reason:
-# - nodes get: issue #7 lists get, list and watch on nodes; get reveals nothing that list does not.
+# - nodes get: issue #7 lists get, list and watch on nodes; get reveals nothing that list does not (the
+#   operator gets a node only when a gang's node is missing from its Node watch).
 # - pods get: read only when creating a rank's pod finds its name taken (tests/operator/test_name_conflicts.py).
-UNUSED_BUT_INTENDED = {("", "nodes", "get"), ("", "pods", "get")}
+# - priorityclasses get: read only for a job whose pods name a PriorityClass; the example job names none.
+UNUSED_BUT_INTENDED = {("", "nodes", "get"), ("", "pods", "get"), ("scheduling.k8s.io", "priorityclasses", "get")}
 
 
 def unused_grants(

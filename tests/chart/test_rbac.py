@@ -89,8 +89,9 @@ def test_listed_namespaces_get_a_role_and_binding_each_and_no_cluster_wide_job_a
         "rolebindings",
     }
     cluster_wide = {g for g in grants(objects, {"ClusterRole"}) if g[1] in namespaced_resources}
-    # Outside the watched namespaces the operator only reads which pods hold GPUs, so that it plans no GPU twice.
-    assert cluster_wide == {("", "pods", "list")}
+    # Outside the watched namespaces the operator only reads (lists and watches) which pods hold GPUs, so that it
+    # plans no GPU twice.
+    assert cluster_wide == {("", "pods", "list"), ("", "pods", "watch")}
 
 
 def test_every_binding_names_the_operator_service_account() -> None:

@@ -63,6 +63,7 @@ BUILTIN: dict[tuple[str, str, str], tuple[str, bool, set[str]]] = {
     ("rbac.authorization.k8s.io", "v1", "clusterroles"): ("ClusterRole", False, set()),
     ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"): ("ClusterRoleBinding", False, set()),
     ("apps", "v1", "deployments"): ("Deployment", True, {"status"}),
+    ("scheduling.k8s.io", "v1", "priorityclasses"): ("PriorityClass", False, set()),
     ("apiextensions.k8s.io", "v1", "customresourcedefinitions"): ("CustomResourceDefinition", False, {"status"}),
 }
 VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
@@ -734,12 +735,28 @@ class APIServer(kmock.KubernetesEmulator):
         group, version = request.resource.group, request.resource.version
         if (definition := self._wants_table(request)) is not None:
             return crd.table(definition, items, str(next(self._versions)))
+        items, token = self._page(items, request.params.get("limit"), request.params.get("continue"))
         return {
             "apiVersion": f"{group}/{version}" if group else version,
             "kind": f"{info.kind if info and info.kind else 'Object'}List",
-            "metadata": {"resourceVersion": str(next(self._versions))},
+            "metadata": {"resourceVersion": str(next(self._versions)), **({"continue": token} if token else {})},
             "items": items,
         }
+
+    @staticmethod
+    def _page(items: list[Any], limit: str | None, token: str | None) -> tuple[list[Any], str | None]:
+        """`limit` and `continue` as kube-apiserver pages a list: in key order, the token naming the last key
+        served, so objects created or deleted between pages shift nothing."""
+        if not limit or int(limit) <= 0:
+            return items, None
+
+        def key(item: Any) -> str:
+            meta = item.get("metadata") or {}
+            return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+
+        ordered = sorted((i for i in items if not token or key(i) > token), key=key)
+        page = ordered[: int(limit)]
+        return page, (key(page[-1]) if len(ordered) > len(page) else None)
 
 
 class _LargeBodyServer(aiohttp.web.Server):

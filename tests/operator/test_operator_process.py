@@ -11,7 +11,8 @@ import kubernetes
 import pytest
 
 from paralleljob import cli
-from paralleljob.k8s import reads, session, writes
+from paralleljob.k8s import informer, reads, session, writes
+from paralleljob.planning import usage
 from tests.operator.conftest import Operator, job_doc, wait_for
 
 
@@ -64,8 +65,8 @@ def test_every_api_call_gives_up_on_a_server_that_never_answers():
         api = session.from_configuration(configuration, timeout=(0.5, 0.5))
         calls = {
             "get job": lambda: reads.get_job(api, "ns", "gpt"),
-            "list nodes": lambda: reads.list_nodes(api),
-            "list all pods": lambda: reads.list_all_pods(api),
+            "read node": lambda: reads.node_exists(api, "gpu-000"),
+            "list bound pods": lambda: informer.Informer(api, informer.BOUND_PODS, usage.UsageIndex()).relist(),
             "patch status": lambda: writes.patch_job_status(api, "ns", "gpt", {"phase": "Running"}),
             "delete pod": lambda: writes.delete_pod(api, "ns", "gpt-0"),
         }

@@ -171,3 +171,8 @@ def test_conditions_keep_api_order_and_compare_without_times():
     assert [c["type"] for c in conds] == ["Valid", "Scheduled"]
     retimed = [{**c, "lastTransitionTime": "t9"} for c in conds]
     assert conditions.same(conds, retimed)
+
+
+def test_a_pod_gone_before_it_was_seen_terminating_is_blamed_on_its_planned_node():
+    state = gang.judge([pod(0)], 2, planned_nodes={0: "n0", 1: "n1"})
+    assert (state.verdict, state.node) == ("broken", "n1")

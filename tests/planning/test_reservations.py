@@ -1,4 +1,5 @@
-"""`planning.job_reservations`: GPUs other ParallelJobs' placements hold before their pods are bound.
+"""`planning.job_reservations`: GPUs other ParallelJobs' placements hold before their pods are bound, and
+the old nodes a restarting gang holds for its grace period.
 
 A table of ParallelJob and Pod dicts as the API returns them, and the reservations they make; then the live
 path of `paralleljob plan`, which reads ParallelJobs as well as Nodes and Pods.
@@ -39,6 +40,11 @@ def parallel_job(
     }
 
 
+def restarting_job(name: str, *held: str, until: str) -> dict[str, Any]:
+    status = {"phase": "Restarting", "gpusPerNode": 8, "restarts": 1, "heldNodes": list(held), "heldUntil": until}
+    return {"kind": "ParallelJob", "metadata": {"name": name, "namespace": "research"}, "status": status}
+
+
 CASES = {
     "unbound pods reserve their nodes": (
         [parallel_job("gpt", ("n0", "gpt-0"), ("n1", "gpt-1"))],
@@ -62,6 +68,21 @@ CASES = {
         [parallel_job("gpt", ("n0", "gpt-0")), parallel_job("gpt", ("n0", "gpt-0"))],
         [],
         [Reservation("n0", 8, "research/gpt")],
+    ),
+    "a restarting gang holds its old nodes until heldUntil": (
+        [restarting_job("gpt", "n0", "n1", until="2999-01-01T00:00:00Z")],
+        [],
+        [Reservation("n0", 8, "research/gpt"), Reservation("n1", 8, "research/gpt")],
+    ),
+    "a restarting gang's hold that ran out holds nothing": (
+        [restarting_job("gpt", "n0", "n1", until="2020-01-01T00:00:00Z")],
+        [],
+        [],
+    ),
+    "a restarting gang does not hold against itself": (
+        [restarting_job("self", "n0", until="2999-01-01T00:00:00Z")],
+        [],
+        [],
     ),
 }
 

@@ -22,10 +22,16 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get, list, watch]
-# Application: the GPUs already held by bound pods, in every namespace, so that no GPU is planned twice.
+# Application: the GPUs already held by bound pods, in every namespace, so that no GPU is planned twice: the
+# usage index lists them in pages, then watches them (only bound, unfinished pods, selected server-side);
+# and the phase changes of the ParallelJobs' own pods (selected server-side by the job label).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list]
+  verbs: [list, watch]
+# Application: the admission order reads the value of the PriorityClass a job's pods name.
+- apiGroups: [scheduling.k8s.io]
+  resources: [priorityclasses]
+  verbs: [get]
 {{- end }}
 
 {{- define "paralleljob-operator.namespacedRules" -}}
@@ -44,12 +50,13 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
 - apiGroups: [paralleljob.io]
   resources: [paralleljobs/status]
   verbs: [patch]
-# Application: one pod per node rank, watched for phase changes; deleted on gang restarts and after completion
+# Application: one pod per node rank, listed by the job's label on each pass (their phase changes arrive
+# through the cluster-wide, label-selected watch above); deleted on gang restarts and after completion
 # (gracefully; a pod stuck Terminating on a lost node is force-deleted, which is also `delete`). `get` reads a
 # pod that already holds a rank's name, to tell the job's own from a foreign one (a name conflict).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, create, delete]
 # Application: the job's headless Service (rank-0 DNS). It is owned by the ParallelJob, so the garbage
 # collector deletes it with the job. `get` reads an existing one to check that it is this job's and not a
 # deleted namesake's, which the collector has not removed yet.

@@ -653,6 +653,14 @@ class ParallelJobStatus:
         json_name="excludedNodes",
     )
     restarts: int | None = api_field("Gang restarts so far.", default=None, minimum=0)
+    held_nodes: list[str] | None = api_field(
+        "While a gang restarts: its old nodes, less the one blamed, kept from other jobs until heldUntil.",
+        default=None,
+        json_name="heldNodes",
+    )
+    held_until: str | None = api_field(
+        "When a restarting gang's hold on heldNodes ends.", default=None, format="date-time", json_name="heldUntil"
+    )
     last_checkpoint_step: int | None = api_field(
         "Step of the newest complete checkpoint: saved, or resumed from at the start of an attempt.",
         default=None,

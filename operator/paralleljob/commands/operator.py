@@ -73,6 +73,13 @@ def register(sub: Any) -> None:
     )
     add_policy_flags(parser)
     add_pod_security_flags(parser)
+    parser.add_argument(
+        "--restart-hold",
+        type=nonnegative_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="a restarting gang keeps its old nodes (less the one blamed) from other jobs this long (0: not at all)",
+    )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
     parser.add_argument(
         "--peering", default=None, metavar="NAME", help="kopf peering object for several replicas (default: standalone)"
@@ -159,6 +166,16 @@ def namespace_name(text: str) -> str:
     return text
 
 
+def nonnegative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds, 0 or more")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -184,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
         force_delete_after_seconds=args.force_delete_after,
         admission_policy=policy_of(args),
         pod_security=pod_security_of(args),
+        restart_hold_seconds=args.restart_hold,
     )
     registry.configure(settings, metrics_port=args.metrics_port, kubeconfig=args.kubeconfig)
     kopf.configure(

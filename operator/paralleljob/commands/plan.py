@@ -1,9 +1,11 @@
 """`paralleljob plan JOB.yaml [--cluster NODES.yaml] [--pods PODS.yaml] [-o table|json|yaml|svg] [--out FILE]`.
 
 Validates the job, reads the cluster (files, or the live cluster through the kubeconfig when --cluster is
-absent: the only place the planner's inputs come from the Kubernetes API): Nodes, bound Pods and other
-ParallelJobs, whose placements not yet bound are subtracted (`planning.job_reservations`); calls
-`paralleljob.planning.plan_job()` and prints the plan. Exit 0 planned, 1 invalid or unschedulable, 2 usage.
+absent): Nodes, bound Pods and other ParallelJobs, whose placements not yet bound are subtracted
+(`planning.job_reservations`); calls `paralleljob.planning.plan_job()` and prints the plan. The live cluster
+is read as the operator reads it (`paralleljob.k8s.informer`: Nodes and bound pods listed in pages into the
+Node records and the GPU-usage index, so a cluster of 50,000 pods is never in memory at once), and pods
+from files go through the same usage index. Exit 0 planned, 1 invalid or unschedulable, 2 usage.
 
 Reasons (validation errors, unschedulable messages) go to standard output in table mode, as
 `paralleljob validate` prints them, and to standard error with -o json|yaml|svg, so that standard output
@@ -16,7 +18,8 @@ import argparse
 import io
 import json
 import sys
-from typing import Any, TextIO
+from collections.abc import Mapping
+from typing import Any, NamedTuple, TextIO
 
 import yaml
 
@@ -28,12 +31,21 @@ from paralleljob.commands import plan_auto, validate
 from paralleljob.k8s import live
 from paralleljob.planning import costmodel, inventory, picture
 from paralleljob.planning.estimates import GIB
+from paralleljob.planning.usage import UsageIndex, UsageSnapshot
 
 FORMATS = ("table", "json", "yaml", "svg")
 
 
 class UsageError(Exception):
     """Bad arguments or unreadable inputs: exit 2."""
+
+
+class Inputs(NamedTuple):
+    """What the planner reads: node records in natural order, the usage of bound pods, the ParallelJobs."""
+
+    nodes: tuple[inventory.NodeInfo, ...]
+    usage: UsageSnapshot
+    jobs: list[Mapping[str, Any]]
 
 
 def register(sub: Any) -> None:
@@ -101,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if not outcomes:
         return 1
     # Only the picture needs the whole cluster again; building it is a pass over every node.
-    cluster = planning.build_cluster(found.nodes, found.pods) if args.output == "svg" else None
+    cluster = inventory.ClusterBuilder().build(found.nodes, found.usage.usage) if args.output == "svg" else None
     text = render(outcomes, cluster, args.output)
     return _finish(text, args.out, ok)
 
@@ -123,14 +135,16 @@ def _budget_request(args: argparse.Namespace) -> plan_auto.BudgetRequest | None:
 def _run_auto(
     args: argparse.Namespace,
     jobs: list[tuple[str, Any]],
-    found: inventory.ClusterObjects,
+    found: Inputs,
     request: plan_auto.BudgetRequest,
     options: planning.PlanningOptions,
     reasons: TextIO,
 ) -> int:
+    builder = inventory.ClusterBuilder()
+
     def cluster_for(job: Any, held: list[planning.Reservation]) -> planning.Cluster:
-        others = planning.job_reservations(found.jobs, found.pods, exclude=(job.namespace, job.name))
-        return planning.build_cluster(found.nodes, found.pods, [*others, *held])
+        others = planning.job_reservations(found.jobs, exclude=(job.namespace, job.name), bound=found.usage.bound)
+        return builder.build(found.nodes, found.usage.usage, [*others, *held])
 
     chosen, ok = plan_auto.choose_all(jobs, cluster_for, request, options, reasons)
     if not chosen:
@@ -191,21 +205,22 @@ def _load_jobs(path: str, reasons: TextIO) -> list[tuple[str, Any]] | None:
     return jobs if valid else None
 
 
-def _load_cluster(
-    cluster_path: str | None, pods_path: str | None, kubeconfig: str | None = None
-) -> inventory.ClusterObjects:
-    """Nodes, Pods and ParallelJobs: from --cluster or the live cluster, plus --pods; repeats count once."""
+def _load_cluster(cluster_path: str | None, pods_path: str | None, kubeconfig: str | None = None) -> Inputs:
+    """Nodes, pod usage and ParallelJobs: from --cluster or the live cluster, plus --pods; repeats count once."""
     if cluster_path is None:
-        found = _live_cluster(kubeconfig)
+        nodes, usage, jobs = _live_cluster(kubeconfig)
     else:
-        found = inventory.split_objects(_read_yaml(cluster_path))
-        if not found.nodes:
+        objects = inventory.split_objects(_read_yaml(cluster_path))
+        if not objects.nodes:
             raise UsageError(f"{cluster_path}: contains no Node objects (write `kubectl get nodes -o json` to it)")
+        nodes = inventory.sort_nodes(inventory.node_info(node) for node in objects.nodes)
+        usage, jobs = UsageIndex.of(objects.pods), objects.jobs
     if pods_path is not None:
         extra = inventory.split_objects(_read_yaml(pods_path))
-        found = found._replace(pods=found.pods + extra.pods, jobs=found.jobs + extra.jobs)
-    unique = inventory.unique_objects
-    return inventory.ClusterObjects(found.nodes, unique(found.pods), unique(found.jobs))
+        for pod in extra.pods:
+            usage.observe("ADDED", pod)  # the same pod read live and from the file counts once
+        jobs = [*jobs, *extra.jobs]
+    return Inputs(nodes, usage.snapshot(), inventory.unique_objects(jobs))
 
 
 def _read_yaml(path: str) -> list[Any]:
@@ -215,17 +230,21 @@ def _read_yaml(path: str) -> list[Any]:
     return [doc.body for doc in docs]
 
 
-def _live_cluster(kubeconfig: str | None = None) -> inventory.ClusterObjects:
-    """The live cluster's nodes, bound pods and ParallelJobs (k8s.live), or a UsageError line."""
+def _live_cluster(
+    kubeconfig: str | None = None,
+) -> tuple[tuple[inventory.NodeInfo, ...], UsageIndex, list[Mapping[str, Any]]]:
+    """The live cluster's node records, the usage index of its bound pods and its ParallelJobs (k8s.live), or
+    a UsageError line."""
     try:
-        return live.read_cluster(kubeconfig)
+        found = live.read_cluster(kubeconfig)
     except live.LiveClusterError as exc:
         raise UsageError(f"{exc}; pass --cluster FILE") from None
+    return found.nodes, found.usage, found.jobs
 
 
 def _plan_all(
     jobs: list[tuple[str, Any]],
-    found: inventory.ClusterObjects,
+    found: Inputs,
     options: planning.PlanningOptions,
     reasons: TextIO,
 ) -> tuple[list[tuple[str, planning.Plan]], bool]:
@@ -233,10 +252,11 @@ def _plan_all(
     sees the GPUs that other ParallelJobs' placements not yet bound hold (the job itself excepted)."""
     outcomes: list[tuple[str, planning.Plan]] = []
     reservations: list[planning.Reservation] = []
+    builder = inventory.ClusterBuilder()
     ok = True
     for label, job in jobs:
-        held = planning.job_reservations(found.jobs, found.pods, exclude=(job.namespace, job.name))
-        cluster = planning.build_cluster(found.nodes, found.pods, [*held, *reservations])
+        held = planning.job_reservations(found.jobs, exclude=(job.namespace, job.name), bound=found.usage.bound)
+        cluster = builder.build(found.nodes, found.usage.usage, [*held, *reservations])
         outcome = planning.plan_job(job, cluster, options)
         if isinstance(outcome, planning.Unschedulable):
             print(f"{label}: {outcome.problem().render()}", file=reasons)

@@ -1,7 +1,8 @@
 """At most one reconcile per job at a time, and bursts of watch events folded into one more pass.
 
 The kopf handlers only *request* a reconcile of a key (namespace, name). The first request starts a worker
-that runs the blocking reconcile in a thread; requests that arrive meanwhile mark the key dirty and return,
+that runs the blocking reconcile in a thread of the coalescer's own pool (never asyncio's default one, which
+kopf and the client share); requests that arrive meanwhile mark the key dirty and return,
 so 1,024 pod events cost a handful of passes, not 1,024. A pass that raises is retried with exponential
 backoff (event handlers are not retried by kopf). A pass may also name other keys to request now (a freed
 GPU wakes the waiting jobs) and ask to be run again after a delay (a starting gang whose start timeout
@@ -12,6 +13,7 @@ memory: every pass reads the job and its pods from the API afresh.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 from collections.abc import Callable, Hashable
@@ -20,6 +22,8 @@ log = logging.getLogger(__name__)
 
 FIRST_RETRY_SECONDS = 1.0
 MAX_RETRY_SECONDS = 60.0
+# Passes that may run at once (each waits mostly on the API server).
+THREADS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +42,9 @@ class _Worker:
 class Coalescer:
     """Runs `action(key)` in a thread, never twice at once for one key, and does what its `Next` asks."""
 
-    def __init__(self, action: Callable[[Hashable], Next]) -> None:
+    def __init__(self, action: Callable[[Hashable], Next], threads: int = THREADS) -> None:
         self._action = action
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="supervision")
         self._workers: dict[Hashable, _Worker] = {}
         self._timers: dict[Hashable, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -55,6 +60,10 @@ class Coalescer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def request_later(self, key: Hashable, after: float | None) -> None:
+        """Replace the key's timer: a pass `after` seconds from now (None: no timer). On the event loop."""
+        self._schedule(key, after)
+
     def _schedule(self, key: Hashable, after: float | None) -> None:
         timer = self._timers.pop(key, None)
         if timer is not None:
@@ -69,7 +78,7 @@ class Coalescer:
             while worker.dirty:
                 worker.dirty = False
                 try:
-                    wanted = await asyncio.to_thread(self._action, key)
+                    wanted = await asyncio.get_running_loop().run_in_executor(self._pool, self._action, key)
                     delay = FIRST_RETRY_SECONDS
                     for follow_up in wanted.keys:
                         self.request(follow_up)

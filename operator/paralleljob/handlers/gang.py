@@ -125,9 +125,11 @@ def judge(
     *,
     start_timeout: float = float("inf"),
     at: datetime.datetime | None = None,
+    planned_nodes: Mapping[int, str] | None = None,
 ) -> GangState:
-    """The state of a gang of `expected` pods (missing pods count as deleted). `lost_nodes` maps a node
-    name to why it is lost ("is NotReady", "no longer exists")."""
+    """The state of a gang of `expected` pods (missing pods count as deleted, on the node `planned_nodes` gives
+    their rank, as a pod seen being deleted is). `lost_nodes` maps a node name to why it is lost ("is NotReady",
+    "no longer exists")."""
     lost = lost_nodes or {}
     by_rank = {_rank(p): p for p in pods}
     ready = sum(1 for p in pods if _phase(p) == "Running")
@@ -146,7 +148,8 @@ def judge(
             return GangState("broken", ready, why, pod["metadata"]["name"], node_of(pod))
     missing = [rank for rank in range(expected) if rank not in by_rank]
     if missing:
-        return GangState("broken", ready, f"pod of node rank {missing[0]} was deleted", None, None)
+        node = (planned_nodes or {}).get(missing[0])
+        return GangState("broken", ready, f"pod of node rank {missing[0]} was deleted", None, node)
     if ready == expected:
         return GangState("running", ready)
     return _start_timeout(pods, ready, start_timeout, at) or GangState("starting", ready)

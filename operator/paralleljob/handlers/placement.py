@@ -1,13 +1,16 @@
-"""The planner's port: live cluster objects in, a plan in its JSON form (or the reason it cannot fit) out;
-and, for a job that gives a GPU budget, the layout chosen at its first admission (or why none fits).
+"""The planner's port: the watches' node records and usage totals, and other jobs' reservations, in; a plan in
+its JSON form (or the reason it cannot fit) out; and, for a job that gives a GPU budget, the layout chosen at
+its first admission (or why none fits).
 
-Builds the planner's `Cluster` from Nodes, pods and other jobs' reservations, leaving out nodes that broke an
-earlier attempt when the job still fits without them ("where possible"), and times the planning.
+Builds the planner's `Cluster` from the Node watch's snapshot and the usage index's totals (no API call),
+leaving out nodes that broke an earlier attempt when the job still fits without them ("where possible"),
+and times the planning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -15,13 +18,17 @@ from typing import Any
 from paralleljob import planning
 from paralleljob.api import ResolvedJob
 from paralleljob.api.problems import Problem
+from paralleljob.handlers.nodes import NodeSnapshot
 from paralleljob.planning import layout_search
-from paralleljob.planning.inventory import Reservation, build_cluster
+from paralleljob.planning.inventory import ClusterBuilder, NodeInfo, Reservation
+from paralleljob.planning.usage import NodeUsage
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """A plan (JSON form) and the Node dicts it uses, or the planner's reason why the job does not fit."""
+    """A plan (JSON form) and the slim Node dicts it uses, or the planner's reason why the job does not fit."""
 
     plan: dict[str, Any] | None
     nodes: list[Mapping[str, Any]]
@@ -31,11 +38,12 @@ class Outcome:
 
 def _plan_once(
     resolved: ResolvedJob,
-    nodes: Sequence[Mapping[str, Any]],
-    pods: Sequence[Mapping[str, Any]],
+    builder: ClusterBuilder,
+    infos: Sequence[NodeInfo],
+    usage: Mapping[str, NodeUsage],
     reservations: Sequence[Reservation],
 ) -> tuple[dict[str, Any] | None, str]:
-    result = planning.plan_job(resolved, build_cluster(nodes, pods, reservations))
+    result = planning.plan_job(resolved, builder.build(infos, usage, reservations))
     if isinstance(result, planning.Unschedulable):
         return None, result.message
     return result.to_dict(), ""
@@ -43,19 +51,21 @@ def _plan_once(
 
 def plan(
     resolved: ResolvedJob,
-    nodes: Sequence[Mapping[str, Any]],
-    pods: Sequence[Mapping[str, Any]],
+    nodes: NodeSnapshot,
+    usage: Mapping[str, NodeUsage],
     reservations: Sequence[Reservation],
     excluded: Collection[str] = (),
+    builder: ClusterBuilder | None = None,
 ) -> Outcome:
     """Plan without the excluded nodes, else with them; the reason is from the attempt without them."""
     started = time.perf_counter()
-    preferred = [n for n in nodes if n["metadata"]["name"] not in excluded]
-    found, reason = _plan_once(resolved, preferred, pods, reservations)
-    if found is None and len(preferred) < len(nodes):
-        found, _ = _plan_once(resolved, nodes, pods, reservations)
-    used = {entry["node"] for entry in (found or {}).get("nodes", [])}
-    planned = [n for n in nodes if n["metadata"]["name"] in used]
+    builder = builder or ClusterBuilder()
+    preferred = [info for info in nodes.infos if info.name not in excluded] if excluded else nodes.infos
+    found, reason = _plan_once(resolved, builder, preferred, usage, reservations)
+    if found is None and len(preferred) < len(nodes.infos):
+        log.info("%s does not fit without nodes %s (%s); planning with them", resolved.name, sorted(excluded), reason)
+        found, _ = _plan_once(resolved, builder, nodes.infos, usage, reservations)
+    planned = [nodes.dicts[entry["node"]] for entry in (found or {}).get("nodes", [])]
     return Outcome(found, planned, reason, time.perf_counter() - started)
 
 
@@ -70,14 +80,16 @@ class LayoutFound:
 
 def choose_layout(
     template: ResolvedJob,
-    nodes: Sequence[Mapping[str, Any]],
-    pods: Sequence[Mapping[str, Any]],
+    nodes: NodeSnapshot,
+    usage: Mapping[str, NodeUsage],
     reservations: Sequence[Reservation],
+    builder: ClusterBuilder | None = None,
 ) -> LayoutFound:
-    """The layout search (`planning.layout_search`) on the live cluster, for the budget the job gives."""
+    """The layout search (`planning.layout_search`) on the watched cluster, for the budget the job gives."""
     budget = layout_search.budget_of(template)
     assert budget is not None  # only jobs that give a budget come here
-    outcome = layout_search.choose_layout(template, build_cluster(nodes, pods, reservations), budget)
+    cluster = (builder or ClusterBuilder()).build(nodes.infos, usage, reservations)
+    outcome = layout_search.choose_layout(template, cluster, budget)
     if isinstance(outcome, layout_search.NoLayout):
         return LayoutFound(None, {}, outcome.message)
     record = layout_search.record(outcome)

@@ -13,10 +13,16 @@ takes the first step that applies:
 4. a deleted job's children still hold our names: wait for the garbage collector; a name held by anyone else
    (a foreign object, or a foreign pod with a rank's name) is a NameConflict: Scheduled=False naming the
    kind and name, the reservation released, a Warning Event, and no new attempt until that object is gone;
-5. no placement: plan with gang admission; unschedulable -> Pending + Scheduled=False; else write the
-   ConfigMap (the plan and network of this attempt) and the placement (which reserves the GPUs) -> Admitted;
+5. no placement: a supervision pass hands the job to the admission queue (`handlers.admission_queue`) and
+   stops; the admission pass (`admit=True`, only ever run by the queue's one worker) plans with gang
+   admission from the watches' node records and usage index (no cluster-wide pod or node LIST), choosing the
+   layout first for a job that gives a GPU budget (once: status.layoutChoice);
+   unschedulable -> Pending + Scheduled=False; else write the ConfigMap (the plan and network of this
+   attempt) and the placement (which reserves the GPUs) -> Admitted;
 6. admitted: create the Service, the progress RBAC and every missing pod from the ConfigMap -> Placed;
-7. placed: judge the gang (`handlers.gang`): Running, Succeeded, or a gang restart / Failed.
+7. placed: judge the gang (`handlers.gang`): Running, Succeeded, or a gang restart / Failed. A restarting
+   gang holds its old nodes, less the one blamed, for `restart_hold_seconds` (status.heldNodes/heldUntil),
+   so the GPUs it frees are not handed to another job mid-restart.
 
 A create the API refuses for good (4xx) fails the attempt like a broken gang (reason CreateFailed). Each
 step ends with at most one status patch, skipped when nothing changed, so a quiet cluster sees no writes.
@@ -27,8 +33,9 @@ at this job again without a watch event (a start timeout or a stuck deletion fal
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
-import threading
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -36,12 +43,14 @@ from paralleljob import planning
 from paralleljob.api import ResolvedJob, policy, validate_document
 from paralleljob.handlers import conditions, gang, placement
 from paralleljob.handlers import metrics as m
+from paralleljob.handlers.nodes import NodeSnapshot
 from paralleljob.k8s import events, reads, timestamps, writes
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import children as child_objects
 from paralleljob.manifests import configmap, labels, security
 from paralleljob.manifests import pods as pod_manifests
-from paralleljob.planning.inventory import TERMINAL_POD_PHASES
+from paralleljob.planning.inventory import TERMINAL_POD_PHASES, ClusterBuilder, held_until
+from paralleljob.planning.usage import NodeUsage, UsageSnapshot
 from paralleljob_contract.network import NetworkFailure
 
 log = logging.getLogger(__name__)
@@ -49,9 +58,6 @@ log = logging.getLogger(__name__)
 # A job's terminal phases are named like a pod's.
 TERMINAL = TERMINAL_POD_PHASES
 ADMITTED, PLACED = "Admitted", "Placed"
-# Admissions run one at a time: each reads the placements the previous one wrote, so two jobs admitted a
-# moment apart never plan onto the same GPUs. Every API call has a timeout, so the lock is never held forever.
-ADMISSION = threading.Lock()
 # A waiting job also re-plans this often: GPUs held by pods of other workloads are freed without an event
 # the operator watches (it watches only its own pods).
 UNSCHEDULABLE_RECHECK_SECONDS = 60.0
@@ -79,14 +85,30 @@ class Settings:
     # What a job may ask of its pods, and what its pods run as: the administrator's, never the job's.
     admission_policy: policy.AdmissionPolicy = dataclasses.field(default_factory=policy.AdmissionPolicy)
     pod_security: security.PodSecurity = dataclasses.field(default_factory=security.PodSecurity)
+    # A restarting gang keeps its old nodes (less the one blamed) from other jobs this long.
+    restart_hold_seconds: float = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeView:
-    """What the Node watch knows: the nodes that exist and those that are NotReady."""
+    """What the watches know: the nodes that exist and those that are NotReady; for admission passes also the
+    planner's node records, the usage index's totals and bound pods of the same moment, and the cluster
+    builder that reuses unchanged records."""
 
     known: frozenset[str] = frozenset()
     not_ready: frozenset[str] = frozenset()
+    snapshot: NodeSnapshot = dataclasses.field(default_factory=NodeSnapshot)
+    usage: UsageSnapshot = dataclasses.field(default_factory=UsageSnapshot)
+    builder: ClusterBuilder = dataclasses.field(default_factory=ClusterBuilder)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionRequest:
+    """What orders a job in the admission queue: restarting or new, its PriorityClass, its creation time."""
+
+    restarting: bool
+    priority_class: str | None
+    created: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +118,7 @@ class Outcome:
     step: str
     wake_others: bool = False
     requeue_after: float | None = None
+    admission: AdmissionRequest | None = None  # set when the job waits for the admission queue
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +129,7 @@ class Pass:
     settings: Settings
     job: Mapping[str, Any]
     nodes: NodeView
+    admit: bool = False
 
     @property
     def status(self) -> Mapping[str, Any]:
@@ -144,14 +168,17 @@ class Pass:
         events.post(self.session, self.job, kind, reason, message)
 
 
-def reconcile(session: Session, settings: Settings, namespace: str, name: str, nodes: NodeView) -> Outcome:
-    """One pass; returns what it did and what it asks of the scheduler."""
+def reconcile(
+    session: Session, settings: Settings, namespace: str, name: str, nodes: NodeView, *, admit: bool = False
+) -> Outcome:
+    """One pass; returns what it did and what it asks of the scheduler. Only the admission worker passes
+    `admit=True`: other passes stop at a job without a placement and ask for its admission."""
     job = reads.get_job(session, namespace, name)
     if job is None or job["metadata"].get("deletionTimestamp"):
         m.observe_phase(namespace, name, None)
         return Outcome("gone")
     job.setdefault("metadata", {}).setdefault("namespace", namespace)
-    outcome = _step(Pass(session, settings, job, nodes))
+    outcome = _step(Pass(session, settings, job, nodes, admit))
     m.RECONCILES.labels(outcome=outcome.step).inc()
     return outcome
 
@@ -185,14 +212,18 @@ def _step(p: Pass) -> Outcome:
         if not p.status.get("placement"):
             if _waits_on_conflict(p, pods):
                 return Outcome("name-conflict", requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
-            with ADMISSION:
-                view = _cluster_view(p)
-                if resolved.needs_layout:
-                    chosen = _choose_layout(p, resolved, view)
-                    if isinstance(chosen, Outcome):
-                        return chosen
-                    resolved = chosen
-                return _admit(p, resolved, view)
+            if not p.admit:
+                return _awaiting_admission(p)
+            view = _cluster_view(p, labelled)
+            if resolved.needs_layout:
+                chosen = _choose_layout(p, resolved, view)
+                if isinstance(chosen, Outcome):
+                    return chosen
+                resolved = chosen
+            return _admit(p, resolved, view)
+        if p.admit:
+            # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.
+            return Outcome("placed", requeue_after=0.0)
         if conditions.is_true(p.status.get("conditions"), "Scheduled", ADMITTED):
             return _create(p, resolved, pods)
     except writes.NameConflict as conflict:
@@ -208,24 +239,26 @@ def _step(p: Pass) -> Outcome:
 
 @dataclasses.dataclass(frozen=True)
 class ClusterView:
-    """What an admission plans against: Nodes, all pods, and other jobs' reservations, read once per admission."""
+    """What an admission plans against, from the watches: node records, the usage totals of bound pods (less
+    this job's own departed pods), other jobs' reservations, and the builder that reuses the node records."""
 
-    nodes: list[Mapping[str, Any]]
-    pods: list[Mapping[str, Any]]
+    nodes: NodeSnapshot
+    usage: Mapping[str, NodeUsage]
     held: list[planning.Reservation]
+    builder: ClusterBuilder
 
 
-def _cluster_view(p: Pass) -> ClusterView:
-    nodes = reads.list_nodes(p.session)
-    all_pods = reads.list_all_pods(p.session)
+def _cluster_view(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> ClusterView:
     jobs = reads.list_jobs(p.session, p.settings.namespaces)
-    return ClusterView(nodes, all_pods, planning.job_reservations(jobs, all_pods, exclude=(p.namespace, p.name)))
+    usage = p.nodes.usage.without(_own_pods_gone(p, labelled))
+    held = planning.job_reservations(jobs, exclude=(p.namespace, p.name), bound=usage.bound)
+    return ClusterView(p.nodes.snapshot, usage.usage, held, p.nodes.builder)
 
 
 def _choose_layout(p: Pass, template: ResolvedJob, view: ClusterView) -> ResolvedJob | Outcome:
     """First admission of a job that gives a GPU budget: choose the layout on the free nodes, once, and record
     it (status.layoutChoice, the LayoutChosen condition and an Event) before placing it."""
-    found = placement.choose_layout(template, view.nodes, view.pods, view.held)
+    found = placement.choose_layout(template, view.nodes, view.usage, view.held, view.builder)
     if found.job is None:
         cond = p.condition("Valid", "True", "Validated", "the spec is valid")
         cond = p.condition("LayoutChosen", "False", "NoLayout", found.message, base=cond)
@@ -263,7 +296,7 @@ def _lost_nodes(p: Pass, names: Collection[str | None]) -> dict[str, str]:
     lost = {name: "is NotReady" for name in wanted if name in p.nodes.not_ready}
     unknown = wanted - p.nodes.known
     if unknown:
-        existing = {node["metadata"]["name"] for node in reads.list_nodes(p.session)}
+        existing = {name for name in unknown if reads.node_exists(p.session, name)}
         lost.update({name: "no longer exists" for name in unknown - existing})
     return lost
 
@@ -323,8 +356,48 @@ def _finished(p: Pass, pods: Sequence[Mapping[str, Any]], phase: str | None = No
     _delete(p, [pod for pod in pods if (pod.get("status") or {}).get("phase") not in {"Failed", *keep}])
 
 
+def admission_request(job: Mapping[str, Any]) -> AdmissionRequest:
+    """What places a ParallelJob dict in the admission queue."""
+    template = (job.get("spec") or {}).get("template") or {}
+    return AdmissionRequest(
+        restarting=int((job.get("status") or {}).get("restarts") or 0) > 0,
+        priority_class=template.get("priorityClassName") if isinstance(template, Mapping) else None,
+        created=str(job["metadata"].get("creationTimestamp") or ""),
+    )
+
+
+def _awaiting_admission(p: Pass) -> Outcome:
+    """Hand the job to the admission queue; a restarting gang whose hold ran out lets the others in."""
+    request = admission_request(p.job)
+    remaining = _hold_remaining(p)
+    if remaining is None and p.status.get("heldNodes"):
+        write_status(p, {"heldNodes": None, "heldUntil": None})
+        return Outcome("awaiting-admission", wake_others=True, admission=request)
+    return Outcome("awaiting-admission", requeue_after=remaining, admission=request)
+
+
+def _hold_remaining(p: Pass) -> float | None:
+    """Seconds until a restarting gang's hold on its old nodes ends; None when it holds none."""
+    if not p.status.get("heldNodes"):
+        return None
+    left = (held_until(p.status) - datetime.datetime.now(datetime.UTC)).total_seconds()
+    return left + 0.5 if left > 0 else None
+
+
+def _own_pods_gone(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """This job's pods that the usage index still counts but the API, read just now, no longer has: the index
+    learns of a deletion a moment after the API, and a restarting gang must not wait on its own old pods."""
+    named = re.compile(rf"{re.escape(p.name)}-\d+")
+    present = {pod["metadata"]["name"] for pod in labelled}
+    return [
+        (namespace, name)
+        for namespace, name in p.nodes.usage.claims
+        if namespace == p.namespace and name.startswith(p.name) and named.fullmatch(name) and name not in present
+    ]
+
+
 def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
-    outcome = placement.plan(resolved, view.nodes, view.pods, view.held, p.excluded)
+    outcome = placement.plan(resolved, view.nodes, view.usage, view.held, p.excluded, view.builder)
     m.PLANNING.observe(outcome.seconds)
     if outcome.plan is None:
         return _unschedulable(p, outcome.reason)
@@ -392,7 +465,9 @@ def _unschedulable(p: Pass, reason: str) -> Outcome:
     phase = "Restarting" if p.attempt else "Pending"
     if write_status(p, {"phase": phase, "message": reason, "conditions": cond, "placement": None}):
         p.event("Warning", "Unschedulable", reason)
-    return Outcome("unschedulable", requeue_after=UNSCHEDULABLE_RECHECK_SECONDS)
+    # A restarting gang's pass when its hold runs out lets the jobs waiting behind it in.
+    recheck = min(UNSCHEDULABLE_RECHECK_SECONDS, _hold_remaining(p) or UNSCHEDULABLE_RECHECK_SECONDS)
+    return Outcome("unschedulable", requeue_after=recheck)
 
 
 def _placement_entries(p: Pass, plan: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -432,6 +507,8 @@ def _admitted_status(
         "ncclEnv": attempt.nccl_env,
         "restarts": p.attempt,
         "podsReady": 0,
+        "heldNodes": None,
+        "heldUntil": None,
     }
 
 
@@ -474,7 +551,9 @@ def _placed_nodes(p: Pass) -> list[str]:
 def _watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
     entries = p.status.get("placement") or []
     nodes = [entry.get("node") for entry in entries] + [gang.node_of(pod) for pod in pods]
-    state = gang.judge(pods, len(entries), _lost_nodes(p, nodes), start_timeout=p.settings.start_timeout_seconds)
+    planned = {int(entry["nodeRank"]): str(entry["node"]) for entry in entries if entry.get("node")}
+    lost = _lost_nodes(p, nodes)
+    state = gang.judge(pods, len(entries), lost, start_timeout=p.settings.start_timeout_seconds, planned_nodes=planned)
     handlers: dict[str, Callable[[Pass, ResolvedJob, Sequence[Mapping[str, Any]], gang.GangState], Outcome]] = {
         "succeeded": _succeeded,
         "broken": _broken,
@@ -562,11 +641,20 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
     cond = p.condition("Scheduled", "False", _scheduled_reason(state), message, base=cond)
     # The next attempt verifies its own network (it may run on other nodes).
     patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts, "network": None}
-    write_status(p, {**patch, "placement": None, "podsReady": 0, "excludedNodes": excluded or None})
+    write_status(p, {**patch, "placement": None, "podsReady": 0, "excludedNodes": excluded or None, **_hold(p, state)})
     m.GANG_RESTARTS.inc()
     p.event("Warning", "Restarting", message)
     _delete(p, pods)
     return Outcome("restarting", wake_others=True)
+
+
+def _hold(p: Pass, state: gang.GangState) -> dict[str, Any]:
+    """The restarting gang's hold: its placed nodes less the one blamed, until restart_hold_seconds from now."""
+    kept = [e["node"] for e in p.status.get("placement") or [] if e.get("node") and e["node"] != state.node]
+    if not kept or p.settings.restart_hold_seconds <= 0:
+        return {"heldNodes": None, "heldUntil": None}
+    until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=p.settings.restart_hold_seconds)
+    return {"heldNodes": kept, "heldUntil": timestamps.format_time(until)}
 
 
 def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:

@@ -1,12 +1,17 @@
-"""The kopf handlers: each one only turns a watch event into a reconcile request.
+"""The kopf handlers and the operator's watches: each one only turns a watch event into a reconcile request.
 
-Watches ParallelJobs (their own changes), the pods labelled with a job (phase changes, deletions), Nodes
-(readiness, capacity, labels: a pending job may fit now, a running gang may have lost a node) and rank 0's
-progress ConfigMaps (copied into status by `handlers.progress`, apart from reconciles). Whenever GPUs
-may have been freed (a Node changed, a job's pod ended or went away, a job was deleted, finished or
-restarted) the `RECHECK` pass requests every unfinished job, so a waiting job re-plans at once. No handler
-stores progress in annotations and none adds a finalizer, so deleting a job never waits for the operator,
-and a quiet cluster sees no writes. `configure()` must be called before kopf starts.
+kopf watches ParallelJobs (their own changes) and rank 0's progress ConfigMaps (copied into status by
+`handlers.progress`, apart from reconciles). Three informers (`paralleljob.k8s.informer`) watch the rest:
+the pods labelled with a job (phase changes, deletions: each asks for a pass over its job; selected by the
+API server, whereas kopf would list and watch every pod of the cluster and filter them itself), and what
+admission plans from: Nodes (readiness, capacity, labels) in `NodeWatch`, and every bound pod's requests in
+the usage index. Whenever GPUs may have been freed
+(a Node changed, a bound pod ended or went away, a job was deleted, finished or restarted) the `RECHECK` pass
+offers every unplaced job to the admission queue and requests a pass over every placed one. Supervision
+passes run on the coalescer's threads; admissions on the admission queue's one worker, in its order, so a
+restart never waits behind them. No handler stores progress in annotations and none adds a finalizer, so
+deleting a job never waits for the operator, and a quiet cluster sees no writes. `configure()` must be
+called before kopf starts.
 """
 
 from __future__ import annotations
@@ -14,20 +19,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import typing
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import kopf
 
 from paralleljob.api import types as api_types
 from paralleljob.handlers import metrics, progress, reconcile
-from paralleljob.handlers.coalescer import Coalescer, Next
+from paralleljob.handlers.admission_queue import AdmissionQueue, Order, PriorityValues
+from paralleljob.handlers.coalescer import FIRST_RETRY_SECONDS, Coalescer, Next
 from paralleljob.handlers.nodes import NodeWatch
-from paralleljob.k8s import reads
+from paralleljob.k8s import informer, reads
 from paralleljob.k8s.session import Session, connect
 from paralleljob.manifests import labels as child_labels
 from paralleljob.manifests import progress as progress_manifests
+from paralleljob.planning.inventory import ClusterBuilder
+from paralleljob.planning.usage import UsageIndex
 
 log = logging.getLogger(__name__)
 RECHECK = "recheck-unfinished-jobs"
@@ -48,7 +57,14 @@ class Runtime:
     kubeconfig: str | None = None
     session: Session | None = None
     nodes: NodeWatch = dataclasses.field(default_factory=NodeWatch)
+    usage: UsageIndex = dataclasses.field(default_factory=UsageIndex)
+    builder: ClusterBuilder = dataclasses.field(default_factory=ClusterBuilder)
+    informers: list[informer.Informer] = dataclasses.field(default_factory=list)  # admission waits for these
+    job_pods: informer.Informer | None = None
     coalescer: Coalescer | None = None
+    admissions: AdmissionQueue[reconcile.NodeView] | None = None
+    priorities: PriorityValues | None = None
+    loop: asyncio.AbstractEventLoop | None = None
 
 
 RUNTIME = Runtime()
@@ -58,7 +74,20 @@ def configure(settings: reconcile.Settings, metrics_port: int = 0, kubeconfig: s
     RUNTIME.settings, RUNTIME.metrics_port, RUNTIME.kubeconfig = settings, metrics_port, kubeconfig
 
 
+def _view() -> reconcile.NodeView:
+    """What a supervision pass needs of the watches: which nodes exist and which are NotReady."""
+    snapshot = RUNTIME.nodes.snapshot()
+    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot)
+
+
+def _admission_view() -> reconcile.NodeView:
+    """What an admission round plans from: the node records and the usage of one moment."""
+    snapshot = RUNTIME.nodes.snapshot()
+    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, RUNTIME.usage.snapshot(), RUNTIME.builder)
+
+
 def _pass(key: Hashable) -> Next:
+    """A supervision pass (a coalescer thread): never admits, hands unplaced jobs to the admission queue."""
     assert RUNTIME.session is not None
     if key == RECHECK:
         return Next(keys=tuple(_jobs_to_recheck(RUNTIME.session)))
@@ -66,16 +95,71 @@ def _pass(key: Hashable) -> Next:
         progress.copy_progress(RUNTIME.session, key)
         return Next()
     namespace, name = typing.cast(tuple[str, str], key)
-    nodes = reconcile.NodeView(RUNTIME.nodes.known(), RUNTIME.nodes.not_ready())
-    outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, nodes)
+    outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, _view())
+    if outcome.admission is not None:
+        _offer(namespace, name, outcome.admission)
     return Next(keys=(RECHECK,) if outcome.wake_others else (), after=outcome.requeue_after)
 
 
+def _order(namespace: str, name: str, request: reconcile.AdmissionRequest) -> Order:
+    assert RUNTIME.priorities is not None
+    priority = RUNTIME.priorities.value(request.priority_class)
+    return Order.of(namespace, name, restarting=request.restarting, priority=priority, created=request.created)
+
+
+def _offer(namespace: str, name: str, request: reconcile.AdmissionRequest) -> None:
+    assert RUNTIME.admissions is not None
+    RUNTIME.admissions.offer((namespace, name), _order(namespace, name, request))
+
+
+def _admission_pass(key: Hashable, view: reconcile.NodeView) -> None:
+    """An admission pass (the admission worker's thread); what it asks of the scheduler goes to the loop."""
+    assert RUNTIME.session is not None
+    namespace, name = typing.cast(tuple[str, str], key)
+    started = time.perf_counter()
+    try:
+        outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, view, admit=True)
+        log.info("admission pass of %s/%s: %s in %.3fs", namespace, name, outcome.step, time.perf_counter() - started)
+    except Exception:
+        log.exception("admission of %s/%s failed; retrying in %.0fs", namespace, name, FIRST_RETRY_SECONDS)
+        _on_loop(lambda: _coalescer().request_later(key, FIRST_RETRY_SECONDS))
+        return
+    if outcome.admission is not None:  # not admitted by this pass (its own timer will bring it back)
+        _offer(namespace, name, outcome.admission)
+
+    def follow_up() -> None:
+        _coalescer().request_later(key, outcome.requeue_after)
+        if outcome.wake_others:
+            _coalescer().request(RECHECK)
+
+    _on_loop(follow_up)
+
+
+def _coalescer() -> Coalescer:
+    assert RUNTIME.coalescer is not None
+    return RUNTIME.coalescer
+
+
+def _on_loop(callback: typing.Callable[[], None]) -> None:
+    assert RUNTIME.loop is not None
+    RUNTIME.loop.call_soon_threadsafe(callback)
+
+
 def _jobs_to_recheck(session: Session) -> list[tuple[str, str]]:
-    """Unfinished jobs: a pending one may fit now, a running one may have lost its node."""
+    """Unfinished jobs: an unplaced one is offered for admission (all of them before the worker picks, so the
+    order decides who gets freed GPUs first); a placed one may have lost its node, so it gets a pass."""
     jobs = reads.list_jobs(session, RUNTIME.settings.namespaces)
     unfinished = [j for j in jobs if (j.get("status") or {}).get("phase") not in reconcile.TERMINAL]
-    return [(j["metadata"]["namespace"], j["metadata"]["name"]) for j in unfinished]
+    placed, waiting = [], []
+    for job in unfinished:
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        if (job.get("status") or {}).get("placement"):
+            placed.append((namespace, name))
+        else:
+            waiting.append(((namespace, name), _order(namespace, name, reconcile.admission_request(job))))
+    assert RUNTIME.admissions is not None
+    RUNTIME.admissions.offer_all(waiting)
+    return placed
 
 
 def _request(key: Hashable) -> None:
@@ -93,9 +177,53 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.connect_timeout = CONNECT_SECONDS
     settings.networking.request_timeout = REQUEST_SECONDS
     RUNTIME.session = await asyncio.to_thread(connect, RUNTIME.kubeconfig)
+    RUNTIME.loop = asyncio.get_running_loop()
     RUNTIME.coalescer = Coalescer(_pass)
+    session = RUNTIME.session
+    RUNTIME.priorities = PriorityValues(lambda name: reads.priority_value(session, name))
+    wake = lambda: _on_loop(lambda: _request(RECHECK))  # noqa: E731 - called from the informers' threads
+    RUNTIME.informers = [
+        informer.Informer(session, informer.NODES, RUNTIME.nodes, wake).start(),
+        informer.Informer(session, informer.BOUND_PODS, RUNTIME.usage, wake).start(),
+    ]
+    RUNTIME.job_pods = informer.Informer(session, informer.JOB_PODS, JobPods(RUNTIME.settings.namespaces)).start()
+    RUNTIME.admissions = AdmissionQueue(_admission_pass, _admission_view, ready=_watches_synced).start()
     metrics.serve(RUNTIME.metrics_port)
     log.info("paralleljob operator started: %s", RUNTIME.settings)
+
+
+class JobPods:
+    """The job-pods informer's sink: every event of a pod labelled with a job asks for a pass over that job
+    (a pod of a namespace this operator does not watch is left alone); it keeps nothing."""
+
+    def __init__(self, namespaces: tuple[str, ...] | None) -> None:
+        self._namespaces = namespaces
+
+    def replace(self, objects: Iterable[Mapping[str, Any]]) -> int:
+        for obj in objects:
+            self.observe("ADDED", obj)
+        return 0
+
+    def observe(self, event_type: str, obj: Mapping[str, Any]) -> bool:
+        metadata = obj.get("metadata") or {}
+        job = (metadata.get("labels") or {}).get(child_labels.JOB_LABEL)
+        namespace = metadata.get("namespace")
+        if job and (self._namespaces is None or namespace in self._namespaces):
+            _on_loop(lambda: _request((namespace, job)))
+        return False
+
+
+def _watches_synced(timeout: float) -> bool:
+    """Whether every informer has listed the cluster once (waits up to `timeout` seconds)."""
+    return all(each.synced.wait(timeout) for each in RUNTIME.informers)
+
+
+@kopf.on.cleanup()
+async def stop(**_: Any) -> None:
+    for each in [*RUNTIME.informers, *([RUNTIME.job_pods] if RUNTIME.job_pods else [])]:
+        each.stop()
+    if RUNTIME.admissions is not None:
+        RUNTIME.admissions.stop()
 
 
 @kopf.on.event(api_types.GROUP, api_types.VERSION, api_types.PLURAL)
@@ -108,30 +236,8 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, **
     _request((namespace, name))
 
 
-def frees_gpus(event_type: str | None, pod: kopf.Body) -> bool:
-    """Whether a pod event may have released GPUs: a bound pod ended or went away."""
-    bound = bool((pod.get("spec") or {}).get("nodeName"))
-    ended = (pod.get("status") or {}).get("phase") in reconcile.TERMINAL
-    return bound and (event_type == "DELETED" or ended)
-
-
-@kopf.on.event("", "v1", "pods", labels={child_labels.JOB_LABEL: kopf.PRESENT})
-async def pod_changed(
-    event: kopf.RawEvent, body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
-) -> None:
-    _request((namespace, labels[child_labels.JOB_LABEL]))
-    if frees_gpus(event["type"], body):
-        _request(RECHECK)
-
-
 @kopf.on.event("", "v1", "configmaps", labels={progress_manifests.PROGRESS_LABEL: kopf.PRESENT})
 async def progress_changed(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
     job = progress_manifests.job_of(name)
     if job is not None and event["type"] != "DELETED":
         _request(progress.ProgressKey(namespace or "", job))
-
-
-@kopf.on.event("", "v1", "nodes")
-async def node_changed(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-    if RUNTIME.nodes.observe(event["type"] or "ADDED", body):
-        _request(RECHECK)

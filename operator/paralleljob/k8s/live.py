@@ -1,49 +1,60 @@
-"""A one-off read of a live cluster for `paralleljob plan --kubeconfig`: nodes, bound pods and ParallelJobs.
+"""A one-off read of a live cluster for `paralleljob plan --kubeconfig`: node records, the usage index of the
+bound pods, and the ParallelJobs.
 
-The operator reads through `Session` (reads.py); this is the CLI's path, through the kubeconfig (or the
-in-cluster config), without a kopf session. Any failure to reach the cluster is one `LiveClusterError` line.
+Read as the operator reads them (`paralleljob.k8s.informer`): Nodes and bound, unfinished pods listed in pages
+of 500 and turned into the planner's records page by page, so a cluster of 50,000 pods is never in memory at
+once. Through the kubeconfig (or the in-cluster config), without a kopf session. Any failure to reach the
+cluster is one `LiveClusterError` line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from paralleljob.api import types as api_types
 from paralleljob.planning import inventory
+from paralleljob.planning.usage import UsageIndex
 
 
 class LiveClusterError(RuntimeError):
     """The live cluster could not be read; the message says why in one line."""
 
 
-def read_cluster(kubeconfig: str | None = None) -> inventory.ClusterObjects:
-    """Nodes, bound pods and ParallelJobs through the kubeconfig (or in-cluster config), as camelCase dicts."""
-    import kubernetes  # lazy: only this path talks to a cluster, and `paralleljob` starts faster without it
+@dataclasses.dataclass(frozen=True)
+class LiveCluster:
+    """Node records in natural name order, the bound pods' usage, and every ParallelJob."""
+
+    nodes: tuple[inventory.NodeInfo, ...]
+    usage: UsageIndex
+    jobs: list[Mapping[str, Any]]
+
+
+class NodeRecords:
+    """A listing's sink that keeps each node's planner record only."""
+
+    def __init__(self) -> None:
+        self.records: list[inventory.NodeInfo] = []
+
+    def replace(self, objects: Iterable[Mapping[str, Any]]) -> int:
+        self.records = [inventory.node_info(node) for node in objects]
+        return len(self.records)
+
+    def observe(self, event_type: str, obj: Mapping[str, Any]) -> bool:
+        raise NotImplementedError("a one-off read does not watch")
+
+
+def read_cluster(kubeconfig: str | None = None) -> LiveCluster:
+    """The cluster through the kubeconfig (or in-cluster config); none of its ParallelJobs without the CRD."""
+    # Lazy: only this path talks to a cluster, and `paralleljob` starts faster without the client.
+    from paralleljob.k8s import informer, reads, session
 
     try:
-        try:
-            kubernetes.config.load_kube_config(config_file=kubeconfig)
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_incluster_config()
-        api = kubernetes.client.CoreV1Api()
-        serialise = kubernetes.client.ApiClient().sanitize_for_serialization
-        nodes = [serialise(node) for node in api.list_node().items]
-        selector = "status.phase!=Succeeded,status.phase!=Failed"
-        pods = [serialise(pod) for pod in api.list_pod_for_all_namespaces(field_selector=selector).items]
-        jobs = _live_jobs(kubernetes)
+        api = session.connect(kubeconfig)
+        nodes, usage = NodeRecords(), UsageIndex()
+        informer.Informer(api, informer.NODES, nodes).relist()
+        informer.Informer(api, informer.BOUND_PODS, usage).relist()
+        jobs = reads.list_jobs(api, missing_ok=True)
     except Exception as exc:  # any failure to reach the cluster is one line, never a traceback
         raise LiveClusterError(f"cannot read the live cluster ({exc.__class__.__name__}: {exc})") from None
-    return inventory.ClusterObjects(nodes, pods, jobs)
-
-
-def _live_jobs(kubernetes: Any) -> list[Mapping[str, Any]]:
-    """Every ParallelJob; none when the CRD is not installed. Others' placements not yet bound hold GPUs."""
-    custom = kubernetes.client.CustomObjectsApi()
-    try:
-        listed = custom.list_cluster_custom_object(api_types.GROUP, api_types.VERSION, api_types.PLURAL)
-    except kubernetes.client.exceptions.ApiException as exc:
-        if exc.status == 404:
-            return []
-        raise
-    return list(listed.get("items") or [])
+    return LiveCluster(inventory.sort_nodes(nodes.records), usage, list(jobs))

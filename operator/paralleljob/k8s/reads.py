@@ -1,6 +1,7 @@
-"""Reads: ParallelJobs, their pods and ConfigMap, Nodes and all pods, as plain camelCase dicts.
+"""Reads: ParallelJobs, their pods and ConfigMap, single Nodes and PriorityClasses, as plain camelCase dicts.
 
 Called by the handlers at the start of each reconcile, so every decision is made on the cluster's state.
+Nothing here lists every pod or node of the cluster: those arrive through `paralleljob.k8s.informer`.
 A missing object (404) is None, not an error.
 """
 
@@ -23,10 +24,15 @@ def get_job(session: Session, namespace: str, name: str) -> dict[str, Any] | Non
     return _object(reply.body)
 
 
-def list_jobs(session: Session, namespaces: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """ParallelJobs in these namespaces (None: all namespaces)."""
+def list_jobs(
+    session: Session, namespaces: Iterable[str] | None = None, *, missing_ok: bool = False
+) -> list[dict[str, Any]]:
+    """ParallelJobs in these namespaces (None: all namespaces); with `missing_ok`, none where the CRD is not
+    installed (the CLI's live path), instead of an error."""
+    tolerate = {404} if missing_ok else set()
     if namespaces is None:
-        return _items(session.send(session.custom.list_cluster_custom_object, *JOB_API, api_types.PLURAL).body)
+        everywhere = session.custom.list_cluster_custom_object
+        return _items(session.send(everywhere, *JOB_API, api_types.PLURAL, tolerate=tolerate).body)
     found: list[dict[str, Any]] = []
     for namespace in namespaces:
         call = session.custom.list_namespaced_custom_object
@@ -34,13 +40,14 @@ def list_jobs(session: Session, namespaces: Iterable[str] | None = None) -> list
     return found
 
 
-def list_nodes(session: Session) -> list[dict[str, Any]]:
-    return _items(session.send(session.core.list_node).body)
+def node_exists(session: Session, name: str) -> bool:
+    return session.send(session.core.read_node, name, tolerate={404}).body is not None
 
 
-def list_all_pods(session: Session) -> list[dict[str, Any]]:
-    """Every pod of the cluster (the planner subtracts the GPUs they hold)."""
-    return _items(session.send(session.core.list_pod_for_all_namespaces).body)
+def priority_value(session: Session, name: str) -> int | None:
+    """The value of a PriorityClass, or None when there is none of that name."""
+    reply = session.send(session.scheduling.read_priority_class, name, tolerate={404})
+    return int(reply.body["value"]) if reply.body is not None and "value" in reply.body else None
 
 
 def list_job_pods(session: Session, namespace: str, job: str) -> list[dict[str, Any]]:

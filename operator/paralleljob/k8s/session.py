@@ -16,7 +16,7 @@ from typing import Any
 import kubernetes
 
 USER_AGENT = "paralleljob-operator/0.1"
-# (connect, read) seconds for every request; the longest call is a cluster-wide pod list.
+# (connect, read) seconds for every request; the longest call is one page of a listing.
 REQUEST_TIMEOUT = (5.0, 30.0)
 
 
@@ -28,6 +28,7 @@ class Session:
     core: kubernetes.client.CoreV1Api
     custom: kubernetes.client.CustomObjectsApi
     rbac: kubernetes.client.RbacAuthorizationV1Api
+    scheduling: kubernetes.client.SchedulingV1Api
     timeout: tuple[float, float] = REQUEST_TIMEOUT
 
     @property
@@ -76,6 +77,7 @@ def from_configuration(
         core=kubernetes.client.CoreV1Api(client),
         custom=kubernetes.client.CustomObjectsApi(client),
         rbac=kubernetes.client.RbacAuthorizationV1Api(client),
+        scheduling=kubernetes.client.SchedulingV1Api(client),
         timeout=timeout,
     )
 

@@ -2,7 +2,9 @@
 
 `build_cluster()` turns Kubernetes objects (Node dicts as `kubectl get nodes -o yaml` prints them, bound Pod
 dicts, and the reservations of other ParallelJobs not yet bound, which `job_reservations()` reads from
-ParallelJob dicts) into a `Cluster` of `NodeInfo`. This is the parsing step; everything after it
+ParallelJob dicts) into a `Cluster` of `NodeInfo`, counting pods through the usage index
+(`paralleljob.planning.usage`); the operator, which keeps node records and the index from its watches,
+assembles clusters with a `ClusterBuilder` instead. This is the parsing step; everything after it
 (`paralleljob.planning.planner`) reads only these frozen records.
 The CLI, the operator and the local runner build clusters here; `local_cluster_nodes()` makes the Node dicts
 the local runner simulates.
@@ -11,15 +13,18 @@ the local runner simulates.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-GPU_RESOURCE = "nvidia.com/gpu"
+from paralleljob.planning.usage import GPU_RESOURCE, TERMINAL_POD_PHASES, NodeUsage, UsageIndex, claim_of
+
+__all__ = ["GPU_RESOURCE", "TERMINAL_POD_PHASES"]  # re-exported: callers read them here
+
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as NVIDIA GPU Feature Discovery writes it
-TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
 TERMINAL_JOB_PHASES = frozenset({"Succeeded", "Failed"})
 BLOCKING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 _DIGITS = re.compile(r"(\d+)")
@@ -97,17 +102,58 @@ def build_cluster(
 
     A pod listed twice (same namespace and name, e.g. read live and from a file) counts once: the last copy.
     """
-    held: dict[str, list[tuple[str, int]]] = {}
-    reserved: dict[str, list[tuple[str, int]]] = {}
-    for pod in unique_objects(pods):
-        node, gpus = pod_gpu_claim(pod)
-        if node and gpus:
-            held.setdefault(node, []).append((_name(pod), gpus))
-    for reservation in reservations:
-        reserved.setdefault(reservation.node, []).append((reservation.holder, reservation.gpus))
-    # Sorted before they are built, so that the planner's passes over the nodes read memory in order.
-    ordered = sorted(((natural_key(_name(node)), _name(node), node) for node in nodes), key=lambda item: item[0])
-    return Cluster(tuple(node_info(node, held.get(name, []), reserved.get(name, [])) for _, name, node in ordered))
+    return ClusterBuilder().build(
+        sort_nodes(node_info(node) for node in nodes), UsageIndex.of(pods).usage(), reservations
+    )
+
+
+def sort_nodes(infos: Iterable[NodeInfo]) -> tuple[NodeInfo, ...]:
+    """Nodes in natural name order, so that the planner's passes over the nodes read memory in order."""
+    return tuple(sorted(infos, key=lambda info: natural_key(info.name)))
+
+
+class ClusterBuilder:
+    """Builds Clusters from node records (no usage yet, in `sort_nodes` order), the usage index's totals and
+    reservations, reusing the NodeInfo of every node whose record and usage are the same objects as last time:
+    the operator's nodes and usage change a few at a time, so a pass over 10,000 nodes builds few records."""
+
+    def __init__(self) -> None:
+        self._memo: dict[str, tuple[NodeInfo, NodeUsage | None, NodeInfo]] = {}
+
+    def build(
+        self, infos: Iterable[NodeInfo], usage: Mapping[str, NodeUsage], reservations: Iterable[Reservation] = ()
+    ) -> Cluster:
+        reserved: dict[str, list[Reservation]] = {}
+        for reservation in reservations:
+            reserved.setdefault(reservation.node, []).append(reservation)
+        memo, fresh = self._memo, {}
+        built = []
+        for info in infos:
+            held = usage.get(info.name)
+            cached = memo.get(info.name)
+            if cached is not None and cached[0] is info and cached[1] is held:
+                with_usage = cached[2]
+            else:
+                with_usage = _with_usage(info, held)
+            fresh[info.name] = (info, held, with_usage)
+            taken = reserved.get(info.name)
+            built.append(_with_reservations(with_usage, taken) if taken else with_usage)
+        self._memo = fresh
+        return Cluster(tuple(built))
+
+
+def _with_usage(info: NodeInfo, held: NodeUsage | None) -> NodeInfo:
+    if held is None:
+        return info
+    return dataclasses.replace(info, used_gpus=info.used_gpus + held.gpus, holders=info.holders + held.holders)
+
+
+def _with_reservations(info: NodeInfo, taken: Sequence[Reservation]) -> NodeInfo:
+    return dataclasses.replace(
+        info,
+        used_gpus=info.used_gpus + sum(r.gpus for r in taken),
+        reserved_by=info.reserved_by + tuple(r.holder for r in taken),
+    )
 
 
 def natural_key(name: str) -> tuple[tuple[int, str], ...]:
@@ -146,26 +192,50 @@ def unique_objects(objects: Iterable[Mapping[str, Any]]) -> list[Mapping[str, An
 
 
 def job_reservations(
-    jobs: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], exclude: tuple[str, str] | None = None
+    jobs: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]] = (),
+    exclude: tuple[str, str] | None = None,
+    *,
+    bound: Collection[tuple[str, str]] | None = None,
+    now: datetime.datetime | None = None,
 ) -> list[Reservation]:
-    """GPUs that placed, unfinished ParallelJobs hold on nodes where their pod is not bound yet.
+    """GPUs that placed, unfinished ParallelJobs hold on nodes where their pod is not bound yet, and that
+    restarting gangs still hold on their old nodes during their grace period.
 
-    Reads each ParallelJob dict's status (`placement[].node`, `placement[].pod`, `gpusPerNode`, `phase`), as
-    the operator writes it; `exclude` is the (namespace, name) of the job being planned. A bound pod counts
-    through its own GPU requests instead (`build_cluster` subtracts it), so it reserves nothing here.
+    Reads each ParallelJob dict's status (`placement[].node`, `placement[].pod`, `gpusPerNode`, `phase`,
+    `heldNodes`, `heldUntil`), as the operator writes it; `exclude` is the (namespace, name) of the job being
+    planned. A bound pod counts through its own GPU requests instead (the usage index subtracts it), so it
+    reserves nothing here; `bound` names the (namespace, name) of the pods holding GPUs, else `pods` tells.
     """
-    bound = {_key(pod) for pod in pods if pod_gpu_claim(pod)[1]}
+    bound = bound if bound is not None else {_key(pod) for pod in pods if pod_gpu_claim(pod)[1]}
+    now = now or datetime.datetime.now(datetime.UTC)
     found: list[Reservation] = []
     for job in unique_objects(jobs):
         key, status = _key(job), job.get("status") or {}
-        placement = status.get("placement")
-        if key == exclude or status.get("phase") in TERMINAL_JOB_PHASES or not isinstance(placement, list):
+        if key == exclude or status.get("phase") in TERMINAL_JOB_PHASES:
             continue
         gpus = _int_or_none(status.get("gpusPerNode")) or 0
-        for entry in placement:
-            if isinstance(entry, Mapping) and entry.get("node") and (key[0], str(entry.get("pod") or "")) not in bound:
-                found.append(Reservation(str(entry["node"]), gpus, f"{key[0]}/{key[1]}"))
+        holder = f"{key[0]}/{key[1]}"
+        placement = status.get("placement")
+        if isinstance(placement, list):
+            for entry in placement:
+                if (
+                    isinstance(entry, Mapping)
+                    and entry.get("node")
+                    and (key[0], str(entry.get("pod") or "")) not in bound
+                ):
+                    found.append(Reservation(str(entry["node"]), gpus, holder))
+        elif held_until(status) > now:
+            found += [Reservation(str(node), gpus, holder) for node in status.get("heldNodes") or () if node]
     return found
+
+
+def held_until(status: Mapping[str, Any]) -> datetime.datetime:
+    """When a restarting gang's hold on its old nodes ends (`status.heldUntil`); long past when it has none."""
+    try:
+        return datetime.datetime.fromisoformat(str(status["heldUntil"]))
+    except (KeyError, TypeError, ValueError):
+        return datetime.datetime.min.replace(tzinfo=datetime.UTC)
 
 
 def _flatten(documents: Iterable[Any], item_kind: str) -> Iterable[Mapping[str, Any]]:
@@ -209,14 +279,8 @@ def node_info(
 
 def pod_gpu_claim(pod: Mapping[str, Any]) -> tuple[str | None, int]:
     """(node, GPUs) a bound, non-terminal pod holds; (None, 0) for pods that hold nothing."""
-    spec = pod.get("spec") or {}
-    phase = (pod.get("status") or {}).get("phase")
-    node = spec.get("nodeName")
-    if not node or phase in TERMINAL_POD_PHASES:
-        return None, 0
-    running = sum(_container_gpus(c) for c in spec.get("containers") or ())
-    init = max((_container_gpus(c) for c in spec.get("initContainers") or ()), default=0)
-    return str(node), max(running, init)
+    claim = claim_of(pod)
+    return (claim.node, claim.gpus) if claim is not None and claim.gpus else (None, 0)
 
 
 def local_cluster_nodes(count: int, gpus_per_node: int, prefix: str = "local-") -> list[dict[str, Any]]:
@@ -248,15 +312,6 @@ def _toleration_matches(toleration: Mapping[str, Any], taint: Taint) -> bool:
     if toleration.get("operator") == "Exists":
         return not key or key == taint.key
     return key == taint.key and str(toleration.get("value") or "") == taint.value
-
-
-def _container_gpus(container: Any) -> int:
-    resources = container.get("resources") or {} if isinstance(container, Mapping) else {}
-    for section in ("limits", "requests"):
-        value = _int_or_none((resources.get(section) or {}).get(GPU_RESOURCE))
-        if value:
-            return value
-    return 0
 
 
 def _is_ready(conditions: Any) -> bool:

@@ -1,0 +1,138 @@
+"""The admission queue: jobs waiting for GPUs, admitted one at a time by one dedicated worker, in a defined
+order, off the path of gang supervision.
+
+Supervision passes (the `Coalescer`'s threads) never plan: a pass that finds a job without a placement
+`offer()`s it here and returns, so a gang restart never waits behind admissions. One worker thread admits in
+rounds: it takes every waiting job, takes one snapshot of the watches' caches, and runs each job's admission
+pass in `Order` against that snapshot. As it is the only admitter, two admissions never plan onto the same
+GPUs (each reads the placements the previous ones wrote); as the snapshot is the round's, GPUs freed during a
+round cannot go to a job behind one that was already found not to fit: they wait for the next round, which
+the change that freed them requests. Order, the first difference deciding:
+
+1. restarting jobs before new ones (a restarting gang was already running: its progress is at stake);
+2. higher PriorityClass value first (`spec.template.priorityClassName`; none, or one that does not exist, is 0);
+3. earlier creation first;
+4. namespace and name, so that the order is total.
+
+A job that does not fit goes back to waiting (the jobs after it are still tried: a large job that does not
+fit yet does not hold small ones back). The worker starts admitting once the watches have listed the cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+# How long a PriorityClass value is trusted before it is read again.
+PRIORITY_CACHE_SECONDS = 60.0
+Snapshot = TypeVar("Snapshot")
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Order:
+    """A job's place in the queue: tuples compare field by field, so the smallest is admitted first."""
+
+    new: bool  # False (restarting) sorts first
+    minus_priority: int
+    created: str  # RFC 3339 in UTC sorts as text
+    namespace: str
+    name: str
+
+    @classmethod
+    def of(cls, namespace: str, name: str, *, restarting: bool, priority: int, created: str) -> Order:
+        return cls(not restarting, -priority, created, namespace, name)
+
+
+class PriorityValues:
+    """PriorityClass name -> value, read through `lookup` and kept for PRIORITY_CACHE_SECONDS."""
+
+    def __init__(self, lookup: Callable[[str], int | None]) -> None:
+        self._lookup = lookup
+        self._known: dict[str, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+
+    def value(self, name: str | None) -> int:
+        if not name:
+            return 0
+        with self._lock:
+            found = self._known.get(name)
+        if found is not None and time.monotonic() - found[1] < PRIORITY_CACHE_SECONDS:
+            return found[0]
+        value = self._lookup(name) or 0
+        with self._lock:
+            self._known[name] = (value, time.monotonic())
+        return value
+
+
+class AdmissionQueue(Generic[Snapshot]):
+    """Waiting jobs by key, and the one thread that admits them in rounds, in `Order`: `admit(key, snapshot)`
+    for each key of a round, with the round's `snapshot()`."""
+
+    def __init__(
+        self,
+        admit: Callable[[Hashable, Snapshot], None],
+        snapshot: Callable[[], Snapshot],
+        ready: Callable[[float], bool] = lambda _: True,
+    ) -> None:
+        self._admit = admit
+        self._snapshot = snapshot
+        self._ready = ready
+        self._waiting: dict[Hashable, Order] = {}
+        self._changed = threading.Condition()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self.admitted: list[Hashable] = []  # keys in the order their passes ran (bounded, for tests and logs)
+
+    def start(self) -> AdmissionQueue[Snapshot]:
+        self._thread = threading.Thread(target=self._run, name="admission", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+
+    def offer(self, key: Hashable, order: Order) -> None:
+        """Ask for an admission pass over `key` (thread-safe; a key already waiting takes the newer order)."""
+        self.offer_all([(key, order)])
+
+    def offer_all(self, offers: Iterable[tuple[Hashable, Order]]) -> None:
+        """Offer several keys at once: they enter the same round, so their order decides among them."""
+        with self._changed:
+            self._waiting.update(offers)
+            self._changed.notify()
+
+    def waiting(self) -> list[Hashable]:
+        """The waiting keys, first to be admitted first."""
+        with self._changed:
+            return sorted(self._waiting, key=self._waiting.__getitem__)
+
+    def take_round(self) -> list[Hashable] | None:
+        """Remove and return every waiting key in order, blocking until there is one; None once stopped."""
+        with self._changed:
+            while not self._waiting and not self._stopped:
+                self._changed.wait()
+            if self._stopped:
+                return None
+            keys = sorted(self._waiting, key=self._waiting.__getitem__)
+            self._waiting.clear()
+            return keys
+
+    def _run(self) -> None:
+        while not self._stopped and not self._ready(1.0):
+            pass
+        while (keys := self.take_round()) is not None:
+            snapshot = self._snapshot()
+            for key in keys:
+                self.admitted = [*self.admitted[-999:], key]
+                try:
+                    self._admit(key, snapshot)
+                except Exception:  # the action reports and retries its own failures; never let the worker die
+                    log.exception("admission of %s failed", key)
