@@ -128,7 +128,7 @@ spec:
   model: {layers: 96, hiddenSize: 12288, attentionHeads: 96, sequenceLength: 2048, vocabSize: 51200}
   deepspeed: {train_batch_size: 1536}
   training: {steps: 10}
-  checkpoint: {intervalSteps: 5}
+  checkpoint: {intervalSteps: 5, volume: {persistentVolumeClaim: {claimName: ckpt}}}
 """
     )
     assert main(["validate", str(budget)]) == 0

@@ -12,7 +12,7 @@ import kubernetes
 import pytest
 
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order
-from tests.operator.conftest import Cluster, job_doc, operator_calls, wait_for
+from tests.operator.conftest import Cluster, Operator, job_doc, operator_calls, wait_for
 
 # Two 4-GPU nodes per job: quick to create, bind and judge.
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
@@ -91,6 +91,12 @@ def run_holder(cluster: Cluster, name: str = "holder") -> None:
     wait_for(lambda: len(cluster.pods(name)) == 2, what=f"the pods of {name}")
     cluster.bind_all(name)
     wait_for(lambda: cluster.status(name).get("phase") == "Running", what=f"{name} running")
+
+
+@pytest.fixture
+def operator_args() -> tuple[str, ...]:
+    # The administrator lets jobs name the PriorityClass this module's jobs use (none is allowed by default).
+    return (*Operator.ARGS, "--allowed-priority-classes=high")
 
 
 def test_freed_gpus_go_to_the_first_job_in_order_and_no_admission_lists_every_pod(cluster, operator, emulator):

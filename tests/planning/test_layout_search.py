@@ -35,7 +35,7 @@ spec:
   model: {{layers: {layers}, hiddenSize: {hidden}, attentionHeads: {heads}, sequenceLength: 2048, vocabSize: 51200}}
   deepspeed: {{train_batch_size: {train_batch}, train_micro_batch_size_per_gpu: 1{extra}}}
   training: {{steps: 10}}
-  checkpoint: {{intervalSteps: 5}}
+  checkpoint: {{intervalSteps: 5, volume: {{emptyDir: {{}}}}}}
 """
     )
 
@@ -80,7 +80,7 @@ spec:
   model: {{layers: {layers}, hiddenSize: {hidden}, attentionHeads: {heads}, sequenceLength: 1024, vocabSize: 8192}}
   deepspeed: {{train_batch_size: 48}}
   training: {{steps: 10}}
-  checkpoint: {{intervalSteps: 5}}
+  checkpoint: {{intervalSteps: 5, volume: {{emptyDir: {{}}}}}}
 """
     )
     return {"job": resolved, "cluster": planning.build_cluster(nodes, pods), "budget": budget}
@@ -229,7 +229,7 @@ spec:
   model: {layers: 8, hiddenSize: 256, attentionHeads: 8, sequenceLength: 128, vocabSize: 512}
   deepspeed: {train_batch_size: 32}
   training: {steps: 10}
-  checkpoint: {intervalSteps: 5}
+  checkpoint: {intervalSteps: 5, volume: {emptyDir: {}}}
 """
     )
     budget = layout_search.budget_of(four_per_pod)
