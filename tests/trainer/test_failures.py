@@ -71,19 +71,11 @@ def _fewer_ranks_per_node_than_launched() -> dict[str, Any]:
     return harness.job_document(Layout(1, 2, 1), optimizer=SGD, ranks_per_node=1)
 
 
-def _wrong_plan() -> dict[str, Any]:
-    document = harness.job_document(Layout(1, 2, 1), optimizer=SGD)
-    coords = document["plan"]["nodes"][0]["coords"]
-    coords[0], coords[1] = coords[1], coords[0]
-    return document
-
-
 BAD_JOBS = {
     "layers-below-pipeline": (_bad_layers, "spec.model.layers (1) is smaller than parallelism.pipeline (2)"),
     "heads-not-divisible-by-tensor": (_bad_heads, "attentionHeads (3) is not divisible by parallelism.tensor (2)"),
     "missing-data-file": (_missing_data, "/nonexistent/train.bin does not exist"),
     "token-outside-vocabulary": (_token_outside_vocabulary, "holds token id 4000, outside spec.model.vocabSize"),
-    "plan-disagrees-with-topology": (_wrong_plan, "rank layout mismatch: plan puts rank 0"),
     "plan-disagrees-with-launcher": (
         _fewer_ranks_per_node_than_launched,
         "LOCAL_WORLD_SIZE is 2 but plan.ranksPerNode is 1",
