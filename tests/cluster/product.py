@@ -117,5 +117,6 @@ class Product:
         self.cluster.stop()
 
     def checkpoints(self) -> Path:
-        """The checkpoint PVC's folder (the process kubelet's folder for the claim)."""
-        return self.workdir / "kubelet" / "pvc" / "default" / CLAIM
+        """The job's own checkpoint folder: `<namespace>/<name>` inside the claim's folder (the process kubelet's
+        folder for the claim), as the operator gives every job a folder of its own on a shared volume."""
+        return self.workdir / "kubelet" / "pvc" / "default" / CLAIM / "default" / JOB
