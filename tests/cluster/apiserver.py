@@ -23,6 +23,7 @@ time. Strategic merge patches are applied as JSON merge patches (lists replaced,
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import itertools
 import json
@@ -179,6 +180,10 @@ class Change(NamedTuple):
 KMOCK_PARSE_PATH = kmock_parsing.parse_path
 
 
+def _version_of(event: Mapping[str, Any]) -> int:
+    return int((event["object"].get("metadata") or {}).get("resourceVersion") or 0)
+
+
 def parse_path_with_namespace_lists(path: str) -> Any:
     """kmock's path parser, except that /api/v1/namespaces is the namespace list, not a namespaced prefix.
 
@@ -244,6 +249,15 @@ class APIServer(kmock.KubernetesEmulator):
     # Set by a process kubelet: it confirms graceful deletions itself, when the processes have exited.
     kubelet_confirms_deletion: bool = False
     _versions: Any = attrs.field(factory=lambda: itertools.count(1))
+    # How many changes per resource a watch from a resourceVersion can catch up on, as the real server's
+    # watch cache keeps a window of them; a watch from an older version gets 410 Gone and lists again.
+    watch_cache_events: int = 20_000
+    # Each resource's recent changes as (resourceVersion, event), oldest first, and the newest version that
+    # fell out of the window.
+    _changes: dict[Any, collections.deque[tuple[int, dict[str, Any]]]] = attrs.field(
+        factory=lambda: collections.defaultdict(collections.deque)
+    )
+    _forgotten: dict[Any, int] = attrs.field(factory=dict)
     authorizer: auth.Authorizer = attrs.field(init=False)
     # Live objects' store keys by (plural, namespace, name), and by plural in creation order: lookups for
     # RBAC, admission, the scheduler and kubelets stay O(1) with thousands of pods.
@@ -456,7 +470,12 @@ class APIServer(kmock.KubernetesEmulator):
 
     async def _emit(self, resource: Any, kind: str, obj: Mapping[str, Any]) -> None:
         self.history.append(Change.of(kind, resource.plural or "", obj))
-        await self._buses[resource].put({"type": kind, "object": copy.deepcopy(dict(obj))})
+        event = {"type": kind, "object": copy.deepcopy(dict(obj))}
+        changes = self._changes[resource]
+        changes.append((int((obj.get("metadata") or {}).get("resourceVersion") or 0), event))
+        while len(changes) > self.watch_cache_events:
+            self._forgotten[resource] = changes.popleft()[0]
+        await self._buses[resource].put(event)
         for watcher in self.watchers:
             watcher(resource.plural or "")
 
@@ -653,6 +672,7 @@ class APIServer(kmock.KubernetesEmulator):
     async def _remove(self, key: Any, current: dict[str, Any]) -> None:
         self.objects[key].delete()
         self._unindex(key)
+        self._stamp(current)  # the deletion is a change of its own, after every earlier one
         await self._emit(key[0], "DELETED", current)
         if key[0].plural == "serviceaccounts":
             self.tokens.revoke(key[1] or "", key[2])
@@ -706,8 +726,10 @@ class APIServer(kmock.KubernetesEmulator):
         fields = request.params.get("fieldSelector") or ""
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request._raw_request)
+        since = str(request.params.get("resourceVersion") or "")
+        stream = self._watch_since(request, int(since)) if since.isdigit() and since != "0" else None
         try:
-            async for event in self._serve_watch(request):
+            async for event in stream or self._serve_watch(request):
                 obj = event.get("object") if isinstance(event, dict) else None
                 if not isinstance(obj, dict):
                     continue
@@ -722,6 +744,37 @@ class APIServer(kmock.KubernetesEmulator):
         except ConnectionResetError:
             pass
         return response
+
+    async def _watch_since(self, request: kmock.Request, since: int) -> Any:
+        """A watch from a resourceVersion, as the real server serves it: every change after that version (a
+        deletion between a client's list and its watch included), then the live ones; 410 Gone when that
+        version is older than the changes kept."""
+        bus = self._buses[request.resource]
+        async with self._lock:  # no change lands between the backlog and the mark
+            marker = await bus.mark()
+            backlog = [event for version, event in self._changes[request.resource] if version > since]
+            expired = since < self._forgotten.get(request.resource, 0)
+        try:
+            if expired:
+                yield {
+                    "type": "ERROR",
+                    "object": statuses.status_body(410, "Expired", f"too old resource version: {since}"),
+                }
+                return
+            last = since
+            for event in backlog:
+                last = _version_of(event)
+                if self._in_scope(request, event):
+                    yield event
+            async for event in bus.stream(since=marker):
+                if _version_of(event) > last and self._in_scope(request, event):
+                    yield event
+        finally:
+            await bus.unmark(marker)
+
+    @staticmethod
+    def _in_scope(request: kmock.Request, event: Mapping[str, Any]) -> bool:
+        return not request.namespace or (event["object"].get("metadata") or {}).get("namespace") == request.namespace
 
     async def _serve_list(self, request: kmock.Request) -> Any:
         listing = await super()._serve_list(request)

@@ -67,6 +67,11 @@ class APIError(Exception):
 def status_response(
     code: int, reason: str, message: str, details: dict[str, Any] | None = None
 ) -> aiohttp.web.Response:
+    return aiohttp.web.json_response(status_body(code, reason, message, details), status=code)
+
+
+def status_body(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A `Status` object: the body of a refusal, and the object of a watch's ERROR event."""
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Status",
@@ -78,7 +83,7 @@ def status_response(
     }
     if details:
         body["details"] = details
-    return aiohttp.web.json_response(body, status=code)
+    return body
 
 
 def qualified_kind(kind: str, group: str) -> str:
