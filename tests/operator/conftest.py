@@ -40,19 +40,23 @@ RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
 
 
 @functools.cache
-def chart_rbac() -> tuple[dict[str, Any], ...]:
-    """The operator's ServiceAccount and RBAC as `helm template` renders them with the chart's defaults."""
-    return tuple(o for o in render() if o["kind"] in RBAC_KINDS)
+def chart_rbac(watch_namespaces: tuple[str, ...] = ()) -> tuple[dict[str, Any], ...]:
+    """The operator's ServiceAccount and RBAC as `helm template` renders them with the chart's defaults (and
+    these `watchNamespaces`)."""
+    values = {"watchNamespaces": list(watch_namespaces)} if watch_namespaces else None
+    return tuple(o for o in render(values) if o["kind"] in RBAC_KINDS)
 
 
-def install_operator_rbac(emulator: ClusterThread, client: kubernetes.client.ApiClient) -> Path:
+def install_operator_rbac(
+    emulator: ClusterThread, client: kubernetes.client.ApiClient, watch_namespaces: tuple[str, ...] = ()
+) -> Path:
     """Apply the chart's ServiceAccount and RBAC (as the admin), and return a kubeconfig for that account."""
     kubernetes.utils.create_from_dict(
         client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": RELEASE_NAMESPACE}}
     )
-    for obj in chart_rbac():
+    for obj in chart_rbac(watch_namespaces):
         kubernetes.utils.create_from_dict(client, obj)
-    (account,) = (o for o in chart_rbac() if o["kind"] == "ServiceAccount")
+    (account,) = (o for o in chart_rbac(watch_namespaces) if o["kind"] == "ServiceAccount")
     return emulator.kubeconfig_for(account["metadata"]["namespace"], account["metadata"]["name"])
 
 
@@ -206,12 +210,13 @@ class Operator:
 
     def start(self) -> Operator:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        scoped = any(arg.startswith("--namespace") for arg in self.args)
         command = [
             sys.executable,
             "-m",
             "paralleljob",
             "operator",
-            "--all-namespaces",
+            *([] if scoped else ["--all-namespaces"]),
             "--liveness",
             "",
             "--metrics-port",

@@ -28,6 +28,12 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
+# Application: reservations. An admission plans around the nodes every ParallelJob of the cluster holds, in
+# every namespace, also those this operator does not manage (another team's operator placed them), so the
+# list is cluster-wide even when watchNamespaces limits what it manages.
+- apiGroups: [paralleljob.io]
+  resources: [paralleljobs]
+  verbs: [list]
 # Application: the admission order reads the value of the PriorityClass a job's pods name.
 - apiGroups: [scheduling.k8s.io]
   resources: [priorityclasses]

@@ -249,7 +249,9 @@ class ClusterView:
 
 
 def _cluster_view(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> ClusterView:
-    jobs = reads.list_jobs(p.session, p.settings.namespaces)
+    # Every ParallelJob of the cluster, whatever namespaces this operator manages: a job another operator
+    # placed (one per team, each watching its own namespaces) holds its nodes all the same.
+    jobs = reads.list_jobs(p.session)
     usage = p.nodes.usage.without(_own_pods_gone(p, labelled))
     held = planning.job_reservations(jobs, exclude=(p.namespace, p.name), bound=usage.bound)
     return ClusterView(p.nodes.snapshot, usage.usage, held, p.nodes.builder)
