@@ -96,6 +96,8 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
         "healthPort": 8181,
         "livenessProbe": {"initialDelaySeconds": 3, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2},
     },
+    "replicas": 2,
+    "leaderElection": {"enabled": True, "leaseName": "gpu-pj-leader", "leaseSeconds": 30},
     "jobDefaults": {
         "trainerImage": {"repository": "registry.example.com/ml/trainer", "tag": "2026.11"},
         "fabric": "infiniband",

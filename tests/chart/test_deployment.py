@@ -1,13 +1,15 @@
-"""The operator's Deployment: one hardened replica, probed through kopf's health endpoint, configured from
-values, and the metrics Service and ServiceMonitor in front of it."""
+"""The operator's Deployment: hardened replicas that elect a leader on a Lease (or one replica, replaced with
+Recreate, without it), probed through kopf's health endpoint, configured from values, and the metrics Service
+and ServiceMonitor in front of it."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 
-from tests.chart.conftest import CHART, NON_DEFAULT_VALUES, only, render
+from tests.chart.conftest import CHART, NON_DEFAULT_VALUES, RELEASE_NAMESPACE, RenderError, only, render
 
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 
@@ -22,10 +24,35 @@ def container(values: dict[str, Any] | None = None) -> dict[str, Any]:
     return containers[0]
 
 
-def test_one_replica_replaced_with_recreate_so_two_operators_never_overlap() -> None:
-    spec = only(render(), "Deployment")["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
+@pytest.mark.parametrize(
+    ("values", "replicas", "strategy", "lease"),
+    [
+        ({}, 1, ROLLING, "pj-paralleljob-operator"),
+        ({"replicas": 2, "leaderElection": {"leaseName": "ml-pj"}}, 2, ROLLING, "ml-pj"),
+        ({"leaderElection": {"enabled": False}}, 1, {"type": "Recreate"}, None),
+    ],
+    ids=["default-elects-a-leader", "two-replicas-share-a-lease", "no-election-recreates-one"],
+)
+def test_replicas_elect_a_leader_so_that_two_operators_never_act_at_once(values, replicas, strategy, lease) -> None:
+    deployment = only(render(values), "Deployment")
+    assert deployment["spec"]["replicas"] == replicas
+    assert deployment["spec"]["strategy"] == strategy
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    election = [a for a in args if a.startswith(("--leader-elect", "--lease-seconds"))]
+    expected = [
+        "--leader-elect",
+        f"--leader-election-namespace={RELEASE_NAMESPACE}",
+        f"--leader-election-lease={lease}",
+    ]
+    assert election == ([*expected, "--lease-seconds=15"] if lease else [])
+
+
+def test_two_replicas_without_leader_election_are_refused() -> None:
+    with pytest.raises(RenderError, match=r"replicas > 1 needs leaderElection.enabled"):
+        render({"replicas": 2, "leaderElection": {"enabled": False}})
 
 
 def test_the_pod_runs_as_a_numeric_non_root_user_with_the_default_seccomp_profile() -> None:

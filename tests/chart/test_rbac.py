@@ -65,18 +65,28 @@ def test_no_rule_grants_escalate_bind_or_impersonate(case: str) -> None:
     assert verbs.isdisjoint({"escalate", "bind", "impersonate", "deletecollection"})
 
 
-def test_all_namespaces_get_one_cluster_role_for_jobs_and_no_roles() -> None:
+def test_all_namespaces_get_one_cluster_role_for_jobs_and_only_the_leader_election_role() -> None:
     objects = render()
-    assert [o for o in objects if o["kind"] in {"Role", "RoleBinding"}] == []
+    roles = [f"{o['kind']}/{o['metadata']['name']}" for o in objects if o["kind"] in {"Role", "RoleBinding"}]
+    assert roles == [
+        "Role/pj-paralleljob-operator-leader-election",
+        "RoleBinding/pj-paralleljob-operator-leader-election",
+    ]
     binding = only(objects, "ClusterRoleBinding", "-jobs")
     assert binding["roleRef"]["name"] == only(objects, "ClusterRole", "-jobs")["metadata"]["name"]
 
 
 def test_listed_namespaces_get_a_role_and_binding_each_and_no_cluster_wide_job_access() -> None:
     objects = render(NON_DEFAULT_VALUES)
-    roles = {o["metadata"]["namespace"] for o in objects if o["kind"] == "Role"}
-    bindings = {o["metadata"]["namespace"] for o in objects if o["kind"] == "RoleBinding"}
-    assert roles == bindings == set(NON_DEFAULT_VALUES["watchNamespaces"])
+    job_roles = {
+        o["metadata"]["namespace"] for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("-jobs")
+    }
+    bindings = {
+        o["metadata"]["namespace"]
+        for o in objects
+        if o["kind"] == "RoleBinding" and o["metadata"]["name"].endswith("-jobs")
+    }
+    assert job_roles == bindings == set(NON_DEFAULT_VALUES["watchNamespaces"])
     namespaced_resources = {
         "pods",
         "services",
@@ -89,9 +99,38 @@ def test_listed_namespaces_get_a_role_and_binding_each_and_no_cluster_wide_job_a
         "rolebindings",
     }
     cluster_wide = {g for g in grants(objects, {"ClusterRole"}) if g[1] in namespaced_resources}
-    # Outside the watched namespaces the operator only reads (lists and watches) which pods hold GPUs, so that it
-    # plans no GPU twice.
-    assert cluster_wide == {("", "pods", "list"), ("", "pods", "watch")}
+    # Outside the watched namespaces the operator only reads which pods hold GPUs (list, watch) and which nodes
+    # other ParallelJobs reserve (list), so that it plans no GPU twice.
+    assert cluster_wide == {("", "pods", "list"), ("", "pods", "watch"), ("paralleljob.io", "paralleljobs", "list")}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_leader_election_renews_only_its_own_lease_and_only_lists_the_others(case: str) -> None:
+    objects = render(CASES[case])
+    lease = (CASES[case].get("leaderElection") or {}).get("leaseName") or only(objects, "Deployment")["metadata"][
+        "name"
+    ]
+    role = only(objects, "Role", "-leader-election")
+    assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
+    lease_rules = [r for r in role["rules"] if r["resources"] == ["leases"]]
+    assert lease_rules == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [lease],
+            "verbs": ["get", "update"],
+        },
+    ]
+    assert {g for g in grants(objects, {"ClusterRole"}) if g[1] == "leases"} == {
+        ("coordination.k8s.io", "leases", "list")
+    }
+
+
+def test_without_leader_election_there_is_no_lease_permission() -> None:
+    objects = render({"leaderElection": {"enabled": False}})
+    assert {g for g in grants(objects, {"ClusterRole", "Role"}) if g[1] == "leases"} == set()
+    assert [o for o in objects if o["kind"] in {"Role", "RoleBinding"}] == []
 
 
 def test_every_binding_names_the_operator_service_account() -> None:

@@ -52,12 +52,15 @@ def test_the_expected_kinds_are_rendered(case: str) -> None:
                 "ClusterRole",
                 "ClusterRoleBinding",
                 "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
                 "Deployment",
                 "Service",
             ]
         )
     else:
-        # Two watched namespaces: a Role and a RoleBinding in each, and the ServiceMonitor is on.
+        # Two watched namespaces: a Role and a RoleBinding in each (and the leader election's in the release
+        # namespace), and the ServiceMonitor is on.
         assert kinds == sorted(
             [
                 "CustomResourceDefinition",
@@ -66,6 +69,8 @@ def test_the_expected_kinds_are_rendered(case: str) -> None:
                 "ClusterRoleBinding",
                 "Role",
                 "Role",
+                "Role",
+                "RoleBinding",
                 "RoleBinding",
                 "RoleBinding",
                 "Deployment",

@@ -65,6 +65,7 @@ BUILTIN: dict[tuple[str, str, str], tuple[str, bool, set[str]]] = {
     ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"): ("ClusterRoleBinding", False, set()),
     ("apps", "v1", "deployments"): ("Deployment", True, {"status"}),
     ("scheduling.k8s.io", "v1", "priorityclasses"): ("PriorityClass", False, set()),
+    ("coordination.k8s.io", "v1", "leases"): ("Lease", True, set()),
     ("apiextensions.k8s.io", "v1", "customresourcedefinitions"): ("CustomResourceDefinition", False, {"status"}),
 }
 VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}

@@ -83,3 +83,9 @@ def test_every_api_call_gives_up_on_a_server_that_never_answers():
 def _swallow(call) -> None:
     with contextlib.suppress(Exception):
         call()
+
+
+def test_kopf_peering_is_refused_and_names_leader_election():
+    args = cli.build_parser().parse_args(["operator", "--peering", "paralleljob"])
+    with pytest.raises(SystemExit, match=r"--peering is not supported .* run replicas with --leader-elect"):
+        args.run(args)

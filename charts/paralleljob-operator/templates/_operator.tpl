@@ -31,4 +31,14 @@ its arguments. tests/chart/test_operator_args.py parses them with the operator's
 - --pod-fs-group={{ .Values.jobPods.fsGroup }}
 - {{ ternary "--pod-read-only-root-filesystem" "--no-pod-read-only-root-filesystem" .Values.jobPods.readOnlyRootFilesystem }}
 - {{ ternary "--rdma-ipc-lock" "--no-rdma-ipc-lock" .Values.jobPods.rdmaIpcLock }}
+{{- if .Values.leaderElection.enabled }}
+- --leader-elect
+- --leader-election-namespace={{ .Release.Namespace }}
+- --leader-election-lease={{ include "paralleljob-operator.leaseName" . }}
+- --lease-seconds={{ .Values.leaderElection.leaseSeconds }}
+{{- end }}
+{{- end }}
+
+{{- define "paralleljob-operator.leaseName" -}}
+{{- .Values.leaderElection.leaseName | default (include "paralleljob-operator.fullname" .) -}}
 {{- end }}

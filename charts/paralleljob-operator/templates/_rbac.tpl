@@ -38,6 +38,31 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
 - apiGroups: [scheduling.k8s.io]
   resources: [priorityclasses]
   verbs: [get]
+{{- if .Values.leaderElection.enabled }}
+# Application: rival operators. The leader lists the Leases labelled paralleljob.io/operator-lease in every
+# namespace (selected server-side, so no node heartbeat is read), to report another operator that manages
+# some of the same namespaces.
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [list]
+{{- end }}
+{{- end }}
+
+{{- define "paralleljob-operator.leaseRules" -}}
+# Application: leader election on the release's Lease: read it, create it the first time, and renew or take
+# it over (update). Granted on that Lease only, except create, which cannot be limited to a name.
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  resourceNames: [{{ include "paralleljob-operator.leaseName" . }}]
+  verbs: [get, update]
+# Application: the RivalOperator Event, posted on the release's Lease when another operator's Lease says it
+# manages some of the same namespaces.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
 {{- end }}
 
 {{- define "paralleljob-operator.namespacedRules" -}}

@@ -1,8 +1,8 @@
 """`paralleljob operator`: run the ParallelJob operator (kopf) against the cluster of the kubeconfig or pod.
 
 Flags choose the watched namespaces, the liveness endpoint, the metrics port, logging, the default trainer
-image and the default fabric, the admission policy every job is checked against (`api.policy`) and the security
-context of every job's pods (`manifests.security`). The handlers live in `paralleljob.handlers.registry`.
+image and the default fabric, the admission policy every job is checked against (`api.policy`), the security
+context of every job's pods (`manifests.security`) and leader election on a Lease (`k8s.leadership`). The handlers live in `paralleljob.handlers.registry`.
 """
 
 from __future__ import annotations
@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paralleljob.api import policy
 from paralleljob.manifests import security
 from paralleljob.manifests.nccl import FABRICS
+
+if TYPE_CHECKING:
+    from paralleljob.k8s import leadership
 
 DEFAULT_IMAGE = "ghcr.io/paralleljob/trainer:0.1.0"
 NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -81,10 +84,51 @@ def register(sub: Any) -> None:
         help="a restarting gang keeps its old nodes (less the one blamed) from other jobs this long (0: not at all)",
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
-    parser.add_argument(
-        "--peering", default=None, metavar="NAME", help="kopf peering object for several replicas (default: standalone)"
-    )
+    add_leader_election_flags(parser)
     parser.set_defaults(run=run)
+
+
+def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("leader election (one active replica per Lease; the chart turns it on)")
+    group.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="act only while holding a coordination.k8s.io Lease; a replica without it stands by",
+    )
+    group.add_argument(
+        "--leader-election-namespace",
+        default=None,
+        metavar="NS",
+        type=namespace_name,
+        help="namespace of the Lease (default: the operator's own namespace)",
+    )
+    group.add_argument(
+        "--leader-election-lease",
+        default="paralleljob-operator",
+        metavar="NAME",
+        help="name of the Lease; the replicas of one operator share it",
+    )
+    group.add_argument(
+        "--lease-seconds",
+        type=int,
+        default=15,
+        metavar="SECONDS",
+        help="Lease duration (at least 3); a leader that cannot renew within 2/3 of it exits",
+    )
+    # kopf's peering pauses kopf's handlers only, not the operator's informers, timers and admission worker,
+    # and pauses every replica when they share a priority: it never made several replicas safe.
+    group.add_argument("--peering", default=None, help=argparse.SUPPRESS)
+
+
+def lease_settings(args: argparse.Namespace) -> leadership.LeaseSettings | None:
+    """The Lease of `--leader-elect`, announcing the namespaces this operator manages; None without it."""
+    if not args.leader_elect:
+        return None
+    from paralleljob.k8s import leadership  # imported here: other subcommands must not pay for the client
+
+    namespace = args.leader_election_namespace or leadership.own_namespace()
+    managed = tuple(args.namespaces) if args.namespaces else None
+    return leadership.LeaseSettings.timed(args.leader_election_lease, namespace, args.lease_seconds, managed)
 
 
 def add_policy_flags(parser: argparse.ArgumentParser) -> None:
@@ -191,6 +235,11 @@ def run(args: argparse.Namespace) -> int:
 
     from paralleljob.handlers import reconcile, registry
 
+    if args.peering is not None:
+        raise SystemExit(
+            "paralleljob operator: --peering is not supported (kopf peering pauses kopf's handlers, not the "
+            "operator's timers and admission worker): run replicas with --leader-elect"
+        )
     namespaces = tuple(args.namespaces) if args.namespaces else None
     settings = reconcile.Settings(
         image=args.trainer_image,
@@ -203,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         pod_security=pod_security_of(args),
         restart_hold_seconds=args.restart_hold,
     )
-    registry.configure(settings, metrics_port=args.metrics_port, kubeconfig=args.kubeconfig)
+    registry.configure(settings, metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, lease=lease_settings(args))
     kopf.configure(
         debug=args.log_level == "debug",
         verbose=args.log_level in ("debug", "info"),
@@ -213,8 +262,7 @@ def run(args: argparse.Namespace) -> int:
     )
     logging.getLogger().setLevel(args.log_level.upper())
     kopf.run(
-        standalone=args.peering is None,
-        peering_name=args.peering,
+        standalone=True,  # one active replica comes from the Lease (--leader-elect), not from kopf's peering
         namespaces=list(namespaces or ()),
         clusterwide=namespaces is None,
         liveness_endpoint=args.liveness or None,

@@ -1,7 +1,8 @@
 """Prometheus metrics of the operator, served by prometheus_client on `--metrics-port`.
 
 paralleljob_reconciles_total{outcome}, paralleljob_jobs{phase}, paralleljob_planning_seconds (histogram),
-paralleljob_gang_restarts_total.
+paralleljob_gang_restarts_total, paralleljob_leader (1 while this replica acts), paralleljob_rival_operators
+(other operators that manage some of the same namespaces, see `paralleljob.k8s.leadership`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ PLANNING = prometheus_client.Histogram(
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
 )
 GANG_RESTARTS = prometheus_client.Counter("paralleljob_gang_restarts", "Gang restarts started.")
+LEADER = prometheus_client.Gauge("paralleljob_leader", "1 while this replica holds the Lease and acts.")
+RIVAL_OPERATORS = prometheus_client.Gauge(
+    "paralleljob_rival_operators", "Other operators whose Leases say they manage some of the same namespaces."
+)
 
 _phases: dict[tuple[str, str], str] = {}
 _lock = threading.Lock()

@@ -12,12 +12,21 @@ passes run on the coalescer's threads; admissions on the admission queue's one w
 restart never waits behind them. No handler stores progress in annotations and none adds a finalizer, so
 deleting a job never waits for the operator, and a quiet cluster sees no writes. `configure()` must be
 called before kopf starts.
+
+Fencing (`--leader-elect`, `paralleljob.k8s.leadership`): `acting()` is the one check of whether this replica
+may act, and `@fenced` applies it to every kopf handler, every coalescer pass (its timers included), every
+admission pass and every request for one; a replica without the Lease keeps its watches (warm caches) and its
+liveness endpoint, and writes nothing. A new handler, worker or loop must be decorated with `@fenced` (or
+call `acting()` before each unit of work); once leading, a RECHECK looks at every unfinished job, since
+events seen while standing by were dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import inspect
 import logging
 import time
 import typing
@@ -31,7 +40,7 @@ from paralleljob.handlers import metrics, progress, reconcile
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order, PriorityValues
 from paralleljob.handlers.coalescer import FIRST_RETRY_SECONDS, Coalescer, Next
 from paralleljob.handlers.nodes import NodeWatch
-from paralleljob.k8s import informer, reads
+from paralleljob.k8s import events, informer, leadership, reads
 from paralleljob.k8s.session import Session, connect
 from paralleljob.manifests import labels as child_labels
 from paralleljob.manifests import progress as progress_manifests
@@ -40,6 +49,7 @@ from paralleljob.planning.usage import UsageIndex
 
 log = logging.getLogger(__name__)
 RECHECK = "recheck-unfinished-jobs"
+RIVAL_OPERATOR = "RivalOperator"
 # kopf's own API calls: watches end server-side after WATCH_SERVER_SECONDS and are abandoned client-side a
 # little later, so a connection that died silently is noticed; other requests time out like ours.
 WATCH_SERVER_SECONDS = 300
@@ -65,13 +75,51 @@ class Runtime:
     admissions: AdmissionQueue[reconcile.NodeView] | None = None
     priorities: PriorityValues | None = None
     loop: asyncio.AbstractEventLoop | None = None
+    lease: leadership.LeaseSettings | None = None  # None: standalone, always acting
+    leadership: leadership.Leadership | None = None
 
 
 RUNTIME = Runtime()
+Action = typing.TypeVar("Action", bound=typing.Callable[..., Any])
 
 
-def configure(settings: reconcile.Settings, metrics_port: int = 0, kubeconfig: str | None = None) -> None:
+def configure(
+    settings: reconcile.Settings,
+    metrics_port: int = 0,
+    kubeconfig: str | None = None,
+    lease: leadership.LeaseSettings | None = None,
+) -> None:
     RUNTIME.settings, RUNTIME.metrics_port, RUNTIME.kubeconfig = settings, metrics_port, kubeconfig
+    RUNTIME.lease = lease
+
+
+def acting() -> bool:
+    """Whether this replica may act now: standalone, or holding the Lease (with `--leader-elect`, a replica
+    that has not taken the Lease yet is not acting)."""
+    if RUNTIME.lease is None:
+        return True
+    return RUNTIME.leadership is not None and RUNTIME.leadership.leading
+
+
+def fenced(otherwise: Any = None) -> typing.Callable[[Action], Action]:
+    """Run the decorated handler, pass or loop step only while `acting()`; else return `otherwise`."""
+
+    def wrap(action: Action) -> Action:
+        if inspect.iscoroutinefunction(action):
+
+            @functools.wraps(action)
+            async def guarded_async(*args: Any, **kwargs: Any) -> Any:
+                return await action(*args, **kwargs) if acting() else otherwise
+
+            return typing.cast(Action, guarded_async)
+
+        @functools.wraps(action)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            return action(*args, **kwargs) if acting() else otherwise
+
+        return typing.cast(Action, guarded)
+
+    return wrap
 
 
 def _view() -> reconcile.NodeView:
@@ -86,6 +134,7 @@ def _admission_view() -> reconcile.NodeView:
     return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, RUNTIME.usage.snapshot(), RUNTIME.builder)
 
 
+@fenced(otherwise=Next())
 def _pass(key: Hashable) -> Next:
     """A supervision pass (a coalescer thread): never admits, hands unplaced jobs to the admission queue."""
     assert RUNTIME.session is not None
@@ -112,6 +161,7 @@ def _offer(namespace: str, name: str, request: reconcile.AdmissionRequest) -> No
     RUNTIME.admissions.offer((namespace, name), _order(namespace, name, request))
 
 
+@fenced()
 def _admission_pass(key: Hashable, view: reconcile.NodeView) -> None:
     """An admission pass (the admission worker's thread); what it asks of the scheduler goes to the loop."""
     assert RUNTIME.session is not None
@@ -162,6 +212,7 @@ def _jobs_to_recheck(session: Session) -> list[tuple[str, str]]:
     return placed
 
 
+@fenced()
 def _request(key: Hashable) -> None:
     if RUNTIME.coalescer is not None:
         RUNTIME.coalescer.request(key)
@@ -188,8 +239,37 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     ]
     RUNTIME.job_pods = informer.Informer(session, informer.JOB_PODS, JobPods(RUNTIME.settings.namespaces)).start()
     RUNTIME.admissions = AdmissionQueue(_admission_pass, _admission_view, ready=_watches_synced).start()
+    if RUNTIME.lease is None:
+        metrics.LEADER.set(1)
+    else:
+        RUNTIME.leadership = leadership.Leadership(session, RUNTIME.lease, on_rivals=_report_rivals)
+        RUNTIME.leadership.start(on_leading=_now_leading)
     metrics.serve(RUNTIME.metrics_port)
     log.info("paralleljob operator started: %s", RUNTIME.settings)
+
+
+def _now_leading() -> None:
+    """The Lease is ours (a leadership thread): look at every unfinished job, as events seen while standing
+    by were dropped."""
+    metrics.LEADER.set(1)
+    _on_loop(lambda: _request(RECHECK))
+
+
+def _report_rivals(rivals: list[leadership.Rival]) -> None:
+    """Another operator manages some of the same namespaces (a leadership thread): a log line and an Event on
+    this operator's Lease per rival, and the rival count as a metric."""
+    metrics.RIVAL_OPERATORS.set(len(rivals))
+    assert RUNTIME.session is not None and RUNTIME.lease is not None
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": RUNTIME.lease.name, "namespace": RUNTIME.lease.namespace},
+    }
+    for rival in rivals:
+        message = f"{rival.describe()}: two operators would book the same GPUs; uninstall one, or give them "
+        message += "disjoint watchNamespaces"
+        log.error("rival operator: %s", message)
+        events.post(RUNTIME.session, lease, "Warning", RIVAL_OPERATOR, message)
 
 
 class JobPods:
@@ -227,6 +307,7 @@ async def stop(**_: Any) -> None:
 
 
 @kopf.on.event(api_types.GROUP, api_types.VERSION, api_types.PLURAL)
+@fenced()
 async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
     if event["type"] == "DELETED":
         # Its reservation and pods are going: the waiting jobs may fit now.
@@ -237,6 +318,7 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, **
 
 
 @kopf.on.event("", "v1", "configmaps", labels={progress_manifests.PROGRESS_LABEL: kopf.PRESENT})
+@fenced()
 async def progress_changed(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
     job = progress_manifests.job_of(name)
     if job is not None and event["type"] != "DELETED":
