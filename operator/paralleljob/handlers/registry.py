@@ -76,7 +76,8 @@ class Runtime:
     priorities: PriorityValues | None = None
     loop: asyncio.AbstractEventLoop | None = None
     lease: leadership.LeaseSettings | None = None  # None: standalone, always acting
-    leadership: leadership.Leadership | None = None
+    election: leadership.Leadership | None = None
+    rivals: list[leadership.Rival] = dataclasses.field(default_factory=list)  # those reported so far
 
 
 RUNTIME = Runtime()
@@ -98,7 +99,7 @@ def acting() -> bool:
     that has not taken the Lease yet is not acting)."""
     if RUNTIME.lease is None:
         return True
-    return RUNTIME.leadership is not None and RUNTIME.leadership.leading
+    return RUNTIME.election is not None and RUNTIME.election.leading
 
 
 def fenced(otherwise: Any = None) -> typing.Callable[[Action], Action]:
@@ -242,8 +243,8 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     if RUNTIME.lease is None:
         metrics.LEADER.set(1)
     else:
-        RUNTIME.leadership = leadership.Leadership(session, RUNTIME.lease, on_rivals=_report_rivals)
-        RUNTIME.leadership.start(on_leading=_now_leading)
+        RUNTIME.election = leadership.Leadership(session, RUNTIME.lease, on_rivals=_report_rivals)
+        RUNTIME.election.start(on_leading=_now_leading)
     metrics.serve(RUNTIME.metrics_port)
     log.info("paralleljob operator started: %s", RUNTIME.settings)
 
@@ -257,15 +258,17 @@ def _now_leading() -> None:
 
 def _report_rivals(rivals: list[leadership.Rival]) -> None:
     """Another operator manages some of the same namespaces (a leadership thread): a log line and an Event on
-    this operator's Lease per rival, and the rival count as a metric."""
+    this operator's Lease per newly seen rival, and the rival count as a metric."""
     metrics.RIVAL_OPERATORS.set(len(rivals))
+    new = [rival for rival in rivals if rival not in RUNTIME.rivals]
+    RUNTIME.rivals = list(rivals)
     assert RUNTIME.session is not None and RUNTIME.lease is not None
     lease = {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {"name": RUNTIME.lease.name, "namespace": RUNTIME.lease.namespace},
     }
-    for rival in rivals:
+    for rival in new:
         message = f"{rival.describe()}: two operators would book the same GPUs; uninstall one, or give them "
         message += "disjoint watchNamespaces"
         log.error("rival operator: %s", message)

@@ -1,0 +1,97 @@
+"""Failover with leader election: how long no operator acts when the leader stops, and how fast a leader that
+lost its Lease stops.
+
+    .venv/bin/python bench/leader_failover.py [--lease-seconds 15] [--repeat 2]
+
+Each round starts `paralleljob operator --leader-elect` (the chart's Lease flags) against the emulator while
+another holder renews the Lease every 0.5 s, creates a 2-node job, and then:
+1. takeover: the holder stops renewing; measured from its last renewal to the moment the Lease names the
+   operator (Lease expiry as the client's election sees it: counted from when it last saw the record change,
+   plus a retry period), and to the first pod of the job the operator creates (then the recheck of every
+   unfinished job, the admission and the creates);
+2. fencing: another holder takes the Lease over; measured from that write to the old leader's exit (at most
+   the renew deadline, 2/3 of the Lease, plus one renewal period).
+Figures are recorded in docs/install.md ("High availability").
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kubernetes
+
+from tests.chart.conftest import RELEASE_NAMESPACE
+from tests.cluster.apiserver import ClusterThread
+from tests.operator.conftest import Cluster, Operator, install_operator_rbac, job_doc, wait_for
+from tests.operator.test_leader_election import TWO_NODES, OtherHolder, chart_leader_election_args, chart_lease_name
+
+
+def lease_holder(cluster: Cluster) -> str:
+    api = kubernetes.client.CoordinationV1Api(cluster.client)
+    return str(api.read_namespaced_lease(chart_lease_name(), RELEASE_NAMESPACE).spec.holder_identity)
+
+
+def one_round(lease_seconds: int) -> tuple[float, float, float]:
+    with tempfile.TemporaryDirectory() as workdir:
+        server = ClusterThread(Path(workdir)).start()
+        try:
+            cluster = Cluster(server)
+            kubeconfig = install_operator_rbac(server, cluster.client)
+            holder = OtherHolder(cluster, RELEASE_NAMESPACE, chart_lease_name(), "replica-b").take()
+            args = [*Operator.ARGS, *chart_leader_election_args(), "--lease-seconds", str(lease_seconds)]
+            log = Path(workdir) / "operator.log"
+            operator = Operator(server, log, kubeconfig, args).start()
+            try:
+                cluster.add_nodes(2)
+                cluster.apply(job_doc(parallelism=TWO_NODES))
+                wait_for(lambda: "is held by replica-b" in log.read_text(), timeout=120, what="the standby")
+                holder.release()
+                stopped = time.monotonic()
+                wait_for(lambda: lease_holder(cluster) != "replica-b", timeout=120, what="the Lease taken")
+                taken_over = time.monotonic() - stopped
+                wait_for(lambda: cluster.pods(), timeout=120, what="the first pod")
+                takeover = time.monotonic() - stopped
+                usurper = OtherHolder(cluster, RELEASE_NAMESPACE, chart_lease_name(), "usurper").take()
+                taken = time.monotonic()
+                wait_for(lambda: operator.process is not None and operator.process.poll() is not None, timeout=60)
+                fenced = time.monotonic() - taken
+                usurper.release()
+            finally:
+                holder.release()
+                operator.stop()
+        finally:
+            server.stop()
+    return taken_over, takeover, fenced
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lease-seconds", type=int, default=15)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    rounds = [one_round(args.lease_seconds) for _ in range(args.repeat)]
+    leases, takeovers, exits = ([r[i] for r in rounds] for i in range(3))
+    print(f"lease {args.lease_seconds} s, {args.repeat} rounds")
+    print(
+        f"Lease taken (holder's last renewal -> Lease names the operator): median {statistics.median(leases):.1f} s, "
+        f"max {max(leases):.1f} s"
+    )
+    print(
+        f"takeover (holder's last renewal -> first pod): median {statistics.median(takeovers):.1f} s, "
+        f"max {max(takeovers):.1f} s"
+    )
+    print(
+        f"fencing (Lease taken over -> old leader exited): median {statistics.median(exits):.1f} s, "
+        f"max {max(exits):.1f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
