@@ -6,8 +6,10 @@ holder takes the Lease it exits at once."""
 from __future__ import annotations
 
 import datetime
+import socket
 import threading
 import time
+import urllib.request
 
 import kubernetes
 import pytest
@@ -31,9 +33,24 @@ def chart_lease_name() -> str:
     return flag.split("=", 1)[1]
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+HEALTH_PORT = free_port()
+
+
 @pytest.fixture
 def operator_args():
-    return [*Operator.ARGS, *chart_leader_election_args(), "--lease-seconds", LEASE_SECONDS]
+    liveness = f"http://127.0.0.1:{HEALTH_PORT}/healthz"
+    return [*Operator.ARGS, *chart_leader_election_args(), "--lease-seconds", LEASE_SECONDS, "--liveness", liveness]
+
+
+def healthy() -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{HEALTH_PORT}/healthz", timeout=5) as reply:
+        return reply.status == 200
 
 
 def micro_time() -> str:
@@ -111,12 +128,13 @@ def test_only_the_lease_holder_acts_reports_a_rival_and_exits_once_the_lease_is_
     operator = Operator(emulator, log, kubeconfig, operator_args).start()
     try:
         # Standing by: nodes arrive (the node watch wakes the admission) and a job is created, and nothing is
-        # written; the replica says who holds the Lease.
+        # written; the replica says who holds the Lease, and its liveness endpoint answers.
         cluster.add_nodes(2)
         cluster.apply(job_doc(parallelism=TWO_NODES))
         wait_for(lambda: "is held by replica-b" in log.read_text(), timeout=60, what="the holder reported")
         time.sleep(2)
         assert operator_writes(emulator) == [] and cluster.pods() == [] and cluster.status() == {}
+        assert healthy()
 
         # The holder stops renewing: this replica takes the Lease over, acts on the job it saw while standing
         # by, and reports the operator whose Lease manages every namespace too.
