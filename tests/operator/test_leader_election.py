@@ -141,6 +141,10 @@ def test_only_the_lease_holder_acts_reports_a_rival_and_exits_once_the_lease_is_
         holder.release()
         wait_for(lambda: len(cluster.pods()) == 2, timeout=30, what="the job's pods once it leads")
         (event,) = wait_for(lambda: rival_events(cluster), timeout=30, what="the RivalOperator Event")
+        lease = kubernetes.client.CoordinationV1Api(cluster.client).read_namespaced_lease(
+            chart_lease_name(), RELEASE_NAMESPACE
+        )
+        assert event["involvedObject"]["uid"] == lease.metadata.uid  # what `kubectl describe lease` matches
         assert (
             "operator-2 (Lease other-ops/second-release) also manages ParallelJobs in every namespace"
             in (event["message"])

@@ -262,12 +262,8 @@ def _report_rivals(rivals: list[leadership.Rival]) -> None:
     metrics.RIVAL_OPERATORS.set(len(rivals))
     new = [rival for rival in rivals if rival not in RUNTIME.rivals]
     RUNTIME.rivals = list(rivals)
-    assert RUNTIME.session is not None and RUNTIME.lease is not None
-    lease = {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {"name": RUNTIME.lease.name, "namespace": RUNTIME.lease.namespace},
-    }
+    assert RUNTIME.session is not None and RUNTIME.election is not None
+    lease = RUNTIME.election.lease()
     for rival in new:
         message = f"{rival.describe()}: two operators would book the same GPUs; uninstall one, or give them "
         message += "disjoint watchNamespaces"

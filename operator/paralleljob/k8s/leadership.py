@@ -172,6 +172,12 @@ class _AnnouncingLock(leaselock.LeaseLock):
             self.renewed_at = time.monotonic()
         return done
 
+    def reference(self) -> dict[str, Any]:
+        """The Lease as an Event's involvedObject needs it (with its uid, which `kubectl describe` matches)."""
+        uid = getattr(getattr(self.lease_reference, "metadata", None), "uid", None)
+        metadata = {"name": self._settings.name, "namespace": self._settings.namespace, "uid": uid}
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata}
+
     def holder(self) -> str | None:
         """Who holds the Lease now, as last read (None when unknown)."""
         return getattr(getattr(self.lease_reference, "spec", None), "holder_identity", None)
@@ -209,6 +215,10 @@ class Leadership:
     @property
     def leading(self) -> bool:
         return self._leading.is_set()
+
+    def lease(self) -> dict[str, Any]:
+        """The Lease, to post Events on."""
+        return self._lock.reference()
 
     def start(self, on_leading: Callable[[], None] | None = None) -> None:
         """Campaign in the background; `on_leading` is called (on a thread) once this replica holds the Lease."""
