@@ -38,7 +38,8 @@ spec:
 
 
 def node(name: str, gpus: int = 8, leaf: str | None = None, spine: str | None = None, **extra: Any) -> dict[str, Any]:
-    """A Node as `kubectl get nodes -o yaml` prints it; extra: labels, taints, unschedulable, ready."""
+    """A Node as `kubectl get nodes -o yaml` prints it; extra: labels, taints, unschedulable, ready, and
+    allocatable (resources besides the GPUs)."""
     labels = {"nvidia.com/gpu.product": A100, "nvidia.com/gpu.memory": "81920", **extra.get("labels", {})}
     if leaf:
         labels[LEAF] = leaf
@@ -52,7 +53,7 @@ def node(name: str, gpus: int = 8, leaf: str | None = None, spine: str | None = 
                 "metadata": {"name": name, "labels": labels},
                 "spec": {"unschedulable": extra.get("unschedulable", False), "taints": extra.get("taints", [])},
                 "status": {
-                    "allocatable": {"nvidia.com/gpu": str(gpus)},
+                    "allocatable": {"nvidia.com/gpu": str(gpus), **extra.get("allocatable", {})},
                     "conditions": [{"type": "Ready", "status": "True" if extra.get("ready", True) else "False"}],
                 },
             }
@@ -60,14 +61,14 @@ def node(name: str, gpus: int = 8, leaf: str | None = None, spine: str | None = 
     )
 
 
-def pod(name: str, node_name: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
+def pod(
+    name: str, node_name: str, gpus: int, phase: str = "Running", requests: dict[str, str] | None = None
+) -> dict[str, Any]:
+    resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus}, **({"requests": requests} if requests else {})}
     return {
         "kind": "Pod",
         "metadata": {"name": name, "namespace": "research"},
-        "spec": {
-            "nodeName": node_name,
-            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}],
-        },
+        "spec": {"nodeName": node_name, "containers": [{"name": "c", "resources": resources}]},
         "status": {"phase": phase},
     }
 

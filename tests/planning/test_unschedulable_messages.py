@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from paralleljob import planning
-from tests.planning.clusters import A100, job, node, pod, small_job, unschedulable
+from tests.planning.clusters import A100, job, node, plan, pod, small_job, unschedulable
 
 
 def test_the_message_counts_what_qualifies_and_why_the_rest_do_not() -> None:
@@ -67,3 +69,43 @@ def test_reservations_of_other_parallel_jobs_count_as_used() -> None:
     outcome = planning.plan_job(small_job(pipeline=1, tensor=8, data=1), cluster)
     assert isinstance(outcome, planning.Unschedulable)
     assert outcome.message.endswith("0 qualify: 1 has GPUs in use by ParallelJob gpt-7b")
+
+
+RESOURCES = """  template:
+    resources:
+      requests: {cpu: "8", memory: 64Gi, rdma/ib: "1"}
+"""
+
+
+@pytest.mark.parametrize(
+    ("allocatable", "requests", "said"),
+    [
+        ({"cpu": "12", "memory": "1Ti", "rdma/ib": "1"}, {"cpu": "8"}, "too little cpu (4 free, 8 requested)"),
+        ({"cpu": "96", "memory": "80Gi", "rdma/ib": "1"}, {"memory": "32Gi"}, "too little memory (48Gi free, 64Gi"),
+        ({"cpu": "96", "memory": "1Ti"}, {}, "too little rdma/ib (0 free, 1 requested)"),
+    ],
+    ids=["cpu-taken-by-another-pod", "memory-taken-by-another-pod", "no-rdma-device"],
+)
+def test_a_node_without_room_for_the_pods_requests_is_named_with_the_resource(allocatable, requests, said) -> None:
+    nodes = [node("taken", allocatable=allocatable), node("free", allocatable={"cpu": "96", "memory": "1Ti"})]
+    nodes[1]["status"]["allocatable"]["rdma/ib"] = "1"
+    pods = [pod("other", "taken", 0, requests={k: v for k, v in requests.items()})] if requests else []
+    job_ = small_job(pipeline=1, tensor=8, data=2, extra=RESOURCES)
+    message = unschedulable(job_, nodes, pods)
+    assert message.startswith("needs 2 nodes with 8 free nvidia.com/gpu")
+    assert f"1 qualifies: 1 has {said}" in message
+
+
+def test_the_free_node_is_chosen_over_the_one_whose_cpu_another_pod_takes() -> None:
+    nodes = [node(name, allocatable={"cpu": "12", "memory": "1Ti", "rdma/ib": "1"}) for name in ("n0", "n1", "n2")]
+    placed = plan(
+        small_job(pipeline=1, tensor=8, data=2, extra=RESOURCES), nodes, [pod("other", "n0", 0, requests={"cpu": "8"})]
+    )
+    assert sorted(entry.node for entry in placed.nodes) == ["n1", "n2"]
+
+
+def test_a_cluster_file_without_cpu_or_memory_is_not_checked_for_them() -> None:
+    nodes = [node("n0"), node("n1")]
+    for each in nodes:
+        each["status"]["allocatable"]["rdma/ib"] = "1"
+    assert len(plan(small_job(pipeline=1, tensor=8, data=2, extra=RESOURCES), nodes).nodes) == 2

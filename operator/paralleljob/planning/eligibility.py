@@ -1,7 +1,8 @@
 """Which nodes may hold a pod of a job, and, for those that may not, the reason in words.
 
 Node-level filters in the order a person checks them: Ready, cordoned, GPUs at all, taints against the job's
-tolerations, the job's nodeSelector, then (per GPU product) GPU memory and free GPUs. Every rejected node
+tolerations, the job's nodeSelector, the CPU, memory and extended resources each pod requests
+(`spec.template.resources`) against what bound pods leave free, then (per GPU product) GPU memory and free GPUs. Every rejected node
 adds to a `Tally`, which becomes the "11 qualify: 3 cordoned, 2 have GPUs in use by pods a/b" part of an
 unschedulable message. Called by the planner.
 """
@@ -16,6 +17,7 @@ from typing import Any
 from paralleljob.planning import inventory
 from paralleljob.planning.inventory import GPU_RESOURCE, NodeInfo
 from paralleljob.planning.plan import Shortfall
+from paralleljob.planning.usage import render_quantity
 
 MIB = 1024**2
 MAX_HOLDERS_SHOWN = 4
@@ -79,6 +81,35 @@ def _rejection(
     for key, value in wanted:
         if labels.get(key) != value:
             return (f"lacks nodeSelector {key}={value}", f"lack nodeSelector {key}={value}")
+    return None
+
+
+def with_resources(nodes: Iterable[NodeInfo], requests: Mapping[str, int]) -> tuple[list[NodeInfo], Tally]:
+    """Nodes with room for one pod's `requests` (milli-units, GPUs aside), as the scheduler counts them:
+    allocatable less what the pods bound there request. A node that does not list cpu, memory or
+    ephemeral-storage (a hand-written cluster file) is not checked for it; one that does not list an extended
+    resource (a name with a `/`: rdma/..., vpc.amazonaws.com/efa) has none of it."""
+    kept: list[NodeInfo] = []
+    tally = Tally()
+    wanted = sorted((resource, amount) for resource, amount in requests.items() if amount > 0)
+    for node in nodes:
+        short = _shortage(node, wanted)
+        if short is None:
+            kept.append(node)
+        else:
+            tally.add(f"has {short}", f"have {short}")
+    return kept, tally
+
+
+def _shortage(node: NodeInfo, wanted: Sequence[tuple[str, int]]) -> str | None:
+    for resource, amount in wanted:
+        free = node.free(resource)
+        if free is None and "/" not in resource:
+            continue
+        free = max(0, free or 0)
+        if free < amount:
+            shown, asked = render_quantity(resource, free), render_quantity(resource, amount)
+            return f"too little {resource} ({shown} free, {asked} requested)"
     return None
 
 

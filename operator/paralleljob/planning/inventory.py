@@ -19,7 +19,14 @@ import sys
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from paralleljob.planning.usage import GPU_RESOURCE, TERMINAL_POD_PHASES, NodeUsage, UsageIndex, claim_of
+from paralleljob.planning.usage import (
+    GPU_RESOURCE,
+    TERMINAL_POD_PHASES,
+    NodeUsage,
+    UsageIndex,
+    claim_of,
+    milli_quantity,
+)
 
 __all__ = ["GPU_RESOURCE", "TERMINAL_POD_PHASES"]  # re-exported: callers read them here
 
@@ -65,11 +72,22 @@ class NodeInfo:
     taints: tuple[Taint, ...] = ()
     product: str = ""  # nvidia.com/gpu.product
     gpu_memory_mib: int | None = None  # nvidia.com/gpu.memory
+    # Every other allocatable resource (cpu, memory, rdma/..., vpc.amazonaws.com/efa), and what bound pods
+    # request of them, in milli-units (`usage.milli_quantity`), sorted by name.
+    allocatable: tuple[tuple[str, int], ...] = ()
+    requested: tuple[tuple[str, int], ...] = ()
     free_gpus: int = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         # Read once here rather than in every planning pass over thousands of nodes.
         object.__setattr__(self, "free_gpus", max(0, self.allocatable_gpus - self.used_gpus))
+
+    def free(self, resource: str) -> int | None:
+        """Milli-units of `resource` not requested by bound pods; None when the node does not list it."""
+        for name, amount in self.allocatable:
+            if name == resource:
+                return amount - dict(self.requested).get(resource, 0)
+        return None
 
 
 class ClusterObjects(NamedTuple):
@@ -145,7 +163,9 @@ class ClusterBuilder:
 def _with_usage(info: NodeInfo, held: NodeUsage | None) -> NodeInfo:
     if held is None:
         return info
-    return dataclasses.replace(info, used_gpus=info.used_gpus + held.gpus, holders=info.holders + held.holders)
+    return dataclasses.replace(
+        info, used_gpus=info.used_gpus + held.gpus, holders=info.holders + held.holders, requested=held.requests
+    )
 
 
 def _with_reservations(info: NodeInfo, taken: Sequence[Reservation]) -> NodeInfo:
@@ -274,7 +294,18 @@ def node_info(
         ready=_is_ready(status.get("conditions")),
         unschedulable=bool(spec.get("unschedulable", False)),
         taints=tuple(_taint(t) for t in spec.get("taints") or () if isinstance(t, Mapping)),
+        allocatable=_other_resources(allocatable),
     )
+
+
+def _other_resources(allocatable: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    """Allocatable resources other than GPUs, in milli-units (unparsable quantities are left out)."""
+    found = []
+    for resource, value in allocatable.items():
+        amount = milli_quantity(value)
+        if resource != GPU_RESOURCE and amount is not None:
+            found.append((sys.intern(str(resource)), amount))
+    return tuple(sorted(found))
 
 
 def pod_gpu_claim(pod: Mapping[str, Any]) -> tuple[str | None, int]:

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from paralleljob.api.validation import ResolvedJob
-from paralleljob.planning import eligibility, estimates, placement
+from paralleljob.planning import eligibility, estimates, placement, usage
 from paralleljob.planning.costmodel import CommCost, CostModel, Site, price, rank_groups
 from paralleljob.planning.eligibility import MIB, Tally
 from paralleljob.planning.estimates import GIB, Workload
@@ -59,6 +59,8 @@ def plan_job(job: ResolvedJob, cluster: Cluster, options: PlanningOptions | None
     ctx = _context(job, cluster, options or PlanningOptions())
     spec = job.spec
     screened, tally = eligibility.screen(cluster.nodes, spec.template.node_selector, spec.template.tolerations)
+    screened, short = eligibility.with_resources(screened, pod_requests(job))
+    tally = tally.merged(short)
     groups = eligibility.by_product(screened, spec.topology.allow_mixed_gpu_products)
     candidates = ranks_per_node_candidates(job, cluster.nodes, ctx.nvlink_label)
     memory = estimates.memory_per_gpu(ctx.work)
@@ -77,6 +79,13 @@ def plan_job(job: ResolvedJob, cluster: Cluster, options: PlanningOptions | None
     if not misses:
         misses = [_Miss(job.world_size // candidates[0], candidates[0], "", 0, tally)]
     return _unschedulable(ctx, misses)
+
+
+def pod_requests(job: ResolvedJob) -> dict[str, int]:
+    """What each pod of the job requests besides its GPUs (`spec.template.resources`), in milli-units."""
+    found = usage.requests_of(job.spec.template.resources)
+    found.pop(GPU_RESOURCE, None)
+    return found
 
 
 def ranks_per_node_candidates(

@@ -115,8 +115,31 @@ def _effective_requests(spec: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _container_requests(container: Any) -> dict[str, int]:
-    resources = (container.get("resources") or {}) if isinstance(container, Mapping) else {}
+    return requests_of((container.get("resources") or {}) if isinstance(container, Mapping) else {})
+
+
+def requests_of(resources: Any) -> dict[str, int]:
+    """A container's `resources` as what the scheduler counts, in milli-units: its requests, and its limits
+    where it sets no request (the API server defaults a missing request to the limit)."""
+    if not isinstance(resources, Mapping):
+        return {}
     return {**_quantities(resources.get("limits")), **_quantities(resources.get("requests"))}
+
+
+# Resources counted in bytes, rendered in binary units for people.
+_BYTE_RESOURCES = ("memory", "ephemeral-storage", "hugepages-")
+
+
+def render_quantity(resource: str, milli: int) -> str:
+    """Milli-units as a person writes the quantity: `500m` or `4` CPUs, `16Gi` of memory, `2` devices."""
+    if milli % 1000:
+        return f"{milli}m"
+    whole = milli // 1000
+    if resource.startswith(_BYTE_RESOURCES) and whole:
+        for suffix, size in (("Ti", 1024**4), ("Gi", 1024**3), ("Mi", 1024**2), ("Ki", 1024)):
+            if whole % size == 0:
+                return f"{whole // size}{suffix}"
+    return str(whole)
 
 
 def _quantities(raw: Any) -> dict[str, int]:
