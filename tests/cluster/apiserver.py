@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import datetime
+import email.utils
 import itertools
 import json
 import ssl
@@ -249,6 +251,9 @@ class APIServer(kmock.KubernetesEmulator):
     created_order: dict[str, int] = attrs.field(factory=dict)
     # Set by a process kubelet: it confirms graceful deletions itself, when the processes have exited.
     kubelet_confirms_deletion: bool = False
+    # Seconds this server's clock is ahead of the test machine's (negative: behind): every time it writes
+    # (creationTimestamp, deletionTimestamp, condition transitions, the Date header) reads `clock()`.
+    clock_offset: float = 0.0
     _versions: Any = attrs.field(factory=lambda: itertools.count(1))
     # How many changes per resource a watch from a resourceVersion can catch up on, as the real server's
     # watch cache keeps a window of them; a watch from an older version gets 410 Gone and lists again.
@@ -272,7 +277,7 @@ class APIServer(kmock.KubernetesEmulator):
             self.resources[f"{group}/{version}/{plural}" if group else f"{version}/{plural}"] = kmock.ResourceInfo(
                 kind=kind, namespaced=namespaced, verbs=VERBS, subresources=subresources
             )
-        now = timestamps.now()
+        now = self.now()
         for name in INITIAL_NAMESPACES:
             self.store_directly(
                 "",
@@ -285,6 +290,13 @@ class APIServer(kmock.KubernetesEmulator):
                 "apiextensions.k8s.io", "v1", "customresourcedefinitions", yaml.safe_load(path.read_text())
             )
 
+    def clock(self) -> datetime.datetime:
+        return datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=self.clock_offset)
+
+    def now(self) -> str:
+        """The server's present moment as it writes timestamps."""
+        return timestamps.format_time(self.clock())
+
     # -- the store, for this package's components --------------------------------------------------------------
 
     def _resource(self, group: str, version: str, plural: str) -> Any:
@@ -294,7 +306,7 @@ class APIServer(kmock.KubernetesEmulator):
         """Store an object without a request (the cluster's bootstrap), with server-filled metadata."""
         meta = obj.setdefault("metadata", {})
         meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", timestamps.now())
+        meta.setdefault("creationTimestamp", self.now())
         meta.setdefault("generation", 1)
         self._stamp(obj)
         key = (self._resource(group, version, plural), meta.get("namespace"), meta["name"])
@@ -363,6 +375,13 @@ class APIServer(kmock.KubernetesEmulator):
     # -- the pipeline ----------------------------------------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        response = await self._answer(request)
+        if isinstance(response, aiohttp.web.StreamResponse) and not response.prepared:
+            # What a client learns the server's time from (aiohttp would write its own clock's).
+            response.headers["Date"] = email.utils.format_datetime(self.clock(), usegmt=True)
+        return response
+
+    async def _answer(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         try:
             user = self.tokens.user(request.headers.get("Authorization", ""))
             if user is None:
@@ -505,7 +524,7 @@ class APIServer(kmock.KubernetesEmulator):
             body.pop("status", None)  # a custom resource's status is written through /status only
         for server_field in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
             meta.pop(server_field, None)
-        body["metadata"].update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=timestamps.now())
+        body["metadata"].update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=self.now())
         self._stamp(body)
         self.created_order[body["metadata"]["uid"]] = len(self.created_order)
         if key in self.objects:
@@ -617,7 +636,7 @@ class APIServer(kmock.KubernetesEmulator):
         conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
         status["conditions"] = [
             *conditions,
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": timestamps.now()},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": self.now()},
         ]
         await self.replace_stored(key, pod)
 
@@ -639,7 +658,7 @@ class APIServer(kmock.KubernetesEmulator):
         if current["metadata"].get("deletionTimestamp"):
             return current  # already terminating: a second graceful delete changes nothing
         grace = (current.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
-        current["metadata"]["deletionTimestamp"] = timestamps.now()
+        current["metadata"]["deletionTimestamp"] = self.now()
         current["metadata"]["deletionGracePeriodSeconds"] = grace
         self._stamp(current)
         self.objects[key].create(current)

@@ -283,14 +283,18 @@ class ProcessKubelet:
 
     # -- reporting ---------------------------------------------------------------------------------------
 
-    def _conditions(self, ready: bool) -> list[dict[str, Any]]:
-        now = timestamps.now()
+    def _conditions(self, pod: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
+        """The pod's conditions; one whose status is unchanged keeps its lastTransitionTime (PodScheduled's is
+        the binding's), as the real kubelet's do."""
+        now = self.server.now()
         value = "True" if ready else "False"
+        before = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
+        wanted = {"PodScheduled": "True", "Initialized": "True", "ContainersReady": value, "Ready": value}
         return [
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-            {"type": "Initialized", "status": "True", "lastTransitionTime": now},
-            {"type": "ContainersReady", "status": value, "lastTransitionTime": now},
-            {"type": "Ready", "status": value, "lastTransitionTime": now},
+            {"type": kind, "status": status, "lastTransitionTime": now}
+            if (before.get(kind) or {}).get("status") != status or not before[kind].get("lastTransitionTime")
+            else {"type": kind, "status": status, "lastTransitionTime": before[kind]["lastTransitionTime"]}
+            for kind, status in wanted.items()
         ]
 
     async def _write_status(self, key: Any, pod: dict[str, Any], status: dict[str, Any]) -> None:
@@ -310,7 +314,7 @@ class ProcessKubelet:
             "podIP": self._address(pod["metadata"]["uid"]),
             "hostIP": "127.0.0.1",
             "startTime": running.started_at,
-            "conditions": self._conditions(True),
+            "conditions": self._conditions(pod, True),
             "containerStatuses": [self._container_status(container, state, ready=True)],
         }
         await self._write_status(key, pod, status)
@@ -333,7 +337,7 @@ class ProcessKubelet:
         state = {"waiting": {"reason": reason, "message": message}}
         status = {
             "phase": "Pending",
-            "conditions": self._conditions(False),
+            "conditions": self._conditions(pod, False),
             "containerStatuses": [self._container_status(container, state, ready=False)],
         }
         await self._write_status(key, pod, status)
@@ -357,7 +361,7 @@ class ProcessKubelet:
             }
             status = {
                 "phase": "Succeeded" if exit_code == 0 else "Failed",
-                "conditions": self._conditions(False),
+                "conditions": self._conditions(pod, False),
                 "containerStatuses": [self._container_status(container, {"terminated": terminated}, ready=False)],
             }
             await self._write_status(running.key, pod, status)

@@ -19,7 +19,6 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from paralleljob.k8s import timestamps
 from tests.cluster import apiserver
 
 SELECTOR_MISMATCH = "node(s) didn't match Pod's node affinity/selector"
@@ -217,7 +216,7 @@ class Scheduler:
             "status": "False",
             "reason": "Unschedulable",
             "message": message,
-            "lastTransitionTime": timestamps.now(),
+            "lastTransitionTime": self.server.now(),
         }
         status["phase"] = "Pending"
         status["conditions"] = [*(c for c in conditions if c.get("type") != "PodScheduled"), condition]

@@ -7,7 +7,7 @@ import datetime
 import pytest
 
 from paralleljob import planning
-from paralleljob.handlers import conditions, gang
+from paralleljob.handlers import conditions, gang, start_failures
 from paralleljob.k8s import timestamps
 
 
@@ -94,31 +94,86 @@ def test_a_network_failure_in_a_termination_message_names_its_condition_and_reas
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 UNSCHEDULABLE = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "x"}]}
+PULL_FAILED = {"containerStatuses": [{"state": {"waiting": {"reason": "ErrImagePull", "message": "i/o timeout"}}}]}
 PULL_BACKOFF = {"containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such"}}}]}
+CONFIG_ERROR = {"containerStatuses": [{"state": {"waiting": {"reason": "CreateContainerConfigError"}}}]}
 CREATING = {"containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]}
+LIMITS = start_failures.Limits(start_timeout=600, creating_timeout=1800, pull_retries=3)
 
 
-def aged(rank, seconds, **status):
-    created = timestamps.format_time(NOW - datetime.timedelta(seconds=seconds))
-    return pod(rank, "Pending", metadata={"creationTimestamp": created}, **status)
+def ago(seconds):
+    return timestamps.format_time(NOW - datetime.timedelta(seconds=seconds))
+
+
+def aged(rank, seconds, scheduled=None, **status):
+    """A Pending pod created `seconds` ago; `scheduled`: bound to its node that many seconds ago."""
+    if scheduled is not None:
+        status["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": ago(scheduled)}]
+    stalled = pod(rank, "Pending", node=f"n{rank}" if scheduled is not None else None, **status)
+    stalled["metadata"].update(creationTimestamp=ago(seconds), uid=f"uid-{rank}")
+    return stalled
 
 
 @pytest.mark.parametrize(
-    ("stuck", "verdict", "cause", "recheck_in"),
+    ("stuck", "pulls", "verdict", "cause", "recheck_in"),
     [
-        (aged(1, 700, **UNSCHEDULABLE), "broken", gang.START_TIMEOUT, None),
-        (aged(1, 700, **PULL_BACKOFF), "broken", gang.START_TIMEOUT, None),
-        (aged(1, 100, **PULL_BACKOFF), "starting", gang.BROKEN, 500),
-        (aged(1, 700, **CREATING), "starting", gang.BROKEN, None),
-        (aged(1, 700), "starting", gang.BROKEN, None),
+        (aged(1, 700, **UNSCHEDULABLE), 0, "broken", gang.START_TIMEOUT, None),
+        (aged(1, 100, **UNSCHEDULABLE), 0, "starting", gang.BROKEN, 500),
+        (aged(1, 700, scheduled=100, **CONFIG_ERROR), 0, "starting", gang.BROKEN, 500),
+        (aged(1, 700, scheduled=650, **CONFIG_ERROR), 0, "broken", gang.START_TIMEOUT, None),
+        (aged(1, 700, scheduled=700, **PULL_FAILED), 1, "starting", gang.BROKEN, None),
+        (aged(1, 700, scheduled=700, **PULL_BACKOFF), 2, "starting", gang.BROKEN, None),
+        (aged(1, 60, scheduled=60, **PULL_FAILED), 3, "broken", gang.START_TIMEOUT, None),
+        (aged(1, 700, scheduled=700, **CREATING), 0, "starting", gang.BROKEN, 1100),
+        (aged(1, 1900, scheduled=1850, **CREATING), 0, "broken", gang.START_TIMEOUT, None),
+        (aged(1, 700), 0, "starting", gang.BROKEN, None),
     ],
-    ids=["unschedulable-too-long", "image-pull-too-long", "not-yet", "still-creating", "no-signal"],
+    ids=[
+        "unschedulable-too-long",
+        "unschedulable-not-yet",
+        "config-error-timed-from-scheduling",
+        "config-error-too-long",
+        "one-transient-pull-failure-after-a-long-pull",
+        "backing-off-after-two-failures",
+        "third-failed-pull-blames-the-node",
+        "container-creating-not-yet",
+        "container-creating-too-long",
+        "no-signal",
+    ],
 )
-def test_a_gang_that_cannot_start_fails_after_the_start_timeout(stuck, verdict, cause, recheck_in):
-    state = gang.judge([pod(0), stuck], 2, start_timeout=600, at=NOW)
+def test_a_gang_that_cannot_start_fails_when_its_own_clock_runs_out(stuck, pulls, verdict, cause, recheck_in):
+    state = gang.judge([pod(0), stuck], 2, limits=LIMITS, at=NOW, pull_failures={"uid-1": pulls})
     assert (state.verdict, state.cause, state.recheck_in) == (verdict, cause, recheck_in)
     if verdict == "broken":
-        assert "did not start within 600s" in state.reason and state.pod == "gpt-1"
+        assert state.pod == "gpt-1" and state.blamed == ("n1",)
+
+
+def test_every_stalled_pods_planned_node_is_blamed_when_one_times_out():
+    pods = [pod(0), aged(1, 700, **UNSCHEDULABLE), aged(2, 10, **UNSCHEDULABLE), pod(3, "Pending")]
+    state = gang.judge(pods, 4, limits=LIMITS, at=NOW)
+    assert state.reason.startswith("pod gpt-1 did not start within 600s (Unschedulable: x)")
+    assert state.blamed == ("n1", "n2")
+
+
+@pytest.mark.parametrize(
+    ("events", "counted"),
+    [
+        (["ContainerCreating", "ErrImagePull", "ImagePullBackOff", "ImagePullBackOff", "ErrImagePull"], 2),
+        (["ImagePullBackOff"], 1),
+        (["ErrImagePull", "ErrImagePull"], 1),
+        (["ErrImagePull", "ImagePullBackOff", "ErrImagePull", "ImagePullBackOff", "ErrImagePull"], 3),
+    ],
+    ids=["two-pulls-failed", "backing-off-when-first-seen", "one-failure-reported-twice", "three-pulls-failed"],
+)
+def test_failed_image_pulls_are_counted_from_the_waiting_reasons_the_watch_sees(events, counted):
+    pulls = start_failures.PullFailures()
+    for reason in events:
+        pulls.observe(
+            "MODIFIED", aged(1, 0, scheduled=0, containerStatuses=[{"state": {"waiting": {"reason": reason}}}])
+        )
+    assert pulls.snapshot() == {"uid-1": counted}
+    pulls.observe("MODIFIED", aged(1, 0, scheduled=0) | {"status": {"phase": "Running"}})
+    assert pulls.snapshot() == {}
 
 
 def job(name, phase, placement, gpus=4):

@@ -68,6 +68,20 @@ def register(sub: Any) -> None:
         help="fail an attempt whose pod stays unschedulable or cannot create its container this long",
     )
     parser.add_argument(
+        "--container-creating-timeout",
+        type=positive_seconds,
+        default=1800.0,
+        metavar="SECONDS",
+        help="fail an attempt whose pod is still ContainerCreating this long after being scheduled",
+    )
+    parser.add_argument(
+        "--image-pull-retries",
+        type=int,
+        default=3,
+        metavar="COUNT",
+        help="fail an attempt, blaming the node, once a pod's image failed to pull this many times",
+    )
+    parser.add_argument(
         "--force-delete-after",
         type=positive_seconds,
         default=120.0,
@@ -247,6 +261,8 @@ def run(args: argparse.Namespace) -> int:
         default_nccl_env=tuple(args.default_nccl_env),
         namespaces=namespaces,
         start_timeout_seconds=args.start_timeout,
+        container_creating_timeout_seconds=args.container_creating_timeout,
+        image_pull_retries=max(1, args.image_pull_retries),
         force_delete_after_seconds=args.force_delete_after,
         admission_policy=policy_of(args),
         pod_security=pod_security_of(args),

@@ -3,8 +3,9 @@
 Rank 0 Succeeded means the trainer finished (the other ranks may still be exiting). Any pod Failed (evicted
 pods are Failed with reason Evicted), being deleted, missing after the gang was complete, or on a lost node
 (NotReady, or deleted from the cluster) breaks the gang: every rank waits on NCCL for the lost one, so the
-whole gang restarts. So does a gang that cannot start: a pod that the scheduler refuses (PodScheduled=False)
-or whose container cannot be created (image pull errors, bad config) for longer than the start timeout.
+whole gang restarts. So does a gang that cannot start (`handlers.start_failures`: a pod the scheduler refuses,
+an image that fails to pull again and again, a container that cannot be created or stays ContainerCreating),
+blaming the planned node of every stalled pod so that the next attempt avoids them.
 A failed pod whose container's termination message reports a network failure (the trainer's preflight, or
 NCCL's choice under spec.network.verify: fail) breaks it with cause NetworkNotReady: the reconciler fails
 the job instead of restarting it, since a restart on the same spec and nodes would fail the same way.
@@ -17,15 +18,12 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from paralleljob.k8s import timestamps
+from paralleljob.handlers.start_failures import Limits, describe, overdue, stall_of, waiting_note
 from paralleljob.manifests import labels
 from paralleljob_contract.network import NetworkFailure, parse_failure
 
 Verdict = Literal["succeeded", "broken", "running", "starting"]
-# Container waiting reasons that do not clear up by waiting for the kubelet (restartPolicy is Never).
-STUCK_WAITING_REASONS = frozenset(
-    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"}
-)
+NO_LIMITS = Limits()  # no timeouts: a stalled gang waits (the table tests pass their own)
 # Causes, used as condition reasons: GangRestart for a lost or failed pod; the others name what happened.
 BROKEN, START_TIMEOUT, CREATE_FAILED = "GangRestart", "StartTimeout", "CreateFailed"
 NETWORK = "NetworkNotReady"
@@ -33,8 +31,9 @@ NETWORK = "NetworkNotReady"
 
 @dataclasses.dataclass(frozen=True)
 class GangState:
-    """The verdict, with the pod and node to blame when broken, and when a starting gang must be looked at
-    again (the moment a stuck pod reaches the start timeout)."""
+    """The verdict, with the pod and node to blame when broken (and, for a gang that cannot start, the planned
+    nodes of every stalled pod), and for a starting gang what it waits on and when to look again (the moment a
+    stalled pod reaches its timeout)."""
 
     verdict: Verdict
     ready: int
@@ -44,6 +43,7 @@ class GangState:
     cause: str = BROKEN
     recheck_in: float | None = None
     network: NetworkFailure | None = None
+    blamed: tuple[str, ...] = ()
 
 
 def node_of(pod: Mapping[str, Any]) -> str | None:
@@ -85,37 +85,27 @@ def _breakage(pod: Mapping[str, Any], lost_nodes: Mapping[str, str]) -> str | No
     return None
 
 
-def stuck_reason(pod: Mapping[str, Any]) -> str | None:
-    """Why a Pending pod is not starting, when the scheduler or the kubelet says so; None otherwise."""
-    if _phase(pod) != "Pending":
-        return None
-    status = pod.get("status") or {}
-    for condition in status.get("conditions") or ():
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            return f"{condition.get('reason') or 'Unschedulable'}: {condition.get('message') or 'not scheduled'}"
-    for container in status.get("containerStatuses") or ():
-        waiting = (container.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in STUCK_WAITING_REASONS:
-            return f"{waiting['reason']}: {waiting.get('message') or 'container not created'}"
-    return None
-
-
 def _start_timeout(
-    pods: Sequence[Mapping[str, Any]], ready: int, timeout: float, at: datetime.datetime | None
+    pods: Sequence[Mapping[str, Any]], ready: int, limits: Limits, at: datetime.datetime, pulls: Mapping[str, int]
 ) -> GangState | None:
-    """A broken state when a stuck pod is older than `timeout`, else a starting one due for a recheck."""
+    """A broken state when a stalled pod is overdue (`handlers.start_failures`), blaming the planned node of
+    every stalled pod; else a starting one that says what it waits on, due for a recheck."""
+    stalls = [(pod, found) for pod in sorted(pods, key=_rank) if (found := stall_of(pod, pulls))]
     recheck: float | None = None
-    for pod in sorted(pods, key=_rank):
-        why = stuck_reason(pod)
-        age = timestamps.seconds_since(pod["metadata"].get("creationTimestamp"), at)
-        if why is None or age is None:
-            continue
-        if age >= timeout:
+    for pod, stall in stalls:
+        due, left = overdue(stall, limits, at)
+        if due:
             name = pod["metadata"]["name"]
-            reason = f"pod {name} did not start within {timeout:.0f}s ({why})"
-            return GangState("broken", ready, reason, name, None, START_TIMEOUT)
-        recheck = min(recheck if recheck is not None else timeout, timeout - age)
-    return GangState("starting", ready, recheck_in=recheck) if recheck is not None else None
+            reason = f"pod {name} {describe(stall, limits)}"
+            blamed = tuple(dict.fromkeys(node for other, _ in stalls if (node := node_of(other))))
+            return GangState("broken", ready, reason, name, node_of(pod), START_TIMEOUT, blamed=blamed)
+        if left is not None:
+            recheck = left if recheck is None else min(recheck, left)
+    if not stalls:
+        return None
+    pod, stall = stalls[0]
+    note = f"pod {pod['metadata']['name']}: {waiting_note(stall, limits)}"
+    return GangState("starting", ready, note, recheck_in=recheck)
 
 
 def judge(
@@ -123,13 +113,15 @@ def judge(
     expected: int,
     lost_nodes: Mapping[str, str] | None = None,
     *,
-    start_timeout: float = float("inf"),
+    limits: Limits = NO_LIMITS,
     at: datetime.datetime | None = None,
     planned_nodes: Mapping[int, str] | None = None,
+    pull_failures: Mapping[str, int] | None = None,
 ) -> GangState:
     """The state of a gang of `expected` pods (missing pods count as deleted, on the node `planned_nodes` gives
     their rank, as a pod seen being deleted is). `lost_nodes` maps a node name to why it is lost ("is NotReady",
-    "no longer exists")."""
+    "no longer exists"); `at` is the API server's present moment (the pods' times are the server's), and
+    `pull_failures` the failed image pulls counted per pod uid."""
     lost = lost_nodes or {}
     by_rank = {_rank(p): p for p in pods}
     ready = sum(1 for p in pods if _phase(p) == "Running")
@@ -152,4 +144,5 @@ def judge(
         return GangState("broken", ready, f"pod of node rank {missing[0]} was deleted", None, node)
     if ready == expected:
         return GangState("running", ready)
-    return _start_timeout(pods, ready, start_timeout, at) or GangState("starting", ready)
+    moment = at or datetime.datetime.now(datetime.UTC)
+    return _start_timeout(pods, ready, limits, moment, pull_failures or {}) or GangState("starting", ready)

@@ -41,7 +41,7 @@ from typing import Any
 
 from paralleljob import planning
 from paralleljob.api import ResolvedJob, policy, validate_document
-from paralleljob.handlers import conditions, gang, placement
+from paralleljob.handlers import conditions, gang, placement, start_failures
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.nodes import NodeSnapshot
 from paralleljob.k8s import events, reads, timestamps, writes
@@ -77,8 +77,13 @@ class Settings:
     # NCCL variables every job gets unless its spec.network.ncclEnv sets the same name.
     default_nccl_env: tuple[tuple[str, str], ...] = ()
     namespaces: tuple[str, ...] | None = None  # None: all namespaces
-    # A pod the scheduler refuses, or whose container cannot be created, fails its attempt after this long.
+    # A pod the scheduler refuses, or whose container cannot be created, fails its attempt after this long
+    # (from the API server's times: `handlers.start_failures`).
     start_timeout_seconds: float = 600.0
+    # A pod still ContainerCreating this long after being scheduled (a mount that fails) fails its attempt.
+    container_creating_timeout_seconds: float = 1800.0
+    # A pod whose image failed to pull this many times fails its attempt, blaming its node.
+    image_pull_retries: int = 3
     # A pod stuck Terminating on a NotReady or deleted node is force-deleted this long after its deletion
     # deadline (deletionTimestamp): its kubelet cannot confirm that the containers stopped.
     force_delete_after_seconds: float = 120.0
@@ -100,6 +105,8 @@ class NodeView:
     snapshot: NodeSnapshot = dataclasses.field(default_factory=NodeSnapshot)
     usage: UsageSnapshot = dataclasses.field(default_factory=UsageSnapshot)
     builder: ClusterBuilder = dataclasses.field(default_factory=ClusterBuilder)
+    # Failed image pulls per pod uid, counted from the job-pods watch (`start_failures.PullFailures`).
+    pull_failures: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,7 +322,8 @@ def _drain(p: Pass, stale: Sequence[Mapping[str, Any]]) -> Outcome:
     for pod in terminating:
         if gang.node_of(pod) not in lost:
             continue  # its kubelet is alive: the pod goes when its containers have stopped
-        overdue = (timestamps.seconds_since(pod["metadata"]["deletionTimestamp"]) or 0.0) - force_after
+        since = timestamps.seconds_since(pod["metadata"]["deletionTimestamp"], p.session.server_now())
+        overdue = (since or 0.0) - force_after
         if overdue >= 0:
             log.warning("force-deleting %s: node %s is lost", pod["metadata"]["name"], gang.node_of(pod))
             writes.delete_pod(p.session, p.namespace, pod["metadata"]["name"], force=True)
@@ -555,7 +563,11 @@ def _watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) ->
     nodes = [entry.get("node") for entry in entries] + [gang.node_of(pod) for pod in pods]
     planned = {int(entry["nodeRank"]): str(entry["node"]) for entry in entries if entry.get("node")}
     lost = _lost_nodes(p, nodes)
-    state = gang.judge(pods, len(entries), lost, start_timeout=p.settings.start_timeout_seconds, planned_nodes=planned)
+    limits = start_failures.Limits(
+        p.settings.start_timeout_seconds, p.settings.container_creating_timeout_seconds, p.settings.image_pull_retries
+    )
+    at, pulls = p.session.server_now(), p.nodes.pull_failures
+    state = gang.judge(pods, len(entries), lost, limits=limits, at=at, planned_nodes=planned, pull_failures=pulls)
     handlers: dict[str, Callable[[Pass, ResolvedJob, Sequence[Mapping[str, Any]], gang.GangState], Outcome]] = {
         "succeeded": _succeeded,
         "broken": _broken,
@@ -635,8 +647,9 @@ def _end(
 
 def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int) -> Outcome:
     excluded = p.excluded
-    if state.node and state.node not in excluded:
-        excluded = [*excluded, state.node]
+    for node in (state.node, *state.blamed):
+        if node and node not in excluded:
+            excluded = [*excluded, node]
     restarts = p.attempt + 1
     message = f"gang restart {restarts}/{limit}: {state.reason}; resuming from the last checkpoint"
     cond = p.condition("Ready", "False", state.cause, state.reason)
@@ -652,7 +665,8 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
 
 def _hold(p: Pass, state: gang.GangState) -> dict[str, Any]:
     """The restarting gang's hold: its placed nodes less the one blamed, until restart_hold_seconds from now."""
-    kept = [e["node"] for e in p.status.get("placement") or [] if e.get("node") and e["node"] != state.node]
+    blamed = {state.node, *state.blamed}
+    kept = [e["node"] for e in p.status.get("placement") or [] if e.get("node") and e["node"] not in blamed]
     if not kept or p.settings.restart_hold_seconds <= 0:
         return {"heldNodes": None, "heldUntil": None}
     until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=p.settings.restart_hold_seconds)
@@ -697,5 +711,6 @@ def _network_event(p: Pass, cond: list[dict[str, Any]]) -> None:
 
 
 def _starting(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
-    write_status(p, {"podsReady": state.ready})
+    # What a stalled pod waits on (an unschedulable reason, a failed pull), for `kubectl get pj`.
+    write_status(p, {"podsReady": state.ready, **({"message": state.reason} if state.reason else {})})
     return Outcome("starting", requeue_after=state.recheck_in)

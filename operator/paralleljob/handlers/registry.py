@@ -36,7 +36,7 @@ from typing import Any
 import kopf
 
 from paralleljob.api import types as api_types
-from paralleljob.handlers import metrics, progress, reconcile
+from paralleljob.handlers import metrics, progress, reconcile, start_failures
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order, PriorityValues
 from paralleljob.handlers.coalescer import FIRST_RETRY_SECONDS, Coalescer, Next
 from paralleljob.handlers.nodes import NodeWatch
@@ -68,6 +68,7 @@ class Runtime:
     session: Session | None = None
     nodes: NodeWatch = dataclasses.field(default_factory=NodeWatch)
     usage: UsageIndex = dataclasses.field(default_factory=UsageIndex)
+    pulls: start_failures.PullFailures = dataclasses.field(default_factory=start_failures.PullFailures)
     builder: ClusterBuilder = dataclasses.field(default_factory=ClusterBuilder)
     informers: list[informer.Informer] = dataclasses.field(default_factory=list)  # admission waits for these
     job_pods: informer.Informer | None = None
@@ -126,7 +127,7 @@ def fenced(otherwise: Any = None) -> typing.Callable[[Action], Action]:
 def _view() -> reconcile.NodeView:
     """What a supervision pass needs of the watches: which nodes exist and which are NotReady."""
     snapshot = RUNTIME.nodes.snapshot()
-    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot)
+    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, pull_failures=RUNTIME.pulls.snapshot())
 
 
 def _admission_view() -> reconcile.NodeView:
@@ -238,7 +239,9 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         informer.Informer(session, informer.NODES, RUNTIME.nodes, wake).start(),
         informer.Informer(session, informer.BOUND_PODS, RUNTIME.usage, wake).start(),
     ]
-    RUNTIME.job_pods = informer.Informer(session, informer.JOB_PODS, JobPods(RUNTIME.settings.namespaces)).start()
+    RUNTIME.job_pods = informer.Informer(
+        session, informer.JOB_PODS, JobPods(RUNTIME.settings.namespaces, RUNTIME.pulls)
+    ).start()
     RUNTIME.admissions = AdmissionQueue(_admission_pass, _admission_view, ready=_watches_synced).start()
     if RUNTIME.lease is None:
         metrics.LEADER.set(1)
@@ -273,10 +276,12 @@ def _report_rivals(rivals: list[leadership.Rival]) -> None:
 
 class JobPods:
     """The job-pods informer's sink: every event of a pod labelled with a job asks for a pass over that job
-    (a pod of a namespace this operator does not watch is left alone); it keeps nothing."""
+    (a pod of a namespace this operator does not watch is left alone); it keeps only the failed image pulls
+    it sees (`start_failures.PullFailures`)."""
 
-    def __init__(self, namespaces: tuple[str, ...] | None) -> None:
+    def __init__(self, namespaces: tuple[str, ...] | None, pulls: start_failures.PullFailures) -> None:
         self._namespaces = namespaces
+        self._pulls = pulls
 
     def replace(self, objects: Iterable[Mapping[str, Any]]) -> int:
         for obj in objects:
@@ -288,6 +293,7 @@ class JobPods:
         job = (metadata.get("labels") or {}).get(child_labels.JOB_LABEL)
         namespace = metadata.get("namespace")
         if job and (self._namespaces is None or namespace in self._namespaces):
+            self._pulls.observe(event_type, obj)
             _on_loop(lambda: _request((namespace, job)))
         return False
 

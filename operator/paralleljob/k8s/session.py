@@ -3,12 +3,16 @@
 Created once by the operator at startup (`connect()`) and passed to `reads`, `writes` and `events`, which
 make every call through `Session.send()`: raw JSON (the client's model classes cost seconds at thousands of
 pods), a request timeout on every call (so a dead connection can never hang a worker or hold the admission
-lock), and the expected errors (404, 409) returned as outcomes instead of raised.
+lock), and the expected errors (404, 409) returned as outcomes instead of raised. Each answer's `Date` header
+also tells the `ServerClock` how far the API server's clock is from ours, so that the pods' times (which the
+server writes) are compared with the server's present moment, never with a skewed local clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import email.utils
 import json
 from collections.abc import Callable, Collection
 from typing import Any
@@ -18,6 +22,29 @@ import kubernetes
 USER_AGENT = "paralleljob-operator/0.1"
 # (connect, read) seconds for every request; the longest call is one page of a listing.
 REQUEST_TIMEOUT = (5.0, 30.0)
+
+
+class ServerClock:
+    """The API server's present moment: our clock plus the offset its last `Date` header showed (whole
+    seconds, as HTTP dates are); our own clock until an answer has told."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0  # seconds the server's clock is ahead of ours
+
+    def observe(self, date_header: str | None) -> None:
+        if not date_header:
+            return
+        try:
+            said = email.utils.parsedate_to_datetime(date_header)
+        except (TypeError, ValueError):
+            return
+        if said.tzinfo is None:
+            return
+        # The header is truncated to the second: the server's moment lies in [said, said + 1s).
+        self.offset = (said - datetime.datetime.now(datetime.UTC)).total_seconds() + 0.5
+
+    def now(self) -> datetime.datetime:
+        return datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=self.offset)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +57,11 @@ class Session:
     rbac: kubernetes.client.RbacAuthorizationV1Api
     scheduling: kubernetes.client.SchedulingV1Api
     timeout: tuple[float, float] = REQUEST_TIMEOUT
+    clock: ServerClock = dataclasses.field(default_factory=ServerClock, compare=False)
+
+    def server_now(self) -> datetime.datetime:
+        """The API server's present moment (see `ServerClock`)."""
+        return self.clock.now()
 
     @property
     def options(self) -> dict[str, Any]:
@@ -44,6 +76,7 @@ class Session:
             if error.status in tolerate:
                 return Reply(int(error.status), None)
             raise
+        self.clock.observe(getattr(response, "headers", {}).get("Date"))
         return Reply(200, raw_json(response))
 
 
