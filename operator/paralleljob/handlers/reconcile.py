@@ -329,6 +329,9 @@ def _drain(p: Pass, stale: Sequence[Mapping[str, Any]]) -> Outcome:
             writes.delete_pod(p.session, p.namespace, pod["metadata"]["name"], force=True)
         else:
             recheck = min(recheck, -overdue + 0.5)
+    note = start_failures.lingering_note(terminating, lost, p.session.server_now(), force_after)
+    if note and write_status(p, {"message": note}):
+        p.event("Warning", "StuckTerminating", note)
     return Outcome("deleting-old-generation", requeue_after=recheck)
 
 

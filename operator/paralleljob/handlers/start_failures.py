@@ -13,6 +13,10 @@ A pod is stalled in one of four ways, each with its own clock, all read from tim
 - still `ContainerCreating` (a volume that does not mount, an image pull that does not finish): since
   `PodScheduled=True`'s `lastTransitionTime`, for the longer container-creating timeout.
 
+A gang also cannot start while pods of its previous attempt linger Terminating on a node whose kubelet is
+alive (a finalizer, a process that does not stop): `lingering_note` says so, for the status and an Event; the
+operator never force-deletes those (their containers may still run), unlike pods on a lost node.
+
 Pure, apart from the thread-safe `PullFailures` the operator's watch thread writes while passes read.
 """
 
@@ -21,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
 from paralleljob.k8s import timestamps
@@ -107,6 +111,29 @@ def waiting_note(stall: Stall, limits: Limits) -> str:
     if stall.clock == "pull":
         return f"{stall.reason} (failed pull {stall.pulls} of {limits.pull_retries} before the node is blamed)"
     return stall.reason
+
+
+def lingering_note(
+    terminating: Sequence[Mapping[str, Any]], lost: Collection[str], now: datetime.datetime, after: float
+) -> str | None:
+    """What holds the next attempt back: the pods Terminating longer than `after` seconds (from the server's
+    deletionTimestamp) on a node that is not lost; None when there are none."""
+    stuck = []
+    for pod in terminating:
+        node = (pod.get("spec") or {}).get("nodeName")
+        since = pod["metadata"].get("deletionTimestamp")
+        age = timestamps.seconds_since(since, now)
+        if node not in lost and age is not None and age >= after:
+            stuck.append((pod["metadata"]["name"], node, since))
+    if not stuck:
+        return None
+    name, node, since = stuck[0]
+    others = f" (and {len(stuck) - 1} more)" if len(stuck) > 1 else ""
+    return (
+        f"pod {name}{others} of the previous attempt is stuck Terminating on node {node} since {since}: its "
+        "kubelet is alive but has not confirmed that the containers stopped (a finalizer, or a process that "
+        "does not exit); the next attempt starts once it is gone"
+    )
 
 
 def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:

@@ -1,0 +1,80 @@
+"""A gang that cannot start is judged from the cluster's own facts: the start clocks run from the times the API
+server wrote, compared with the server's present moment (an API server whose clock is an hour behind the
+operator's restarts nothing early); one failed image pull is waited out; a pod stuck ContainerCreating (a volume
+that does not mount) fails the attempt with a status message and a Warning Event; and pods of the previous
+attempt that linger Terminating on a live node are reported, not waited on in silence."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.apiserver import ClusterThread
+from tests.operator.conftest import Operator, job_doc, wait_for
+
+AN_HOUR = 3600.0
+TIMEOUT = 4
+
+
+@pytest.fixture
+def emulator(tmp_path: Path) -> Iterator[ClusterThread]:
+    """An API server whose clock is an hour behind the operator's, and whose kubelets never confirm that a
+    deleted pod's containers stopped (the old attempt's pods stay Terminating on Ready nodes)."""
+    thread = ClusterThread(tmp_path, clock_offset=-AN_HOUR, termination_seconds=AN_HOUR).start()
+    yield thread
+    denied = thread.server.denied
+    thread.stop()
+    assert denied == [], "the API server refused requests (least privilege or a missing permission)"
+
+
+@pytest.fixture
+def operator_args():
+    return [*Operator.ARGS, "--start-timeout", str(TIMEOUT), "--container-creating-timeout", str(TIMEOUT)]
+
+
+def waiting(reason):
+    container = {"name": "trainer", "image": "trainer:test", "imageID": "", "ready": False, "restartCount": 0}
+    return {"phase": "Pending", "containerStatuses": [{**container, "state": {"waiting": {"reason": reason}}}]}
+
+
+def bind_waiting(cluster, pod, reason):
+    """What the scheduler and the kubelet report: the pod is bound to its planned node, its container waits."""
+    node = cluster.core.read_namespaced_pod(pod, "research").metadata.labels["paralleljob.io/node"]
+    cluster.bind(pod, node)
+    cluster.core.patch_namespaced_pod_status(pod, "research", {"status": waiting(reason)})
+    return node
+
+
+def scheduled_at(cluster, pod):
+    status = cluster.core.read_namespaced_pod_status(pod, "research").status
+    (condition,) = (c for c in status.conditions if c.type == "PodScheduled")
+    return condition.last_transition_time
+
+
+def test_stalls_are_timed_on_the_servers_clock_and_a_failed_mount_is_reported(cluster, operator):
+    server = cluster.emulator.server
+    cluster.add_nodes(18)
+    cluster.apply(job_doc())
+    wait_for(lambda: cluster.status().get("message", "").startswith("16 pods"), what="placed")
+    # One failed pull is waited out (the kubelet tries again), however old the pod looks.
+    pulling = bind_waiting(cluster, "gpt-2", "ErrImagePull")
+    mounting = bind_waiting(cluster, "gpt-3", "ContainerCreating")
+    since = scheduled_at(cluster, "gpt-3")
+    status = wait_for(lambda: cluster.status().get("restarts") == 1 and cluster.status(), timeout=30, what="restart")
+    restarted = server.clock()
+
+    assert (restarted - since).total_seconds() >= TIMEOUT - 1, "restarted before the timeout on the server's clock"
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert ready["reason"] == "StartTimeout"
+    assert ready["message"].startswith(f"pod gpt-3 stayed ContainerCreating on node {mounting} for {TIMEOUT}s")
+    warnings = [e for e in cluster.events() if e["reason"] == "StartTimeout" and e["type"] == "Warning"]
+    assert warnings and "a volume that does not mount" in warnings[0]["message"]
+    assert set(status["excludedNodes"]) == {pulling, mounting}
+
+    # The old attempt's pods stay Terminating on their live nodes: the status and an Event say so.
+    said = wait_for(lambda: "stuck Terminating" in cluster.status().get("message", "") and cluster.status())
+    assert "the next attempt starts once it is gone" in said["message"]
+    assert [e for e in cluster.events() if e["reason"] == "StuckTerminating"]
+    assert not server.force_deleted
