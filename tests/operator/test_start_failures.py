@@ -55,20 +55,20 @@ def scheduled_at(cluster, pod):
 
 def test_stalls_are_timed_on_the_servers_clock_and_a_failed_mount_is_reported(cluster, operator):
     server = cluster.emulator.server
-    cluster.add_nodes(18)
-    cluster.apply(job_doc())
-    wait_for(lambda: cluster.status().get("message", "").startswith("16 pods"), what="placed")
+    cluster.add_nodes(4)
+    cluster.apply(job_doc(parallelism={"pipeline": 2, "tensor": 4, "data": 1}))
+    wait_for(lambda: cluster.status().get("message", "").startswith("2 pods"), what="placed")
     # One failed pull is waited out (the kubelet tries again), however old the pod looks.
-    pulling = bind_waiting(cluster, "gpt-2", "ErrImagePull")
-    mounting = bind_waiting(cluster, "gpt-3", "ContainerCreating")
-    since = scheduled_at(cluster, "gpt-3")
+    pulling = bind_waiting(cluster, "gpt-0", "ErrImagePull")
+    mounting = bind_waiting(cluster, "gpt-1", "ContainerCreating")
+    since = scheduled_at(cluster, "gpt-1")
     status = wait_for(lambda: cluster.status().get("restarts") == 1 and cluster.status(), timeout=30, what="restart")
     restarted = server.clock()
 
     assert (restarted - since).total_seconds() >= TIMEOUT - 1, "restarted before the timeout on the server's clock"
     ready = {c["type"]: c for c in status["conditions"]}["Ready"]
     assert ready["reason"] == "StartTimeout"
-    assert ready["message"].startswith(f"pod gpt-3 stayed ContainerCreating on node {mounting} for {TIMEOUT}s")
+    assert ready["message"].startswith(f"pod gpt-1 stayed ContainerCreating on node {mounting} for {TIMEOUT}s")
     warnings = [e for e in cluster.events() if e["reason"] == "StartTimeout" and e["type"] == "Warning"]
     assert warnings and "a volume that does not mount" in warnings[0]["message"]
     assert set(status["excludedNodes"]) == {pulling, mounting}

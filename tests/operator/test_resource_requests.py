@@ -1,0 +1,53 @@
+"""The planner counts what the scheduler checks: a job's `spec.template.resources` (CPU here) against each
+node's allocatable less what the pods bound there request. So a node whose CPU another workload's pod holds
+is left out of the plan, and the strict cluster's scheduler binds every pod, instead of one staying Pending
+with `Insufficient cpu`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.apiserver import ClusterThread
+from tests.cluster.scheduler import Scheduler
+from tests.operator.conftest import job_doc, wait_for
+
+TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}  # on 4-GPU nodes
+
+
+@pytest.fixture
+def emulator(tmp_path: Path) -> Iterator[ClusterThread]:
+    """The strict cluster with its scheduler: pods are bound only where their requests fit."""
+    thread = ClusterThread(tmp_path, components=[Scheduler]).start()
+    yield thread
+    denied = thread.server.denied
+    thread.stop()
+    assert denied == [], "the API server refused requests (least privilege or a missing permission)"
+
+
+def cpu_pod(name: str, node: str, cpu: str) -> dict:
+    """Another workload's pod, bound, holding CPU and no GPU."""
+    container = {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}
+    return {"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": node, "containers": [container]}}
+
+
+def test_a_node_whose_cpu_another_pod_holds_is_avoided(cluster, operator):
+    cluster.add_nodes(3)  # 96 CPUs each
+    cluster.core.create_namespaced_pod("default", cpu_pod("etl", "gpu-000", "64"))
+    doc = job_doc(parallelism=TWO_NODES)
+    doc["spec"]["template"] = {"resources": {"requests": {"cpu": "48", "memory": "64Gi"}}}
+    cluster.apply(doc)
+
+    status = wait_for(lambda: cluster.status().get("message", "").startswith("2 pods") and cluster.status())
+    assert "gpu-000" not in {entry["node"] for entry in status["placement"]}
+
+    def bound_pods():
+        pods = cluster.pods()
+        return pods if pods and all(pod["spec"].get("nodeName") for pod in pods) else None
+
+    pods = wait_for(bound_pods, what="every pod bound by the scheduler")
+    assert len(pods) == 2
+    refused = [c for p in pods for c in p["status"].get("conditions") or [] if c["status"] == "False"]
+    assert refused == []
