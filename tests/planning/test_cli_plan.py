@@ -273,3 +273,15 @@ def test_a_json_node_list_reads_like_the_yaml_one(tmp_path: pathlib.Path, capsys
     from_json = json.loads(capsys.readouterr().out)
     assert cli.main(["plan", JOB_175B, "--cluster", CLUSTER_8X8, "-o", "json"]) == 0
     assert from_json == json.loads(capsys.readouterr().out)
+
+
+def test_a_node_whose_cpu_a_bound_pod_holds_is_named_with_the_resource(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(SMALL_JOB + "  template:\n    resources:\n      requests: {cpu: '8'}\n")
+    nodes = [clusters.node(name, allocatable={"cpu": "12", "memory": "1Ti"}) for name in ("n0", "n1")]
+    pods = {"kind": "List", "items": [clusters.pod("etl", "n0", 0, requests={"cpu": "4500m"})]}
+    cluster = write_yaml(tmp_path / "cluster.yaml", {"kind": "NodeList", "items": nodes}, pods)
+    assert cli.main(["plan", str(job), "--cluster", cluster]) == 1
+    assert "1 qualifies: 1 has too little cpu (7500m free, 8 requested)" in capsys.readouterr().out
