@@ -40,7 +40,7 @@ def lose_node(cluster: ClusterThread, node: str) -> None:
 
 
 def fail_image_pulls(cluster: ClusterThread, image: str) -> None:
-    """Pods using `image` stay Pending with ErrImagePull."""
+    """Pods using `image` stay Pending: ErrImagePull, then ImagePullBackOff until the kubelet tries again."""
     kubelet_of(cluster).pull_errors.add(image)
 
 

@@ -59,6 +59,10 @@ class ProcessKubelet:
         self.addresses: dict[str, str] = {}
         # Faults: images that fail to pull, nodes whose kubelet stopped or whose machine is gone.
         self.pull_errors: set[str] = set()
+        # Seconds between tries of a failing pull, doubled each time up to `pull_backoff_cap`, as the
+        # kubelet's image backoff does (10 s up to 300 s; shorter here): ErrImagePull, ImagePullBackOff, again.
+        self.pull_backoff, self.pull_backoff_cap = 0.2, 2.0
+        self._pull_tries: dict[str, int] = {}
         self.silent_nodes: set[str] = set()
         self._wake = asyncio.Event()
         server.kubelet_confirms_deletion = True
@@ -245,9 +249,7 @@ class ProcessKubelet:
         container = (spec.get("containers") or [{}])[0]
         key = self._key(pod)
         if container.get("image") in self.pull_errors:
-            await self._waiting(
-                key, pod, container, "ErrImagePull", f'Failed to pull image "{container["image"]}": not found'
-            )
+            await self._pull_failed(key, pod, container)
             return
         folder = self.root / "pods" / f"{meta.get('namespace')}_{meta['name']}_{meta['uid'][:8]}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -329,6 +331,30 @@ class ProcessKubelet:
             "restartCount": 0,
             "state": state,
         }
+
+    async def _pull_failed(self, key: Any, pod: dict[str, Any], container: dict[str, Any]) -> None:
+        """ErrImagePull now, ImagePullBackOff while waiting out the backoff, then another try."""
+        uid = pod["metadata"]["uid"]
+        tries = self._pull_tries[uid] = self._pull_tries.get(uid, 0) + 1
+        image = container["image"]
+        await self._waiting(key, pod, container, "ErrImagePull", f'Failed to pull image "{image}": not found')
+        wait = min(self.pull_backoff * 2 ** (tries - 1), self.pull_backoff_cap)
+        loop = asyncio.get_running_loop()
+
+        async def back_off() -> None:
+            async with self.server._lock:
+                current = self.server.lookup("pods", key[1] or "", key[2])
+                if current is None or current["metadata"]["uid"] != uid:
+                    return
+                said = f'Back-off pulling image "{image}"'
+                await self._waiting(key, current, container, "ImagePullBackOff", said)
+            loop.call_later(wait, retry)
+
+        def retry() -> None:
+            self.blocked.pop(uid, None)  # the next sync tries the pull again
+            self._wake.set()
+
+        loop.call_later(wait / 2, lambda: loop.create_task(back_off()))
 
     async def _waiting(
         self, key: Any, pod: dict[str, Any], container: dict[str, Any], reason: str, message: str

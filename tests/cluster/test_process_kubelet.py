@@ -153,12 +153,24 @@ def test_graceful_deletion_sends_sigterm_then_removes_the_pod(cluster, admin):
     assert "got SIGTERM" in log_of(cluster, "graceful")
 
 
-def test_a_pull_error_keeps_the_pod_pending(cluster, admin):
+def test_a_pull_error_keeps_the_pod_pending_and_is_retried_after_a_backoff(cluster, admin):
     faults.fail_image_pulls(cluster, "registry.example.com/missing:1")
+    faults.kubelet_of(cluster).pull_backoff = 1.0  # each state lasts long enough for the test to see it
     admin.ok(admin.create(PODS, shell_pod("no-image", "true", container={"image": "registry.example.com/missing:1"})))
     pending = wait_pod(admin, "no-image", lambda p: bool((p.get("status") or {}).get("containerStatuses")))
     assert pending["status"]["phase"] == "Pending"
     assert pending["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ErrImagePull"
+    # As the kubelet does: it backs off, then pulls again (and fails again).
+    reasons = []
+
+    def reason_changed(pod):
+        reason = pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"]
+        if not reasons or reasons[-1] != reason:
+            reasons.append(reason)
+        return reasons[-2:] == ["ImagePullBackOff", "ErrImagePull"]
+
+    wait_pod(admin, "no-image", reason_changed)
+    assert reasons[0] in ("ErrImagePull", "ImagePullBackOff")
 
 
 def test_a_lost_node_kills_its_pods_and_reports_nothing(cluster, admin):
