@@ -7,7 +7,9 @@ import pathlib
 import pytest
 import yaml
 
+from paralleljob import planning
 from paralleljob.api import validate_document
+from paralleljob.commands.run import plan_locally
 from paralleljob.local import runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -77,3 +79,12 @@ def test_a_budget_job_gets_its_layout_chosen_on_the_local_shape(nodes: int | Non
     job = choice.winner.job
     assert not job.needs_layout and job.world_size == 8
     assert runner.choose_shape(job, count, slots) == runner.LocalShape(count, slots)
+
+
+def test_the_simulated_nodes_offer_what_each_pod_requests() -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    doc["spec"]["template"] = {"resources": {"requests": {"cpu": "8", "rdma/ib": "1"}, "limits": {"rdma/ib": "1"}}}
+    resolved = validate_document(doc).resolved
+    assert resolved is not None
+    plan = plan_locally(resolved, runner.choose_shape(resolved, None, None))
+    assert isinstance(plan, planning.Plan), plan

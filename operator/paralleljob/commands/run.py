@@ -117,7 +117,8 @@ def choose_locally(
             f"spec.parallelism: {count} simulated nodes x {per_node} slots is not the budget of {budget.gpus} "
             "GPUs; give --nodes and --gpus-per-node that multiply to it."
         )
-    cluster = planning.build_cluster(planning.local_cluster_nodes(count, per_node))
+    offers = planning.pod_requests(template)
+    cluster = planning.build_cluster(planning.local_cluster_nodes(count, per_node, offers=offers))
     outcome = layout_search.choose_layout(template, cluster, budget)
     if isinstance(outcome, layout_search.NoLayout):
         return outcome.problem().render()
@@ -128,5 +129,6 @@ def plan_locally(resolved: ResolvedJob, shape: runner.LocalShape) -> planning.Pl
     """The operator's planner on N simulated nodes; their slot count is the pods' GPU count."""
     spec = dataclasses.replace(resolved.spec, gpus_per_node=shape.gpus_per_node)
     sized = dataclasses.replace(resolved, job=dataclasses.replace(resolved.job, spec=spec))
-    cluster = planning.build_cluster(planning.local_cluster_nodes(shape.nodes, shape.gpus_per_node))
+    nodes = planning.local_cluster_nodes(shape.nodes, shape.gpus_per_node, offers=planning.pod_requests(sized))
+    cluster = planning.build_cluster(nodes)
     return planning.plan_job(sized, cluster)

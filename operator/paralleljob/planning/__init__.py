@@ -21,7 +21,7 @@ from paralleljob.planning.inventory import (
     local_cluster_nodes,
 )
 from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, Unschedulable
-from paralleljob.planning.planner import PlanningOptions, plan_job
+from paralleljob.planning.planner import PlanningOptions, plan_job, pod_requests
 from paralleljob_contract.layout import Coord, Layout
 
 
@@ -47,5 +47,6 @@ __all__ = [
     "job_reservations",
     "local_cluster_nodes",
     "plan_job",
+    "pod_requests",
     "reservations_of",
 ]

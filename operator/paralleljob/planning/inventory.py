@@ -314,15 +314,19 @@ def pod_gpu_claim(pod: Mapping[str, Any]) -> tuple[str | None, int]:
     return (claim.node, claim.gpus) if claim is not None and claim.gpus else (None, 0)
 
 
-def local_cluster_nodes(count: int, gpus_per_node: int, prefix: str = "local-") -> list[dict[str, Any]]:
-    """Node dicts for `count` identical, Ready, flat-network nodes named local-0..N-1 (the local runner's)."""
+def local_cluster_nodes(
+    count: int, gpus_per_node: int, prefix: str = "local-", offers: Mapping[str, int] | None = None
+) -> list[dict[str, Any]]:
+    """Node dicts for `count` identical, Ready, flat-network nodes named local-0..N-1 (the local runner's),
+    each offering `offers` besides its GPUs (milli-units: what one pod requests, which local processes get)."""
+    extra = {resource: f"{amount}m" for resource, amount in (offers or {}).items()}
     return [
         {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": f"{prefix}{i}", "labels": {"kubernetes.io/hostname": f"{prefix}{i}"}},
             "status": {
-                "allocatable": {GPU_RESOURCE: str(gpus_per_node)},
+                "allocatable": {GPU_RESOURCE: str(gpus_per_node), **extra},
                 "conditions": [{"type": "Ready", "status": "True"}],
             },
         }
