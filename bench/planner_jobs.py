@@ -24,7 +24,7 @@ spec:
   deepspeed: {{train_micro_batch_size_per_gpu: 1, gradient_accumulation_steps: {micro_batches},
               zero_optimization: {{stage: 1}}}}
   training: {{steps: 10}}
-  checkpoint: {{intervalSteps: 5}}
+  checkpoint: {{intervalSteps: 5, volume: {{emptyDir: {{}}}}}}
 """
     result = validate_document(yaml.safe_load(text))
     assert result.resolved is not None, [problem.render() for problem in result.problems]

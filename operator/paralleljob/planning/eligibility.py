@@ -89,9 +89,11 @@ def with_resources(nodes: Iterable[NodeInfo], requests: Mapping[str, int]) -> tu
     allocatable less what the pods bound there request. A node that does not list cpu, memory or
     ephemeral-storage (a hand-written cluster file) is not checked for it; one that does not list an extended
     resource (a name with a `/`: rdma/..., vpc.amazonaws.com/efa) has none of it."""
+    wanted = sorted((resource, amount) for resource, amount in requests.items() if amount > 0)
+    if not wanted:
+        return list(nodes), Tally()
     kept: list[NodeInfo] = []
     tally = Tally()
-    wanted = sorted((resource, amount) for resource, amount in requests.items() if amount > 0)
     for node in nodes:
         short = _shortage(node, wanted)
         if short is None:

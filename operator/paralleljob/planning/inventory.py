@@ -77,17 +77,18 @@ class NodeInfo:
     allocatable: tuple[tuple[str, int], ...] = ()
     requested: tuple[tuple[str, int], ...] = ()
     free_gpus: int = dataclasses.field(init=False)
+    free_resources: Mapping[str, int] = dataclasses.field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Read once here rather than in every planning pass over thousands of nodes.
         object.__setattr__(self, "free_gpus", max(0, self.allocatable_gpus - self.used_gpus))
+        requested = dict(self.requested)
+        free = {name: amount - requested.get(name, 0) for name, amount in self.allocatable}
+        object.__setattr__(self, "free_resources", free)
 
     def free(self, resource: str) -> int | None:
         """Milli-units of `resource` not requested by bound pods; None when the node does not list it."""
-        for name, amount in self.allocatable:
-            if name == resource:
-                return amount - dict(self.requested).get(resource, 0)
-        return None
+        return self.free_resources.get(resource)
 
 
 class ClusterObjects(NamedTuple):
