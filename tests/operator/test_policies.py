@@ -148,6 +148,20 @@ def test_a_gang_that_cannot_start_fails_when_its_own_clock_runs_out(stuck, pulls
         assert state.pod == "gpt-1" and state.blamed == ("n1",)
 
 
+@pytest.mark.parametrize(
+    ("stuck", "said"),
+    [
+        (aged(1, 10, **UNSCHEDULABLE), "pod gpt-1: Unschedulable: x"),
+        (aged(1, 10, scheduled=5, **PULL_FAILED), "failed pull 2 of 3 before the node is blamed"),
+        (aged(1, 10, scheduled=5, **CREATING), ""),
+    ],
+    ids=["unschedulable", "failed-pull", "container-creating-as-every-pod-does"],
+)
+def test_a_starting_gang_says_what_its_stalled_pod_waits_on(stuck, said):
+    state = gang.judge([pod(0), stuck], 2, limits=LIMITS, at=NOW, pull_failures={"uid-1": 2})
+    assert state.verdict == "starting" and said in state.reason and (state.reason == "") == (said == "")
+
+
 def test_every_stalled_pods_planned_node_is_blamed_when_one_times_out():
     pods = [pod(0), aged(1, 700, **UNSCHEDULABLE), aged(2, 10, **UNSCHEDULABLE), pod(3, "Pending")]
     state = gang.judge(pods, 4, limits=LIMITS, at=NOW)

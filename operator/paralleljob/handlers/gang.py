@@ -103,9 +103,8 @@ def _start_timeout(
             recheck = left if recheck is None else min(recheck, left)
     if not stalls:
         return None
-    pod, stall = stalls[0]
-    note = f"pod {pod['metadata']['name']}: {waiting_note(stall, limits)}"
-    return GangState("starting", ready, note, recheck_in=recheck)
+    notes = [f"pod {pod['metadata']['name']}: {note}" for pod, stall in stalls if (note := waiting_note(stall, limits))]
+    return GangState("starting", ready, notes[0] if notes else "", recheck_in=recheck)
 
 
 def judge(

@@ -106,11 +106,12 @@ def describe(stall: Stall, limits: Limits) -> str:
     return f"did not start within {limits.start_timeout:.0f}s ({stall.reason})"
 
 
-def waiting_note(stall: Stall, limits: Limits) -> str:
-    """What a starting gang's status message says about a stalled pod before it fails the attempt."""
+def waiting_note(stall: Stall, limits: Limits) -> str | None:
+    """What a starting gang's status message says about a stalled pod before it fails the attempt; None for
+    ContainerCreating, which every pod goes through."""
     if stall.clock == "pull":
         return f"{stall.reason} (failed pull {stall.pulls} of {limits.pull_retries} before the node is blamed)"
-    return stall.reason
+    return None if stall.clock == "creating" else stall.reason
 
 
 def lingering_note(
