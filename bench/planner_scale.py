@@ -1,17 +1,20 @@
 """Planning time of a 128-node job on synthetic clusters of 1,000 / 10,000 / 100,000 nodes.
 
-    .venv/bin/python bench/planner_scale.py [--sizes 1000,10000,100000] [--repeat 5]
+    .venv/bin/python bench/planner_scale.py [--sizes 1000,10000,100000] [--repeat 5] [--requests]
 
 Prints, per cluster size: the time to load the NodeList from YAML (yaml C loader), to build the planner's
 Cluster from the dicts (parsing), and to plan (plan_job, excluding parsing; best of --repeat), and the ratio of
 planning time to loading time. The cluster has 8-GPU nodes, 32 nodes per leaf, 16 leaves per block and 30%
 of the nodes busy. Times are CPU seconds of this process (time.process_time), so that other load on a shared
-machine does not count; planning is single-threaded.
+machine does not count; planning is single-threaded. With --requests every node also offers 96 CPUs, 1 TiB and
+8 rdma/ib, every busy pod holds 16 CPUs and 128 GiB, and the job's pods request 64 CPUs, 512 GiB and 8 rdma/ib
+(`spec.template.resources`), so the planner also checks those against what the bound pods leave free.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import planner_jobs
@@ -30,11 +33,21 @@ def best_of(repeat: int, action):  # type: ignore[no-untyped-def]
     return best, result
 
 
-def measure(size: int, job, repeat: int) -> str:  # type: ignore[no-untyped-def]
+NODE_OFFERS = {"cpu": "96", "memory": "1Ti", "rdma/ib": "8"}
+BUSY_POD_REQUESTS = {"cpu": "16", "memory": "128Gi"}
+JOB_REQUESTS = {"cpu": "64", "memory": "512Gi", "rdma/ib": "8"}
+
+
+def measure(size: int, job, repeat: int, requests: bool) -> str:  # type: ignore[no-untyped-def]
     spec = synth.SynthSpec(
         nodes=size, gpus_per_node=8, leaves=max(1, size // 32), blocks=max(1, size // 512), busy=0.3, seed=1
     )
     nodes, pods = synth.synth_cluster(spec)
+    if requests:
+        for node in nodes:
+            node["status"]["allocatable"].update(NODE_OFFERS)
+        for pod in pods:
+            pod["spec"]["containers"][0]["resources"].setdefault("requests", {}).update(BUSY_POD_REQUESTS)
     text = yaml.dump_all([synth.node_list(nodes), synth.pod_list(pods)], Dumper=yaml.CSafeDumper)
     load, docs = best_of(1, lambda: list(yaml.load_all(text, Loader=yaml.CSafeLoader)))
     node_dicts, pod_dicts, _ = planning.inventory.split_objects(docs)
@@ -51,11 +64,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--requests", action="store_true", help="count CPU, memory and rdma/ib requests too")
     args = parser.parse_args()
     job = planner_jobs.gpt_175b_job("bench-128-nodes", 8, 8, 16, micro_batches=64)
+    if args.requests:
+        template = dataclasses.replace(job.spec.template, resources={"requests": JOB_REQUESTS})
+        spec = dataclasses.replace(job.spec, template=template)
+        job = dataclasses.replace(job, job=dataclasses.replace(job.job, spec=spec))
     print(f"{'nodes':>8} {'load YAML':>10} {'build':>8} {'plan':>9} {'plan/load':>9} {'per node':>9}  result")
     for size in (int(s) for s in args.sizes.split(",")):
-        print(measure(size, job, args.repeat), flush=True)
+        print(measure(size, job, args.repeat, args.requests), flush=True)
 
 
 if __name__ == "__main__":
