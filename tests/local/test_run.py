@@ -50,9 +50,18 @@ def no_process_left_behind():
     assert run_processes() == []
 
 
-def short_job(tmp_path: pathlib.Path, steps: int, interval: int) -> pathlib.Path:
-    """The quickstart with fewer steps, logging every step, reading a private copy of its corpus."""
+# For the tests whose point is not the 3D layout: still two nodes, each rank in tensor- and data-parallel
+# collectives, but half the quickstart's ranks to start (each imports torch and DeepSpeed; CI has 2 cores).
+FOUR_RANKS = {"parallelism": {"pipeline": 1, "tensor": 2, "data": 2}, "gpusPerNode": 2}
+
+
+def short_job(
+    tmp_path: pathlib.Path, steps: int, interval: int, shape: dict[str, object] | None = None
+) -> pathlib.Path:
+    """The quickstart with fewer steps, logging every step, reading a private copy of its corpus; `shape`
+    replaces its spec's parallelism and gpusPerNode."""
     doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"].update(shape or {})
     doc["spec"]["training"].update(steps=steps, logInterval=1)
     # A snapshot of the corpus, so that runs compared with each other read exactly the same bytes.
     corpus = tmp_path / "corpus"
@@ -172,7 +181,7 @@ def test_a_job_that_does_not_fit_the_simulated_nodes_is_refused_before_any_proce
 
 
 def test_a_node_that_keeps_failing_ends_the_run_after_backoff_limit_with_the_reason(tmp_path) -> None:
-    job = short_job(tmp_path, steps=4, interval=2)
+    job = short_job(tmp_path, steps=4, interval=2, shape=FOUR_RANKS)
     doc = yaml.safe_load(job.read_text())
     doc["spec"]["training"]["data"]["path"] = str(tmp_path / "missing-corpus")
     doc["spec"]["failurePolicy"]["backoffLimit"] = 1
@@ -190,7 +199,7 @@ def test_a_node_that_keeps_failing_ends_the_run_after_backoff_limit_with_the_rea
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_interrupting_the_run_stops_every_process_cleanly(tmp_path, sig) -> None:
-    job = short_job(tmp_path, steps=200, interval=100)
+    job = short_job(tmp_path, steps=200, interval=100, shape=FOUR_RANKS)
     output = tmp_path / "out"
     proc = start_run(job, output)
     try:
@@ -230,7 +239,7 @@ def test_a_job_declaring_infiniband_on_a_machine_without_rdma_stops_at_the_prefl
 
 
 def test_a_run_whose_output_disk_fills_up_still_writes_its_summary(tmp_path) -> None:
-    job = short_job(tmp_path, steps=200, interval=2)
+    job = short_job(tmp_path, steps=200, interval=2, shape=FOUR_RANKS)
     doc = yaml.safe_load(job.read_text())
     doc["spec"]["failurePolicy"]["backoffLimit"] = 0
     job.write_text(yaml.safe_dump(doc))
