@@ -67,6 +67,22 @@ INVALID = [
     ),
     ("gpus-per-node-positive", {"spec.gpusPerNode": 0}, "spec.gpusPerNode", "at least 1"),
     (
+        "gpus-per-node-above-world",
+        {"spec.parallelism": {"pipeline": 1, "tensor": 4, "data": 1}, "spec.deepspeed.train_batch_size": 16},
+        "spec.gpusPerNode",
+        "divisor of 4 such as 4",
+    ),
+    (
+        "gpus-per-node-divides-derived-world",
+        {
+            "spec.parallelism": {"pipeline": 3, "tensor": 2},
+            "spec.model.layers": 9,
+            "spec.deepspeed.train_batch_size": 16,
+        },
+        "spec.gpusPerNode",
+        "pipeline 3 x tensor 2 x data 1",
+    ),
+    (
         "text-needs-path",
         {"spec.training.data": {"source": "text"}},
         "spec.training.data.path",

@@ -238,6 +238,34 @@ def _budget_needs_train_batch(spec: t.ParallelJobSpec) -> Problem | None:
     )
 
 
+def data_parallel_of(spec: t.ParallelJobSpec) -> int | None:
+    """DP as the API derives it: spec.parallelism.data, else train_batch_size / (micro x GAS) when those three
+    are given and divide; None when it cannot be derived (the batch rules report why)."""
+    if spec.parallelism.data is not None:
+        return spec.parallelism.data
+    tbs, micro = _ds_int(spec, "train_batch_size"), _ds_int(spec, "train_micro_batch_size_per_gpu")
+    gas = _ds_int(spec, "gradient_accumulation_steps")
+    if tbs is None or micro is None or gas is None or micro * gas <= 0 or tbs % (micro * gas):
+        return None
+    return tbs // (micro * gas)
+
+
+def _gpus_per_node_divides_world(spec: t.ParallelJobSpec) -> Problem | None:
+    gpn, pp, tp, dp = spec.gpus_per_node, spec.parallelism.pipeline, spec.parallelism.tensor, data_parallel_of(spec)
+    if not gpn or pp is None or tp is None or dp is None or dp <= 0:
+        return None
+    world = pp * tp * dp
+    if world % gpn == 0:
+        return None
+    fits = [g for g in range(min(gpn, world), 0, -1) if world % g == 0 and g % tp == 0] or [world]
+    return error(
+        "spec.gpusPerNode",
+        f"{gpn} does not divide the job's {world} GPUs (pipeline {pp} x tensor {tp} x data {dp}), so the ranks "
+        f"cannot fill whole pods; set gpusPerNode to a divisor of {world} such as {fits[0]}, or remove it to let "
+        "the planner choose.",
+    )
+
+
 def _data_path(spec: t.ParallelJobSpec) -> Problem | None:
     data = spec.training.data
     if data.source == "synthetic" or data.path:
@@ -440,6 +468,23 @@ RULES: tuple[Rule, ...] = (
         "* self.deepspeed.gradient_accumulation_steps * self.parallelism.data",
         "train_batch_size must equal train_micro_batch_size_per_gpu * gradient_accumulation_steps * parallelism.data",
         _batch_product,
+    ),
+    Rule(
+        "gpus-per-node-divides-world",
+        ".gpusPerNode",
+        "!has(self.gpusPerNode) || self.gpusPerNode == 0 || !has(self.parallelism.pipeline) "
+        "|| !has(self.parallelism.tensor) || (has(self.parallelism.data) "
+        "? (self.parallelism.pipeline * self.parallelism.tensor * self.parallelism.data) % self.gpusPerNode == 0 "
+        f": (!({_DS} && has(self.deepspeed.train_batch_size) && has(self.deepspeed.train_micro_batch_size_per_gpu) "
+        "&& has(self.deepspeed.gradient_accumulation_steps)) "
+        "|| self.deepspeed.train_micro_batch_size_per_gpu * self.deepspeed.gradient_accumulation_steps <= 0 "
+        "|| self.deepspeed.train_batch_size % (self.deepspeed.train_micro_batch_size_per_gpu "
+        "* self.deepspeed.gradient_accumulation_steps) != 0 "
+        "|| (self.parallelism.pipeline * self.parallelism.tensor * (self.deepspeed.train_batch_size "
+        "/ (self.deepspeed.train_micro_batch_size_per_gpu * self.deepspeed.gradient_accumulation_steps))) "
+        "% self.gpusPerNode == 0))",
+        "gpusPerNode must divide pipeline * tensor * data, so that the ranks fill whole pods",
+        _gpus_per_node_divides_world,
     ),
     Rule(
         "data-path-required",
