@@ -4,7 +4,8 @@ The kopf handlers only *request* a reconcile of a key (namespace, name). The fir
 that runs the blocking reconcile in a thread of the coalescer's own pool (never asyncio's default one, which
 kopf and the client share); requests that arrive meanwhile mark the key dirty and return,
 so 1,024 pod events cost a handful of passes, not 1,024. A pass that raises is retried with exponential
-backoff (event handlers are not retried by kopf). A pass may also name other keys to request now (a freed
+backoff (event handlers are not retried by kopf), and each failure is handed to `on_failure` with the number
+of failures in a row, so a pass that keeps failing is reported on the job, not only in the log. A pass may also name other keys to request now (a freed
 GPU wakes the waiting jobs) and ask to be run again after a delay (a starting gang whose start timeout
 falls due): one timer per key, the latest pass's wish replacing earlier ones. Only this scheduling lives in
 memory: every pass reads the job and its pods from the API afresh.
@@ -42,8 +43,14 @@ class _Worker:
 class Coalescer:
     """Runs `action(key)` in a thread, never twice at once for one key, and does what its `Next` asks."""
 
-    def __init__(self, action: Callable[[Hashable], Next], threads: int = THREADS) -> None:
+    def __init__(
+        self,
+        action: Callable[[Hashable], Next],
+        threads: int = THREADS,
+        on_failure: Callable[[Hashable, Exception, int], None] | None = None,
+    ) -> None:
         self._action = action
+        self._on_failure = on_failure
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="supervision")
         self._workers: dict[Hashable, _Worker] = {}
         self._timers: dict[Hashable, asyncio.TimerHandle] = {}
@@ -73,20 +80,31 @@ class Coalescer:
 
     async def _run(self, key: Hashable) -> None:
         worker = self._workers[key]
-        delay = FIRST_RETRY_SECONDS
+        delay, failures = FIRST_RETRY_SECONDS, 0
         try:
             while worker.dirty:
                 worker.dirty = False
                 try:
                     wanted = await asyncio.get_running_loop().run_in_executor(self._pool, self._action, key)
-                    delay = FIRST_RETRY_SECONDS
+                    delay, failures = FIRST_RETRY_SECONDS, 0
                     for follow_up in wanted.keys:
                         self.request(follow_up)
                     self._schedule(key, wanted.after)
-                except Exception:
-                    log.exception("reconcile of %s failed; retrying in %.0fs", key, delay)
+                except Exception as error:
+                    failures += 1
+                    log.exception("reconcile of %s failed (%d in a row); retrying in %.0fs", key, failures, delay)
+                    await self._report(key, error, failures)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, MAX_RETRY_SECONDS)
                     worker.dirty = True
         finally:
             del self._workers[key]
+
+    async def _report(self, key: Hashable, error: Exception, failures: int) -> None:
+        """Hand a failure to `on_failure`; a report that fails itself (the API is down) is only logged."""
+        if self._on_failure is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._on_failure, key, error, failures)
+        except Exception:
+            log.warning("could not report the failure of %s on the job", key, exc_info=True)

@@ -36,9 +36,9 @@ from typing import Any
 import kopf
 
 from paralleljob.api import types as api_types
-from paralleljob.handlers import metrics, progress, reconcile, start_failures
+from paralleljob.handlers import failures, metrics, progress, reconcile, start_failures
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order, PriorityValues
-from paralleljob.handlers.coalescer import FIRST_RETRY_SECONDS, Coalescer, Next
+from paralleljob.handlers.coalescer import FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS, Coalescer, Next
 from paralleljob.handlers.nodes import NodeWatch
 from paralleljob.k8s import events, informer, leadership, reads
 from paralleljob.k8s.session import Session, connect
@@ -79,6 +79,8 @@ class Runtime:
     lease: leadership.LeaseSettings | None = None  # None: standalone, always acting
     election: leadership.Leadership | None = None
     rivals: list[leadership.Rival] = dataclasses.field(default_factory=list)  # those reported so far
+    # Admission passes that raised in a row, by job: their backoff and when the job is told.
+    admission_failures: dict[Hashable, int] = dataclasses.field(default_factory=dict)
 
 
 RUNTIME = Runtime()
@@ -172,10 +174,14 @@ def _admission_pass(key: Hashable, view: reconcile.NodeView) -> None:
     try:
         outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, view, admit=True)
         log.info("admission pass of %s/%s: %s in %.3fs", namespace, name, outcome.step, time.perf_counter() - started)
-    except Exception:
-        log.exception("admission of %s/%s failed; retrying in %.0fs", namespace, name, FIRST_RETRY_SECONDS)
-        _on_loop(lambda: _coalescer().request_later(key, FIRST_RETRY_SECONDS))
+    except Exception as error:
+        failed = RUNTIME.admission_failures[key] = RUNTIME.admission_failures.get(key, 0) + 1
+        delay = min(FIRST_RETRY_SECONDS * 2 ** (failed - 1), MAX_RETRY_SECONDS)
+        log.exception("admission of %s/%s failed (%d in a row); retrying in %.0fs", namespace, name, failed, delay)
+        _report_failure(key, error, failed)
+        _on_loop(lambda: _coalescer().request_later(key, delay))
         return
+    RUNTIME.admission_failures.pop(key, None)
     if outcome.admission is not None:  # not admitted by this pass (its own timer will bring it back)
         _offer(namespace, name, outcome.admission)
 
@@ -185,6 +191,17 @@ def _admission_pass(key: Hashable, view: reconcile.NodeView) -> None:
             _coalescer().request(RECHECK)
 
     _on_loop(follow_up)
+
+
+def _report_failure(key: Hashable, error: Exception, failed: int) -> None:
+    """A pass over a job raised `failed` times in a row: say so on the job (`handlers.failures`)."""
+    if RUNTIME.session is None or not isinstance(key, tuple):
+        return
+    namespace, name = typing.cast(tuple[str, str], key)
+    try:
+        failures.report(RUNTIME.session, namespace, name, error, failed)
+    except Exception:
+        log.warning("could not report the failure of %s/%s on the job", namespace, name, exc_info=True)
 
 
 def _coalescer() -> Coalescer:
@@ -231,7 +248,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = REQUEST_SECONDS
     RUNTIME.session = await asyncio.to_thread(connect, RUNTIME.kubeconfig)
     RUNTIME.loop = asyncio.get_running_loop()
-    RUNTIME.coalescer = Coalescer(_pass)
+    RUNTIME.coalescer = Coalescer(_pass, on_failure=_report_failure)
     session = RUNTIME.session
     RUNTIME.priorities = PriorityValues(lambda name: reads.priority_value(session, name))
     wake = lambda: _on_loop(lambda: _request(RECHECK))  # noqa: E731 - called from the informers' threads
