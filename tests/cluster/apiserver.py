@@ -235,6 +235,11 @@ class APIServer(kmock.KubernetesEmulator):
     held: set[tuple[str, str]] = attrs.field(factory=set)
     # Creates refused, by plural: (HTTP status, reason, message), e.g. an admission webhook or a quota.
     rejects: dict[str, tuple[int, str, str]] = attrs.field(factory=dict)
+    # Plurals whose changes watch streams do not carry: the events a watch loses while it restarts.
+    muted: set[str] = attrs.field(factory=set)
+    # An operator killed mid-pass: after this many more requests from the operator (user agent
+    # paralleljob-operator) every further one is answered 503, until it is set back to None.
+    operator_outage_after: int | None = None
     # Seconds the phase-only kubelet takes to stop a deleted pod's containers before the pod object goes.
     termination_seconds: float = 0.2
     # Seconds before the garbage collector deletes the dependents of a deleted owner (0: at once).
@@ -388,7 +393,11 @@ class APIServer(kmock.KubernetesEmulator):
                 raise auth.unauthorized()
             if request.resource is None or not request.resource.plural:
                 return await super()._handle(request)  # discovery: open to every authenticated user
-            verb, group, plural, namespace, _ = self._record(request)
+            verb, group, plural, namespace, agent = self._record(request)
+            if self.operator_outage_after is not None and agent.startswith("paralleljob-operator"):
+                if self.operator_outage_after <= 0:
+                    raise statuses.APIError(503, "ServiceUnavailable", "the operator was killed here")
+                self.operator_outage_after -= 1
             attributes = auth.Attributes(verb, group, plural, namespace, request.name or "")
             if not self.authorizer.allows(user, attributes):
                 refusal = auth.forbidden(user, attributes)
@@ -751,7 +760,7 @@ class APIServer(kmock.KubernetesEmulator):
         try:
             async for event in stream or self._serve_watch(request):
                 obj = event.get("object") if isinstance(event, dict) else None
-                if not isinstance(obj, dict):
+                if not isinstance(obj, dict) or request.resource.plural in self.muted:
                     continue
                 if selector and not matches_selector((obj.get("metadata") or {}).get("labels") or {}, selector):
                     continue

@@ -201,8 +201,9 @@ def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str =
 class Operator:
     """`paralleljob operator` as a process; `kill()` is SIGKILL, `start()` runs a fresh one."""
 
-    # Short enough for tests: pods stuck Terminating on a lost node go after a second.
-    ARGS = ("--force-delete-after", "1")
+    # Short enough for tests: pods stuck Terminating on a lost node go after a second, and a NotReady node
+    # breaks its gang at once (tests/operator/test_not_ready.py gives it a grace period).
+    ARGS = ("--force-delete-after", "1", "--not-ready-grace", "0")
 
     def __init__(self, emulator: ClusterThread, log: Path, kubeconfig: Path, args: Sequence[str] = ARGS) -> None:
         self.emulator, self.log, self.kubeconfig, self.args = emulator, log, kubeconfig, list(args)

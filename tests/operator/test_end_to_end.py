@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.operator.conftest import generations_overlapping, job_doc, wait_for
@@ -29,13 +31,18 @@ def test_sixteen_node_job_gets_its_children_and_status(cluster, operator):
     cluster.apply(job_doc())
     pods = wait_for(lambda: len(cluster.pods()) == 16 and cluster.pods(), what="16 pods")
     config = cluster.core.read_namespaced_config_map("gpt-config", "research")
-    assert set(config.data) == {"job.json", "deepspeed.json", "plan.json", "nccl.env", "network.json"}
+    assert set(config.data) == {"job.json", "deepspeed.json", "plan.json", "nccl.env", "network.json", "attempt.json"}
     service = cluster.core.read_namespaced_service("gpt", "research")
     assert service.spec.cluster_ip == "None"
     status = wait_for(lambda: placed(cluster) and cluster.status(), what="placed")
     by_rank = {entry["nodeRank"]: entry for entry in status["placement"]}
     assert sorted(by_rank) == list(range(16))
     assert len({entry["node"] for entry in status["placement"]}) == 16
+    # The attempt record the pods were built from: the node of each node rank, the image, the pinned spec.
+    record = json.loads(cluster.core.read_namespaced_config_map("gpt-config", "research").data["attempt.json"])
+    assert record["nodes"] == [by_rank[rank]["node"] for rank in range(16)]
+    assert (record["attempt"], record["placed"], record["image"]) == (0, True, "trainer:test")
+    assert record["spec"]["parallelism"] == {"pipeline": 4, "tensor": 4, "data": 4}
     for pod in pods:
         rank = int(pod["metadata"]["labels"]["paralleljob.io/node-rank"])
         assert pod["metadata"]["name"] == by_rank[rank]["pod"] == f"gpt-{rank}"

@@ -51,10 +51,13 @@ def test_invalid_job_gets_a_condition_an_event_and_nothing_else(cluster, operato
     calls = operator_requests(emulator)
     writes = [c for c in calls if c[0] in {"create", "patch", "delete"}]
     assert len(writes) == 2, writes  # one status patch and one Event: an invalid job is never retried
-    # Our own reads: the job once per pass, nothing else; besides them only the informers' one listing each at
-    # start-up (Nodes, bound pods and the jobs' pods: paralleljob.k8s.informer), as kopf's own list-and-watch.
+    # Our own reads: the job and its attempt record (the ConfigMap, none here) once per pass, nothing else;
+    # besides them only the informers' one listing each at start-up (Nodes, bound pods and the jobs' pods:
+    # paralleljob.k8s.informer), as kopf's own list-and-watch.
     reads = [c[:3] for c in calls if c[0] in {"get", "list"}]
-    assert {r for r in reads if r[0] == "get"} == {("get", "paralleljob.io", "paralleljobs")}
+    gets = [r for r in reads if r[0] == "get"]
+    assert {r for r in gets} == {("get", "paralleljob.io", "paralleljobs"), ("get", "", "configmaps")}
+    assert gets.count(("get", "", "configmaps")) == gets.count(("get", "paralleljob.io", "paralleljobs"))
     lists = [r for r in reads if r[0] == "list"]
     assert sorted(lists) == [("list", "", "nodes"), ("list", "", "pods"), ("list", "", "pods")], lists
     assert cluster.pods() == []
@@ -93,3 +96,44 @@ def test_the_api_refuses_a_checkpoint_without_a_volume_with_the_fix(cluster):
         cluster.apply(job_doc(**CHECKPOINT_WITHOUT_VOLUME))
     assert refused.value.status == 422
     assert "checkpoint.volume is required: set {persistentVolumeClaim" in refused.value.body
+
+
+def _edit_into_invalid(cluster):
+    env = {"spec": {"template": {"env": [{"name": "PARALLELJOB_NODE_RANK", "value": "3"}]}}}
+    cluster.custom.patch_namespaced_custom_object("paralleljob.io", "v1alpha1", "research", "paralleljobs", "gpt", env)
+    wait_for(
+        lambda: any(c["type"] == "Valid" and c["status"] == "False" for c in cluster.status().get("conditions", [])),
+        what="Valid=False",
+    )
+
+
+def test_a_running_job_edited_invalid_still_records_its_completion(cluster, operator):
+    cluster.add_nodes(16)
+    cluster.apply(job_doc())
+    wait_for(lambda: len(cluster.pods()) == 16, what="16 pods")
+    cluster.bind_all()
+    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    _edit_into_invalid(cluster)
+    cluster.set_pod_phase("gpt-0", "Succeeded")
+    status = wait_for(lambda: cluster.status().get("phase") == "Succeeded" and cluster.status(), what="Succeeded")
+    assert status["completionTime"]
+    wait_for(lambda: len(cluster.pods()) == 1, what="the running ranks deleted, rank 0 kept for its logs")
+
+
+def test_a_gang_restart_with_an_invalid_spec_stops_at_pending_and_releases_the_reservation(cluster, operator):
+    cluster.add_nodes(16)
+    cluster.apply(job_doc())
+    wait_for(lambda: len(cluster.pods()) == 16, what="16 pods")
+    cluster.bind_all()
+    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    _edit_into_invalid(cluster)
+    cluster.set_pod_phase("gpt-5", "Failed", reason="Error")
+    status = wait_for(
+        lambda: (
+            cluster.status().get("restarts") == 1 and cluster.status().get("phase") == "Pending" and cluster.status()
+        ),
+        what="Pending after the restart",
+    )
+    assert "placement" not in status and "heldNodes" not in status
+    wait_for(lambda: cluster.pods() == [], what="the old generation gone")
+    assert "invalid spec" in cluster.status()["message"]

@@ -37,3 +37,28 @@ def test_a_recreated_job_waits_for_the_old_children_and_makes_its_own(cluster, o
     assert owner_uid(config) == owner_uid(service) == uid
     # Nothing of the old job was taken for the new one's, so its gang never broke.
     assert cluster.status()["restarts"] == 0
+
+
+def test_a_job_recreated_while_its_namesakes_pods_are_stuck_on_a_lost_node_says_so_and_starts(cluster, operator):
+    cluster.add_nodes(17)
+    cluster.apply(job_doc())
+    wait_for(lambda: len(cluster.pods()) == 16, what="the first job's pods")
+    cluster.bind_all()
+    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    lost = cluster.core.read_namespaced_pod("gpt-3", "research").spec.node_name
+    cluster.set_node_ready(lost, False)  # its kubelet is gone: gpt-3 can never finish terminating by itself
+    cluster.custom.delete_namespaced_custom_object("paralleljob.io", "v1alpha1", "research", "paralleljobs", "gpt")
+    wait_for(lambda: [p["metadata"]["name"] for p in cluster.pods()] == ["gpt-3"], what="only the stuck pod left")
+    new = cluster.apply(job_doc())
+    uid = new["metadata"]["uid"]
+    message = wait_for(
+        lambda: "deleted job of the same name" in cluster.status().get("message", "") and cluster.status()["message"],
+        what="a message",
+    )
+    assert "gpt-3" in message
+    assert [e for e in cluster.events() if e["reason"] == "WaitingForPreviousJob"]
+    wait_for(
+        lambda: len(cluster.pods()) == 16 and all(owner_uid(p) == uid for p in cluster.pods()),
+        timeout=30,
+        what="the new job's own pods, after the stuck one was force-deleted",
+    )

@@ -21,3 +21,18 @@ def test_killed_mid_creation_converges_without_duplicates(cluster, operator, emu
     creates = [c for c in operator_calls(emulator) if c[0] == "create" and c[2] == "pods"]
     assert len(creates) <= 16 + partial  # at most the ones in flight are retried (and refused as existing)
     assert {p["metadata"]["labels"]["paralleljob.io/attempt"] for p in pods} == {"0"}
+
+
+def test_an_attempt_runs_one_pod_template_across_an_edit_and_an_operator_restart(cluster, operator, emulator):
+    cluster.add_nodes(16)
+    emulator.emulator.latency[("create", "pods")] = 0.25
+    cluster.apply(job_doc(template={"image": "trainer:v1"}))
+    wait_for(lambda: 1 <= len(cluster.pods()) < 16 and True, timeout=30, what="creation under way")
+    operator.kill()
+    edit = {"spec": {"template": {"image": "trainer:v2"}}}
+    cluster.custom.patch_namespaced_custom_object("paralleljob.io", "v1alpha1", "research", "paralleljobs", "gpt", edit)
+    emulator.emulator.latency.clear()
+    operator.start()
+    wait_for(lambda: cluster.status().get("message", "").startswith("16 pods"), timeout=30, what="placed")
+    images = {p["spec"]["containers"][0]["image"] for p in cluster.pods()}
+    assert images == {"trainer:v1"}  # the attempt's record, not the edited spec

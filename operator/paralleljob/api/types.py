@@ -265,6 +265,15 @@ class FailurePolicy:
         default=3,
         minimum=0,
     )
+    progress_timeout_seconds: int | None = api_field(
+        "Restart the gang (reason NoProgress, counted against backoffLimit) when rank 0's reported training step "
+        "has not advanced for this many seconds while the job is Running, e.g. a collective that never returns. "
+        "Absent: no watchdog (the process-group timeout, spec.network.timeoutSeconds, still aborts a hung "
+        "collective). Set it well above the slowest step plus a checkpoint write.",
+        default=None,
+        minimum=1,
+        json_name="progressTimeoutSeconds",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,6 +88,21 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="force-delete a pod stuck Terminating on a NotReady or deleted node this long past its deadline",
     )
+    parser.add_argument(
+        "--not-ready-grace",
+        type=nonnegative_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="a NotReady node breaks its gang only after this long, unless its pods fail first "
+        "(default: Kubernetes' not-ready toleration)",
+    )
+    parser.add_argument(
+        "--resync-period",
+        type=positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="look at every unfinished placed job this often even without a watch event",
+    )
     add_policy_flags(parser)
     add_pod_security_flags(parser)
     parser.add_argument(
@@ -267,6 +282,8 @@ def run(args: argparse.Namespace) -> int:
         admission_policy=policy_of(args),
         pod_security=pod_security_of(args),
         restart_hold_seconds=args.restart_hold,
+        not_ready_grace_seconds=args.not_ready_grace,
+        resync_seconds=args.resync_period,
     )
     registry.configure(settings, metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, lease=lease_settings(args))
     kopf.configure(

@@ -1,6 +1,8 @@
 """What the operator remembers of Nodes between watch events: the planner's record of each (`NodeInfo`), the
 slim Node dict the network detection reads (name, labels, allocatable), which nodes exist and which are
-NotReady, and whether an event changed anything the planner reads (so heartbeats do not trigger re-planning).
+NotReady (with since when, as the API server reports the Ready condition's transition), which carry the
+`node.kubernetes.io/out-of-service` taint, and whether an event changed anything the planner reads (so
+heartbeats do not trigger re-planning).
 
 Fed by the Node informer (`paralleljob.k8s.informer`): rebuilt from its listing after every operator restart
 and every relist; it is a cache of the cluster, never the source of a decision the API could contradict.
@@ -15,7 +17,11 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from paralleljob.k8s import timestamps
 from paralleljob.planning.inventory import NodeInfo, node_info, sort_nodes
+
+# Set by a cluster admin on a node known to be shut down: its pods may be force-deleted (KEP-2268).
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +30,9 @@ class NodeSnapshot:
 
     infos: tuple[NodeInfo, ...] = ()
     dicts: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    # NotReady nodes, with since when (RFC 3339), and the nodes tainted out-of-service.
+    not_ready_since: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    out_of_service: frozenset[str] = frozenset()
 
     @functools.cached_property
     def known(self) -> frozenset[str]:
@@ -40,6 +49,8 @@ class NodeWatch:
     def __init__(self) -> None:
         self._infos: dict[str, NodeInfo] = {}
         self._dicts: dict[str, dict[str, Any]] = {}
+        self._not_ready_since: dict[str, str] = {}
+        self._out_of_service: set[str] = set()
         self._snapshot: NodeSnapshot | None = NodeSnapshot()
         self._lock = threading.Lock()
 
@@ -69,7 +80,12 @@ class NodeWatch:
         """The current nodes; the same object until a node changes, so its sorting is paid once per change."""
         with self._lock:
             if self._snapshot is None:
-                self._snapshot = NodeSnapshot(sort_nodes(self._infos.values()), dict(self._dicts))
+                self._snapshot = NodeSnapshot(
+                    sort_nodes(self._infos.values()),
+                    dict(self._dicts),
+                    dict(self._not_ready_since),
+                    frozenset(self._out_of_service),
+                )
             return self._snapshot
 
     def known(self) -> frozenset[str]:
@@ -82,14 +98,31 @@ class NodeWatch:
     def _record(self, name: str, node: Mapping[str, Any]) -> bool:
         info = node_info(node)
         slim = _slim(node, info)
-        if self._infos.get(name) == info and self._dicts.get(name) == slim:
+        health = self._record_health(name, node, info.ready)
+        if self._infos.get(name) == info and self._dicts.get(name) == slim and not health:
             return False
         self._infos[name] = info
         self._dicts[name] = slim
         self._snapshot = None
         return True
 
+    def _record_health(self, name: str, node: Mapping[str, Any], ready: bool) -> bool:
+        """Note since when the node is NotReady and whether it is out of service; True when either changed."""
+        before = (self._not_ready_since.get(name), name in self._out_of_service)
+        if ready:
+            self._not_ready_since.pop(name, None)
+        elif name not in self._not_ready_since:
+            self._not_ready_since[name] = _ready_transition(node) or timestamps.now()
+        taints = {str(taint.get("key")) for taint in (node.get("spec") or {}).get("taints") or ()}
+        if OUT_OF_SERVICE_TAINT in taints:
+            self._out_of_service.add(name)
+        else:
+            self._out_of_service.discard(name)
+        return before != (self._not_ready_since.get(name), name in self._out_of_service)
+
     def _forget(self, name: str) -> bool:
+        self._not_ready_since.pop(name, None)
+        self._out_of_service.discard(name)
         self._dicts.pop(name, None)
         if self._infos.pop(name, None) is None:
             return False
@@ -104,3 +137,11 @@ def _slim(node: Mapping[str, Any], info: NodeInfo) -> dict[str, Any]:
         "metadata": {"name": info.name, "labels": info.labels},
         "status": {"allocatable": {str(k): str(v) for k, v in allocatable.items()}},
     }
+
+
+def _ready_transition(node: Mapping[str, Any]) -> str | None:
+    """When the node's Ready condition last changed, as the API server reports it (None when it does not say)."""
+    for condition in (node.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "Ready" and condition.get("lastTransitionTime"):
+            return str(condition["lastTransitionTime"])
+    return None

@@ -41,14 +41,16 @@ from typing import Any
 
 from paralleljob import planning
 from paralleljob.api import ResolvedJob, policy, validate_document
-from paralleljob.handlers import conditions, gang, placement, start_failures
+from paralleljob.api import types as api_types
+from paralleljob.handlers import conditions, failures, gang, placement, start_failures, watchdog
 from paralleljob.handlers import metrics as m
-from paralleljob.handlers.nodes import NodeSnapshot
+from paralleljob.handlers.nodes import OUT_OF_SERVICE_TAINT, NodeSnapshot
 from paralleljob.k8s import events, reads, timestamps, writes
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import children as child_objects
-from paralleljob.manifests import configmap, labels, security
+from paralleljob.manifests import configmap, labels, records, security
 from paralleljob.manifests import pods as pod_manifests
+from paralleljob.manifests import progress as progress_channel
 from paralleljob.planning.inventory import TERMINAL_POD_PHASES, ClusterBuilder, held_until
 from paralleljob.planning.usage import NodeUsage, UsageSnapshot
 from paralleljob_contract.network import NetworkFailure
@@ -66,6 +68,8 @@ PREVIOUS_JOB_RECHECK_SECONDS = 2.0
 # How often a job whose child name is held by a foreign object looks whether it is gone (no watch sees it).
 NAME_CONFLICT_RECHECK_SECONDS = 30.0
 NAME_CONFLICT = "NameConflict"
+# Steps after which only an edit or a deletion changes anything: no resync.
+RESTING_STEPS = frozenset({"gone", "finished", "succeeded", "failed", "invalid"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +96,12 @@ class Settings:
     pod_security: security.PodSecurity = dataclasses.field(default_factory=security.PodSecurity)
     # A restarting gang keeps its old nodes (less the one blamed) from other jobs this long.
     restart_hold_seconds: float = 30.0
+    # Every unfinished placed gang gets a pass this often without an event, so a watch event missed while a
+    # watch restarted (a deleted pod, a lost node) cannot strand it; a pass over a quiet gang writes nothing.
+    resync_seconds: float = 60.0
+    # A NotReady node breaks its gang only after this long (Kubernetes' default not-ready toleration), unless
+    # its pods fail first: a kubelet that misses a few heartbeats does not cost a gang restart.
+    not_ready_grace_seconds: float = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +147,11 @@ class Pass:
     job: Mapping[str, Any]
     nodes: NodeView
     admit: bool = False
+    # The latest attempt's record (`manifests.records`), from the job's ConfigMap; None before the first
+    # admission or when the ConfigMap is gone (then the status the operator wrote is the fallback).
+    record: records.AttemptRecord | None = None
+    # Why the current spec is invalid while its running attempt is still supervised from its record.
+    spec_problem: str = ""
 
     @property
     def status(self) -> Mapping[str, Any]:
@@ -161,11 +176,39 @@ class Pass:
 
     @property
     def attempt(self) -> int:
+        """The attempt the job is on (its restart count against backoffLimit): the record's, else the status's."""
+        if self.record is not None:
+            return self.record.next_attempt
         return int(self.status.get("restarts") or 0)
 
     @property
     def excluded(self) -> list[str]:
+        if self.record is not None:
+            return list(self.record.excluded_nodes)
         return list(self.status.get("excludedNodes") or [])
+
+    @property
+    def live(self) -> records.AttemptRecord | None:
+        """The record of the attempt whose pods are the job's current gang, when that attempt was admitted."""
+        return self.record if self.record is not None and self.record.live else None
+
+    @property
+    def finished(self) -> bool:
+        """Succeeded or Failed: as the record says, the status only for a job without one."""
+        if self.record is not None:
+            return self.record.outcome in TERMINAL
+        return self.status.get("phase") in TERMINAL
+
+    @property
+    def placed_nodes(self) -> list[str]:
+        """The node of each node rank of the live attempt: the record's, else status.placement's (the record
+        of a job whose ConfigMap is gone); empty when no attempt is admitted."""
+        if self.record is not None:
+            return list(self.record.nodes) if self.record.live else []
+        entries = sorted(self.status.get("placement") or [], key=lambda entry: int(entry.get("nodeRank", -1)))
+        if [int(entry.get("nodeRank", -1)) for entry in entries] != list(range(len(entries))):
+            return []
+        return [str(entry.get("node")) for entry in entries]
 
     def condition(self, kind: str, status: str, reason: str, message: str, base: Any = None) -> list[dict[str, Any]]:
         current = self.status.get("conditions") if base is None else base
@@ -180,59 +223,80 @@ def reconcile(
 ) -> Outcome:
     """One pass; returns what it did and what it asks of the scheduler. Only the admission worker passes
     `admit=True`: other passes stop at a job without a placement and ask for its admission."""
+    # The record first: only passes write it (one at a time per job), and the job read right before its pods
+    # keeps their two views as close in time as they were.
+    found = reads.get_config_map(session, namespace, labels.config_map_name(name))
     job = reads.get_job(session, namespace, name)
     if job is None or job["metadata"].get("deletionTimestamp"):
         m.observe_phase(namespace, name, None)
         return Outcome("gone")
     job.setdefault("metadata", {}).setdefault("namespace", namespace)
-    outcome = _step(Pass(session, settings, job, nodes, admit))
+    owned = found is not None and labels.owned_by(found, str(job["metadata"].get("uid")))
+    record = records.record_of(found) if owned else None
+    outcome = _step(Pass(session, settings, job, nodes, admit, record))
     m.RECONCILES.labels(outcome=outcome.step).inc()
+    if outcome.requeue_after is None and outcome.admission is None and outcome.step not in RESTING_STEPS:
+        # The resync: a watch event missed while a watch restarted cannot strand an unfinished job.
+        outcome = dataclasses.replace(outcome, requeue_after=settings.resync_seconds)
+    if outcome.admission is None:  # a job handed to the admission queue is judged by its admission pass
+        _reconciled_again(session, job)
     return outcome
 
 
+def _reconciled_again(session: Session, before: Mapping[str, Any]) -> None:
+    """A pass succeeded: Reconciled=True again, when an earlier failing pass left it False (one read and one
+    write, only then)."""
+    found = conditions.find((before.get("status") or {}).get("conditions"), failures.CONDITION)
+    if not found or found.get("status") != "False":
+        return
+    namespace, name = before["metadata"]["namespace"], before["metadata"]["name"]
+    fresh = reads.get_job(session, namespace, name)
+    cond = failures.recovered(fresh) if fresh is not None else None
+    if cond is not None:
+        writes.patch_job_status(session, namespace, name, {"conditions": cond})
+
+
 def _step(p: Pass) -> Outcome:
-    result = validate_document(p.job)
-    problems = [problem.render() for problem in result.problems if problem.severity == "error"]
-    if result.resolved is not None and result.ok:
-        problems += pod_manifests.env_problems(result.resolved)
-        problems += [found.render() for found in policy.check_policy(result.resolved.spec, p.settings.admission_policy)]
-    if result.resolved is None or problems:
-        return _invalid(p, "; ".join(problems))
-    resolved = result.resolved
-    if resolved.needs_layout and p.status.get("layoutChoice"):
-        # Chosen once, at first admission: restarts re-place this layout, they never search again.
-        resolved, layout_problems = placement.chosen_job(resolved, p.status["layoutChoice"])
-        if resolved is None:
-            return _invalid(p, "; ".join(problem.render() for problem in layout_problems))
+    current, problems = _current_spec(p)
+    live = p.live
+    if current is None and live is None:
+        return _invalid(p, problems)
     m.observe_phase(p.namespace, p.name, p.status.get("phase"))
     labelled = reads.list_job_pods(p.session, p.namespace, p.name)
     pods = [pod for pod in labelled if labels.owned_by(pod, p.uid)]
-    if p.status.get("phase") in TERMINAL:
+    if p.finished:
         _finished(p, pods)
         return Outcome("finished")
     stale = [pod for pod in pods if _attempt_of(pod) != p.attempt]
     if stale:
         return _drain(p, stale)
-    if any(labels.claim_of(pod, p.name, p.uid) == "namesake" for pod in labelled):
-        return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
+    previous = [pod for pod in labelled if labels.claim_of(pod, p.name, p.uid) == "namesake"]
+    if previous:
+        return _wait_for_previous_job(p, previous)
+    if current is None:
+        # An edit made the spec invalid: it gates only the next attempt; the running one is still supervised.
+        p = dataclasses.replace(p, spec_problem=problems)
+        _invalid_while_running(p)
     try:
-        if not p.status.get("placement"):
+        if not p.placed_nodes:
+            assert current is not None  # no live attempt: an invalid spec returned above
             if _waits_on_conflict(p, pods):
                 return Outcome("name-conflict", requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
             if not p.admit:
                 return _awaiting_admission(p)
             view = _cluster_view(p, labelled)
-            if resolved.needs_layout:
-                chosen = _choose_layout(p, resolved, view)
+            if current.needs_layout:
+                chosen = _choose_layout(p, current, view)
                 if isinstance(chosen, Outcome):
                     return chosen
-                resolved = chosen
-            return _admit(p, resolved, view)
+                current = chosen
+            return _admit(p, current, view)
         if p.admit:
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.
             return Outcome("placed", requeue_after=0.0)
-        if conditions.is_true(p.status.get("conditions"), "Scheduled", ADMITTED):
-            return _create(p, resolved, pods)
+        pinned = _pinned_spec(p, current)
+        if _creating(p):
+            return _create(p, pinned, pods)
     except writes.NameConflict as conflict:
         return _name_conflict(p, conflict)
     except writes.HeldByAnother as held:
@@ -240,8 +304,43 @@ def _step(p: Pass) -> Outcome:
         return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
     except writes.Rejected as refused:
         state = gang.GangState("broken", 0, str(refused), cause=gang.CREATE_FAILED)
-        return _broken(p, resolved, pods, state)
-    return _watch(p, resolved, pods)
+        judged = _pinned_spec(p, current) if p.live is not None else current
+        assert judged is not None
+        return _broken(p, judged, pods, state)
+    return _watch(p, pinned, pods)
+
+
+def _current_spec(p: Pass) -> tuple[ResolvedJob | None, str]:
+    """The job's current spec resolved (its chosen layout applied), or None with why it is invalid: the API's
+    rules, no `spec.template.env` name the operator sets, and the administrator's admission policy."""
+    result = validate_document(p.job)
+    problems = [problem.render() for problem in result.problems if problem.severity == "error"]
+    if result.resolved is not None and result.ok:
+        problems += pod_manifests.env_problems(result.resolved)
+        problems += [found.render() for found in policy.check_policy(result.resolved.spec, p.settings.admission_policy)]
+    if result.resolved is None or problems:
+        return None, "; ".join(problems)
+    resolved = result.resolved
+    if resolved.needs_layout and p.status.get("layoutChoice"):
+        # Chosen once, at first admission: restarts re-place this layout, they never search again.
+        resolved, layout_problems = placement.chosen_job(resolved, p.status["layoutChoice"])
+        if resolved is None:
+            return None, "; ".join(problem.render() for problem in layout_problems)
+    return resolved, ""
+
+
+def _pinned_spec(p: Pass, current: ResolvedJob | None) -> ResolvedJob:
+    """The spec the live attempt was admitted with, from its record: its pods are all built from it, and it is
+    supervised by it, whatever was edited since. The current spec only for a job without a record."""
+    if p.record is None:
+        if current is None:
+            raise ValueError("the job has no attempt record and its spec is invalid")
+        return current
+    result = validate_document(records.pinned_document(p.record, p.name, p.namespace))
+    if result.resolved is None or not result.ok:
+        problems = "; ".join(problem.render() for problem in result.problems if problem.severity == "error")
+        raise ValueError(f"the pinned spec of attempt {p.record.attempt} no longer validates: {problems}")
+    return result.resolved
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,7 +366,10 @@ def _cluster_view(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> ClusterView
 def _choose_layout(p: Pass, template: ResolvedJob, view: ClusterView) -> ResolvedJob | Outcome:
     """First admission of a job that gives a GPU budget: choose the layout on the free nodes, once, and record
     it (status.layoutChoice, the LayoutChosen condition and an Event) before placing it."""
-    found = placement.choose_layout(template, view.nodes, view.usage, view.held, view.builder)
+    try:
+        found = placement.choose_layout(template, view.nodes, view.usage, view.held, view.builder)
+    except Exception as error:
+        raise failures.PlanningFailed(str(error)) from error
     if found.job is None:
         cond = p.condition("Valid", "True", "Validated", "the spec is valid")
         cond = p.condition("LayoutChosen", "False", "NoLayout", found.message, base=cond)
@@ -310,6 +412,42 @@ def _lost_nodes(p: Pass, names: Collection[str | None]) -> dict[str, str]:
     return lost
 
 
+def _wait_for_previous_job(p: Pass, previous: Sequence[Mapping[str, Any]]) -> Outcome:
+    """Pods of a deleted job of the same name still hold our names: the garbage collector deletes them, and one
+    stuck Terminating on a lost node is force-deleted as our own would be (the single-node rule included);
+    the status and one Event say which pods the job waits for."""
+    waiting = _drain(p, previous)
+    stuck = [pod for pod in previous if _terminating(pod)]
+    named = stuck or list(previous)
+    names = ", ".join(f"{pod['metadata']['name']} (node {gang.node_of(pod)})" for pod in named[:5])
+    more = f" and {len(named) - 5} more" if len(named) > 5 else ""
+    how = "stuck Terminating" if stuck else "still there"
+    message = f"waiting for {len(previous)} pods of a deleted job of the same name to go ({how}): {names}{more}"
+    said = str(p.status.get("message") or "").startswith("waiting for")
+    if write_status(p, {"phase": p.status.get("phase") or "Pending", "message": message}) and not said:
+        p.event("Normal", "WaitingForPreviousJob", message)
+    recheck = min(waiting.requeue_after or PREVIOUS_JOB_RECHECK_SECONDS, PREVIOUS_JOB_RECHECK_SECONDS)
+    return Outcome("waiting-for-previous-job", requeue_after=recheck)
+
+
+def _past_grace(p: Pass, lost: Mapping[str, str]) -> tuple[dict[str, str], float | None]:
+    """The lost nodes that break the gang now: deleted ones, and NotReady ones past the grace period (counted
+    from the Ready condition's transition as the API server reports it); with when the next one falls due."""
+    grace = p.settings.not_ready_grace_seconds
+    broken: dict[str, str] = {}
+    due: float | None = None
+    for node, why in lost.items():
+        if node not in p.nodes.not_ready:
+            broken[node] = why
+            continue
+        age = timestamps.seconds_since(p.nodes.snapshot.not_ready_since.get(node), p.session.server_now()) or 0.0
+        if age >= grace:
+            broken[node] = f"has been NotReady for {age:.0f}s (grace {grace:.0f}s)"
+        else:
+            due = min(due if due is not None else grace, grace - age + 0.5)
+    return broken, due
+
+
 def _drain(p: Pass, stale: Sequence[Mapping[str, Any]]) -> Outcome:
     """Delete the pods of older attempts; force only those whose node is lost, once overdue."""
     _delete(p, stale)
@@ -320,8 +458,16 @@ def _drain(p: Pass, stale: Sequence[Mapping[str, Any]]) -> Outcome:
     force_after = p.settings.force_delete_after_seconds
     recheck = force_after
     for pod in terminating:
-        if gang.node_of(pod) not in lost:
+        node = gang.node_of(pod)
+        if node not in lost:
             continue  # its kubelet is alive: the pod goes when its containers have stopped
+        if _only_pod_of_gang(pod) and node in p.nodes.not_ready and node not in p.nodes.snapshot.out_of_service:
+            # Were its node only partitioned, the pod would still run, and the next generation would write to
+            # the same checkpoint folder beside it. As a StatefulSet does, wait for the node to be deleted or
+            # tainted out-of-service.
+            _stuck_terminating(p, pod, node)
+            recheck = min(recheck, p.settings.resync_seconds)
+            continue
         since = timestamps.seconds_since(pod["metadata"]["deletionTimestamp"], p.session.server_now())
         overdue = (since or 0.0) - force_after
         if overdue >= 0:
@@ -335,32 +481,70 @@ def _drain(p: Pass, stale: Sequence[Mapping[str, Any]]) -> Outcome:
     return Outcome("deleting-old-generation", requeue_after=recheck)
 
 
+def _only_pod_of_gang(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod was its gang's only one (its gang-size label; a pod without it is treated as alone)."""
+    found = str((pod["metadata"].get("labels") or {}).get(labels.GANG_SIZE_LABEL) or "")
+    return not found.isdigit() or int(found) <= 1
+
+
+def _stuck_terminating(p: Pass, pod: Mapping[str, Any], node: str | None) -> None:
+    message = (
+        f"pod {pod['metadata']['name']} is stuck Terminating on NotReady node {node}; it is the gang's only pod, "
+        f"so it is not force-deleted: delete the node, or taint it {OUT_OF_SERVICE_TAINT}=nodeshutdown:NoExecute "
+        "once it is known to be down"
+    )
+    if write_status(p, {"message": message}):
+        p.event("Warning", "StuckTerminating", message)
+
+
 def write_status(p: Pass, patch: Mapping[str, Any]) -> bool:
     """Patch status when something in `patch` differs from it; True when written. Every write records the
     generation acted on (the spec is immutable, so this is the generation the job was admitted with)."""
     current = p.status
     patch = {**patch, "observedGeneration": p.generation}
+    if p.spec_problem and patch.get("message"):
+        patch["message"] = f"{patch['message']}{INVALID_NOTE}{p.spec_problem}"
     changed = any(
         not conditions.same(current.get(key), value) if key == "conditions" else current.get(key) != value
         for key, value in patch.items()
     )
     if changed:
         writes.patch_job_status(p.session, p.namespace, p.name, patch)
+        if isinstance(p.job, dict):  # the rest of the pass builds on what it wrote (its conditions above all)
+            merged = {**current, **patch}
+            p.job["status"] = {key: value for key, value in merged.items() if value is not None}
         if "phase" in patch:
             m.observe_phase(p.namespace, p.name, patch["phase"])
     return changed
 
 
 def _invalid(p: Pass, message: str) -> Outcome:
-    """Valid=False. A job never admitted stays Pending; an edit that breaks a running job's spec (the fields the
-    CRD lets change) leaves the running attempt alone and only blocks the next one, so the phase is kept."""
+    """Valid=False with no admitted attempt (never admitted, or a gang restart into an invalid spec): Pending,
+    holding no reservation (no placement, no hold), the old generation's pods deleted; an Event."""
+    if p.record is not None:  # between attempts: the old generation may still be going
+        pods = [pod for pod in reads.list_job_pods(p.session, p.namespace, p.name) if labels.owned_by(pod, p.uid)]
+        if stale := [pod for pod in pods if _attempt_of(pod) != p.attempt]:
+            _drain(p, stale)
     cond = p.condition("Valid", "False", "InvalidSpec", message)
-    running = bool(p.status.get("placement")) and p.status.get("phase") not in TERMINAL
-    phase = p.status.get("phase") if running else "Pending"
-    note = "; the running attempt continues, and nothing new starts until the spec is fixed" if running else ""
-    if write_status(p, {"phase": phase, "message": f"invalid spec: {message}{note}", "conditions": cond}):
-        p.event("Warning", "InvalidSpec", message + note)
-    return Outcome("invalid")
+    patch = {"phase": "Pending", "message": f"invalid spec: {message}", "conditions": cond, "placement": None}
+    if write_status(p, {**patch, "heldNodes": None, "heldUntil": None}):
+        p.event("Warning", "InvalidSpec", message)
+    return Outcome("invalid", wake_others=bool(p.status.get("placement") or p.status.get("heldNodes")))
+
+
+RUNNING_CONTINUES = "; the running attempt continues, and nothing new starts until the spec is fixed"
+INVALID_NOTE = f"{RUNNING_CONTINUES}; invalid spec: "
+
+
+def _invalid_while_running(p: Pass) -> None:
+    """Valid=False on a job whose attempt is live: an edit broke the spec (the fields the CRD lets change). The
+    attempt goes on under its pinned spec, supervised as before (completion, failures, restarts); only the
+    next attempt waits for a valid spec. One Event when the condition turns False."""
+    cond = p.condition("Valid", "False", "InvalidSpec", p.spec_problem)
+    # write_status adds the note to the gang's own message, as it does on every write of this pass.
+    gang_message = str(p.status.get("message") or "").split(INVALID_NOTE)[0] or "supervising the running attempt"
+    if write_status(p, {"message": gang_message, "conditions": cond}):
+        p.event("Warning", "InvalidSpec", f"{p.spec_problem}{RUNNING_CONTINUES}")
 
 
 def _finished(p: Pass, pods: Sequence[Mapping[str, Any]], phase: str | None = None) -> None:
@@ -410,7 +594,10 @@ def _own_pods_gone(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> list[tuple
 
 
 def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
-    outcome = placement.plan(resolved, view.nodes, view.usage, view.held, p.excluded, view.builder)
+    try:
+        outcome = placement.plan(resolved, view.nodes, view.usage, view.held, p.excluded, view.builder)
+    except Exception as error:
+        raise failures.PlanningFailed(str(error)) from error
     m.PLANNING.observe(outcome.seconds)
     if outcome.plan is None:
         return _unschedulable(p, outcome.reason)
@@ -423,6 +610,13 @@ def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
         if claim == "namesake":
             return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
         writes.delete_config_map(p.session, p.namespace, name)
+    record = records.AttemptRecord(
+        attempt=p.attempt,
+        spec=api_types.spec_to_dict(resolved.spec),
+        image=p.settings.image,
+        nodes=tuple(entry["node"] for entry in sorted(outcome.plan["nodes"], key=lambda e: int(e["nodeRank"]))),
+        excluded_nodes=tuple(p.excluded),
+    )
     attempt = child_objects.build_attempt(
         p.job,
         resolved,
@@ -431,6 +625,7 @@ def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
         attempt=p.attempt,
         default_fabric=p.settings.default_fabric,
         default_nccl_env=dict(p.settings.default_nccl_env),
+        record=record,
     )
     if refusal := attempt.refusal(resolved):
         return _refused_network(p, refusal)
@@ -525,18 +720,29 @@ def _admitted_status(
     }
 
 
+def _creating(p: Pass) -> bool:
+    """Whether the live attempt's pods are still to be created: its record says so (the Scheduled=Admitted
+    condition only for a job without a record)."""
+    if p.record is not None:
+        return not p.record.placed
+    return conditions.is_true(p.status.get("conditions"), "Scheduled", ADMITTED)
+
+
 def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
+    """Create the live attempt's children from its ConfigMap and record (the pinned spec, image and nodes),
+    then mark the record placed: from then on a missing pod is a lost one, never created again."""
     found = reads.get_config_map(p.session, p.namespace, labels.config_map_name(p.name))
     if found is None or not labels.owned_by(found, p.uid) or configmap.attempt_of(found) != p.attempt:
         # The plan of this attempt is lost (someone deleted the ConfigMap): plan again.
         write_status(p, {"placement": None})
         return Outcome("replanning")
-    nodes = _placed_nodes(p)
+    nodes = p.placed_nodes
     if len(nodes) != configmap.plan_of(found).nodes:
         write_status(p, {"placement": None})
         return Outcome("replanning")
+    image = p.record.image if p.record is not None else p.settings.image
     built = child_objects.build_children(
-        p.job, resolved, found, nodes, image=p.settings.image, pod_security=p.settings.pod_security
+        p.job, resolved, found, nodes, image=image, pod_security=p.settings.pod_security
     )
     existing = {pod["metadata"]["name"] for pod in pods}
     for obj in [built.service, built.progress, *built.rbac]:
@@ -544,6 +750,8 @@ def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -
     for pod in built.pods:
         if pod["metadata"]["name"] not in existing:
             writes.create(p.session, pod)
+    if p.record is not None:
+        _write_record(p, p.record.with_placed())
     message = f"{len(built.pods)} pods created on {len(nodes)} nodes; fabric {built.fabric}"
     cond = p.condition("Scheduled", "True", PLACED, message)
     if write_status(p, {"conditions": cond, "message": message}):
@@ -553,24 +761,24 @@ def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -
     return Outcome("created")
 
 
-def _placed_nodes(p: Pass) -> list[str]:
-    """The node of each node rank, from status.placement (the record that reserves the GPUs)."""
-    entries = sorted(p.status.get("placement") or [], key=lambda entry: int(entry.get("nodeRank", -1)))
-    if [int(entry.get("nodeRank", -1)) for entry in entries] != list(range(len(entries))):
-        return []
-    return [str(entry.get("node")) for entry in entries]
+def _write_record(p: Pass, record: records.AttemptRecord) -> None:
+    """Replace the attempt record in the job's ConfigMap: the first write of every decision it holds."""
+    name = labels.config_map_name(p.name)
+    writes.patch_config_map_data(p.session, p.namespace, name, {records.RECORD_FILE: record.to_json()})
 
 
 def _watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
-    entries = p.status.get("placement") or []
-    nodes = [entry.get("node") for entry in entries] + [gang.node_of(pod) for pod in pods]
-    planned = {int(entry["nodeRank"]): str(entry["node"]) for entry in entries if entry.get("node")}
-    lost = _lost_nodes(p, nodes)
+    placed = p.placed_nodes
+    nodes = [*placed, *(gang.node_of(pod) for pod in pods)]
+    planned = dict(enumerate(placed))
+    lost, due = _past_grace(p, _lost_nodes(p, nodes))
     limits = start_failures.Limits(
         p.settings.start_timeout_seconds, p.settings.container_creating_timeout_seconds, p.settings.image_pull_retries
     )
     at, pulls = p.session.server_now(), p.nodes.pull_failures
-    state = gang.judge(pods, len(entries), lost, limits=limits, at=at, planned_nodes=planned, pull_failures=pulls)
+    state = gang.judge(pods, len(placed), lost, limits=limits, at=at, planned_nodes=planned, pull_failures=pulls)
+    if due is not None and state.verdict in ("running", "starting"):
+        state = dataclasses.replace(state, recheck_in=min(due, state.recheck_in if state.recheck_in else due))
     handlers: dict[str, Callable[[Pass, ResolvedJob, Sequence[Mapping[str, Any]], gang.GangState], Outcome]] = {
         "succeeded": _succeeded,
         "broken": _broken,
@@ -640,10 +848,14 @@ def _network_failed(
 def _end(
     p: Pass, pods: Sequence[Mapping[str, Any]], phase: str, message: str, cond: Any, event: tuple[str, str]
 ) -> Outcome:
-    """A terminal phase: one status write, its Event, the remaining pods deleted, waiting jobs woken."""
+    """A terminal phase: one status write and its Event, then the record (so a kill between the two leaves a
+    live record, and the next pass judges the same pods and ends the job again), the remaining pods deleted,
+    waiting jobs woken."""
     patch = {"phase": phase, "message": message, "conditions": cond, "podsReady": 0}
     if write_status(p, {**patch, "completionTime": timestamps.now()}):
         p.event(event[0], event[1], message)
+    if p.live is not None:
+        _write_record(p, p.live.with_outcome(phase))
     _finished(p, pods, phase)
     return Outcome(phase.lower(), wake_others=True)
 
@@ -655,11 +867,14 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
             excluded = [*excluded, node]
     restarts = p.attempt + 1
     message = f"gang restart {restarts}/{limit}: {state.reason}; resuming from the last checkpoint"
+    hold = _hold(p, state)
+    if p.live is not None:
+        _write_record(p, p.live.with_restart(state.reason, excluded, into=restarts))
     cond = p.condition("Ready", "False", state.cause, state.reason)
     cond = p.condition("Scheduled", "False", _scheduled_reason(state), message, base=cond)
     # The next attempt verifies its own network (it may run on other nodes).
     patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts, "network": None}
-    write_status(p, {**patch, "placement": None, "podsReady": 0, "excludedNodes": excluded or None, **_hold(p, state)})
+    write_status(p, {**patch, "placement": None, "podsReady": 0, "excludedNodes": excluded or None, **hold})
     m.GANG_RESTARTS.inc()
     p.event("Warning", "Restarting", message)
     _delete(p, pods)
@@ -669,7 +884,7 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
 def _hold(p: Pass, state: gang.GangState) -> dict[str, Any]:
     """The restarting gang's hold: its placed nodes less the one blamed, until restart_hold_seconds from now."""
     blamed = {state.node, *state.blamed}
-    kept = [e["node"] for e in p.status.get("placement") or [] if e.get("node") and e["node"] not in blamed]
+    kept = [node for node in p.placed_nodes if node not in blamed]
     if not kept or p.settings.restart_hold_seconds <= 0:
         return {"heldNodes": None, "heldUntil": None}
     until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=p.settings.restart_hold_seconds)
@@ -682,11 +897,34 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
     patch: dict[str, Any] = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
     if p.status.get("phase") != "Running":
         patch["startTime"] = timestamps.now()
+    before = conditions.find(p.status.get("conditions"), "NetworkVerified")
     if write_status(p, patch):
         if "startTime" in patch:
             p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
-        _network_event(p, cond)
-    return Outcome("running")
+        _network_event(p, cond, before)
+    verdict = _progress_verdict(p, resolved, str(patch.get("startTime") or p.status.get("startTime") or ""))
+    if verdict.hung:
+        hung = gang.GangState("broken", state.ready, verdict.message, cause=watchdog.NO_PROGRESS)
+        return _broken(p, resolved, pods, hung)
+    return Outcome("running", requeue_after=_resync(p, verdict.recheck_in, state.recheck_in))
+
+
+def _progress_verdict(p: Pass, resolved: ResolvedJob, running_since: str) -> watchdog.Verdict:
+    """The watchdog's verdict from rank 0's progress ConfigMap (read only when the job sets a timeout), for the
+    gang Running since `running_since` (this attempt's startTime)."""
+    timeout = resolved.spec.failure_policy.progress_timeout_seconds
+    if timeout is None:
+        return watchdog.Verdict(False)
+    found = reads.get_config_map(p.session, p.namespace, labels.progress_config_map_name(p.name))
+    reported = None
+    if found is not None and labels.owned_by(found, p.uid):
+        reported = progress_channel.status_of(found, resolved.spec.training.steps).get("progress")
+    return watchdog.judge_progress(reported, running_since or timestamps.now(), timeout, p.session.server_now())
+
+
+def _resync(p: Pass, *due: float | None) -> float:
+    """When to look at a gang again without an event: when something falls due, at most every resync period."""
+    return min([p.settings.resync_seconds, *(after for after in due if after is not None)])
 
 
 VERIFIED_STATUSES = ("True", "False", "Unknown")
@@ -705,10 +943,10 @@ def _network_conditions(p: Pass, cond: list[dict[str, Any]]) -> list[dict[str, A
     return p.condition("NetworkVerified", verified, reason, message, base=cond)
 
 
-def _network_event(p: Pass, cond: list[dict[str, Any]]) -> None:
-    """A Warning a person sees in `kubectl describe` when NCCL chose less than the job planned."""
+def _network_event(p: Pass, cond: list[dict[str, Any]], before: Mapping[str, Any] | None) -> None:
+    """A Warning a person sees in `kubectl describe` when NCCL chose less than the job planned (`before`: the
+    NetworkVerified condition this pass found)."""
     verified = conditions.find(cond, "NetworkVerified")
-    before = conditions.find(p.status.get("conditions"), "NetworkVerified")
     if verified and verified.get("status") == "False" and (before or {}).get("reason") != verified.get("reason"):
         p.event("Warning", "NetworkDegraded", f"{verified['reason']}: {verified['message']}")
 
@@ -716,4 +954,4 @@ def _network_event(p: Pass, cond: list[dict[str, Any]]) -> None:
 def _starting(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
     # What a stalled pod waits on (an unschedulable reason, a failed pull), for `kubectl get pj`.
     write_status(p, {"podsReady": state.ready, **({"message": state.reason} if state.reason else {})})
-    return Outcome("starting", requeue_after=state.recheck_in)
+    return Outcome("starting", requeue_after=_resync(p, state.recheck_in))

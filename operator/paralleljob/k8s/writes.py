@@ -123,6 +123,11 @@ def delete_config_map(session: Session, namespace: str, name: str) -> bool:
     return session.send(session.core.delete_namespaced_config_map, name, namespace, tolerate={404}).status == 200
 
 
+def patch_config_map_data(session: Session, namespace: str, name: str, data: Mapping[str, str]) -> None:
+    """One merge patch of a ConfigMap's data (the keys given replaced, the others kept)."""
+    session.send(session.core.patch_namespaced_config_map, name, namespace, {"data": dict(data)})
+
+
 def patch_job_status(session: Session, namespace: str, name: str, status: Mapping[str, Any]) -> None:
     """One JSON merge patch of the status subresource (None values delete keys)."""
     call = session.custom.patch_namespaced_custom_object_status

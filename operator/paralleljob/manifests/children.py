@@ -2,9 +2,10 @@
 
 Pure. At admission the operator calls `build_attempt()`: it derives the network (fabric, NCCL environment,
 RDMA resources) from the planned nodes once and records it, with the plan's layout, in the ConfigMap. Then
-`build_children()` builds the Service, rank 0's progress ConfigMap and RBAC, and the pods from that ConfigMap
-and the node of each node rank (`status.placement`), so the pods run what the ConfigMap and `status.ncclEnv`
-say, even after an operator restart or a Node relabel.
+`build_children()` builds the Service, rank 0's progress ConfigMap and RBAC, and the pods from that ConfigMap,
+the attempt's pinned spec and image, and the node of each node rank (all three from the attempt record in
+the same ConfigMap), so the pods run what the ConfigMap and `status.ncclEnv` say, even after an edit, an
+operator restart or a Node relabel.
 """
 
 from __future__ import annotations
@@ -14,7 +15,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.manifests import configmap, labels, nccl, pods, progress, rbac, security, service, trainer_config
+from paralleljob.manifests import (
+    configmap,
+    labels,
+    nccl,
+    pods,
+    progress,
+    rbac,
+    records,
+    security,
+    service,
+    trainer_config,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,12 +89,14 @@ def build_attempt(
     attempt: int,
     default_fabric: str = "auto",
     default_nccl_env: Mapping[str, str] | None = None,
+    record: records.AttemptRecord | None = None,
 ) -> Attempt:
-    """The ConfigMap of one attempt, with the network derived from the planned nodes."""
+    """The ConfigMap of one attempt, with the network derived from the planned nodes, and the attempt's record
+    (`manifests.records`) when given."""
     network = network_of(resolved, default_fabric, default_nccl_env)
     # MNNVL follows the NVLink-domain label the planner used (the spec's, or one it found on the nodes).
     facts, request, env = nccl.build_network(network, planned_nodes, plan.get("nvlinkDomainLabel"))
-    record = configmap.network_record(
+    network_record = configmap.network_record(
         facts.fabric,
         env,
         request.resources,
@@ -92,7 +106,10 @@ def build_attempt(
         rdma_missing=request.missing,
     )
     job_file = trainer_config.build_trainer_config(resolved, plan, uid=owner["metadata"].get("uid"))
-    return Attempt(configmap.build_config_map(owner, job_file, plan, record, attempt), record)
+    config_map = configmap.build_config_map(owner, job_file, plan, network_record, attempt)
+    if record is not None:
+        config_map["data"][records.RECORD_FILE] = record.to_json()
+    return Attempt(config_map, network_record)
 
 
 def build_children(

@@ -17,6 +17,8 @@ JOB_LABEL = "paralleljob.io/job"
 NODE_RANK_LABEL = "paralleljob.io/node-rank"
 ATTEMPT_LABEL = "paralleljob.io/attempt"
 NODE_LABEL = "paralleljob.io/node"
+# The number of pods of the pod's gang: the only pod of a single-node gang is never force-deleted.
+GANG_SIZE_LABEL = "paralleljob.io/gang-size"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "paralleljob-operator"
 CONTAINER_NAME = "trainer"

@@ -210,6 +210,7 @@ def build_pod(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSett
         labels.NODE_RANK_LABEL: str(node_rank),
         labels.ATTEMPT_LABEL: str(settings.attempt),
         labels.NODE_LABEL: node,
+        labels.GANG_SIZE_LABEL: str(len(settings.nodes)),
     }
     metadata = labels.child_metadata(owner, labels.pod_name(job, node_rank), extra_labels)
     if template.annotations:

@@ -1,0 +1,129 @@
+"""The operator killed at random moments, again and again, across the creation, the gang restarts and the
+completion of a job: never two generations of pods alive at once, never a duplicate pod, never a GPU booked
+twice, and the job always converges to the right phase with the right restart count.
+
+A kill is a pass cut off after a random number of API requests (the strict cluster answers every further
+request of the operator 503, as if the process had died there); the next pass starts from nothing but the
+cluster, with the node records and usage index listed afresh, exactly as a restarted operator does. Passes
+run in-process as the chart's ServiceAccount (RBAC enforced), supervision and admission passes alike, and
+the test plays the scheduler and the kubelet between them. `PARALLELJOB_KILL_SEED` replays a failure;
+`PARALLELJOB_KILL_COUNT` (default 50) runs longer.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+
+import kubernetes
+
+from paralleljob.handlers import reconcile
+from paralleljob.handlers.nodes import NodeWatch
+from paralleljob.k8s import session as k8s_session
+from paralleljob.planning.usage import UsageIndex
+from tests.operator.conftest import generations_overlapping, gpus_oversubscribed, install_operator_rbac, job_doc
+
+FOUR_NODES = {"parallelism": {"pipeline": 1, "tensor": 4, "data": 4}, "failurePolicy": {"backoffLimit": 3}}
+FAILURES = 2  # gang restarts the world causes before letting rank 0 finish
+SETTINGS = reconcile.Settings(image="trainer:test", force_delete_after_seconds=1.0, restart_hold_seconds=0.0)
+
+
+def fresh_view(cluster) -> reconcile.NodeView:
+    """What a restarted operator's watches list: the node records and the bound pods' usage."""
+    client = cluster.core.api_client
+    nodes, usage = NodeWatch(), UsageIndex()
+    nodes.replace(client.sanitize_for_serialization(n) for n in cluster.core.list_node().items)
+    usage.replace(
+        client.sanitize_for_serialization(p)
+        for p in cluster.core.list_pod_for_all_namespaces().items
+        if p.spec.node_name and p.status.phase not in ("Succeeded", "Failed")
+    )
+    snapshot = nodes.snapshot()
+    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage.snapshot())
+
+
+def one_pass(session, cluster, emulator, job: str, kill_after: int | None) -> bool:
+    """A pass of a freshly started operator (supervision, then admission when it asks for it), killed after
+    `kill_after` requests; True when it was killed."""
+    emulator.emulator.operator_outage_after = kill_after
+    try:
+        view = fresh_view(cluster)
+        outcome = reconcile.reconcile(session, SETTINGS, "research", job, view)
+        if outcome.admission is not None:
+            reconcile.reconcile(session, SETTINGS, "research", job, view, admit=True)
+    except kubernetes.client.ApiException as error:
+        if error.status != 503:
+            raise
+        return True
+    finally:
+        emulator.emulator.operator_outage_after = None
+    return False
+
+
+def act_as_the_cluster(cluster, job: str, rng: random.Random, failures: list[int]) -> None:
+    """The scheduler and kubelet: bind and start the pods; then fail a pod, or finish rank 0."""
+    pods = [p for p in cluster.pods(job) if not p["metadata"].get("deletionTimestamp")]
+    if any(not p["spec"].get("nodeName") for p in pods):
+        cluster.bind_all(job)
+        return
+    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+    if len(running) < 4 or cluster.status(job).get("phase") != "Running" or rng.random() < 0.3:
+        return
+    attempt = int(running[0]["metadata"]["labels"]["paralleljob.io/attempt"])
+    if len(failures) < FAILURES and attempt not in failures:
+        failures.append(attempt)
+        cluster.set_pod_phase(rng.choice(running)["metadata"]["name"], "Failed", reason="Error")
+    elif len(failures) >= FAILURES:
+        cluster.set_pod_phase(f"{job}-0", "Succeeded")
+
+
+def duplicate_pods(emulator) -> list[str]:
+    """Every pod name created again while a pod of that name still existed."""
+    live: set[str] = set()
+    found = []
+    for change in emulator.emulator.history:
+        if change.plural != "pods":
+            continue
+        if change.kind == "DELETED":
+            live.discard(change.name)
+        elif change.kind == "ADDED":
+            if change.name in live:
+                found.append(change.name)
+            live.add(change.name)
+    return found
+
+
+def test_killed_at_random_moments_the_operator_never_runs_two_generations_and_converges(cluster, emulator):
+    seed = int(os.environ.get("PARALLELJOB_KILL_SEED") or random.SystemRandom().randrange(2**32))
+    wanted_kills = int(os.environ.get("PARALLELJOB_KILL_COUNT") or 50)
+    rng = random.Random(seed)
+    replay = f"(replay with PARALLELJOB_KILL_SEED={seed})"
+    emulator.emulator.termination_seconds = 0.0
+    cluster.add_nodes(5)
+    session = k8s_session.connect(str(install_operator_rbac(emulator, cluster.client)))
+    kills = iterations = 0
+    killed_in: collections.Counter[str] = collections.Counter()
+    jobs: list[str] = []
+    while kills < wanted_kills:  # one job after another, each from creation through two restarts to its end
+        job, failures = f"gpt{len(jobs)}", []
+        jobs.append(job)
+        cluster.apply(job_doc(job, **FOUR_NODES))
+        for _ in range(400):
+            act_as_the_cluster(cluster, job, rng, failures)
+            phase = cluster.status(job).get("phase") or "new"
+            if phase == "Succeeded":
+                one_pass(session, cluster, emulator, job, None)  # the operator left alone cleans up
+                break
+            kill_after = rng.randint(0, 24) if rng.random() < 0.6 else None
+            if one_pass(session, cluster, emulator, job, kill_after):
+                kills += 1
+                killed_in[phase] += 1
+            iterations += 1
+        status = cluster.status(job)
+        assert status.get("phase") == "Succeeded", f"{job} {status.get('phase')}: {status.get('message')} {replay}"
+        assert status["restarts"] == len(failures) == FAILURES, replay
+        assert generations_overlapping(emulator, job) == [], replay
+    print(f"kill loop: seed={seed} iterations={iterations} kills={kills} jobs={len(jobs)} in {dict(killed_in)}")
+    assert duplicate_pods(emulator) == [], replay
+    assert gpus_oversubscribed(emulator) == [], replay

@@ -1,0 +1,59 @@
+"""The progress watchdog: a Running gang whose rank 0 stops advancing is restarted with reason NoProgress."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from paralleljob.handlers import watchdog
+from paralleljob.k8s import timestamps
+from tests.operator.conftest import job_doc, wait_for
+
+NOW = datetime.datetime(2026, 1, 31, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+def ago(seconds: float) -> str:
+    return timestamps.format_time(NOW - datetime.timedelta(seconds=seconds))
+
+
+@pytest.mark.parametrize(
+    ("progress", "running_since", "timeout", "hung", "mentions"),
+    [
+        ({"step": 40, "updated": ago(30)}, ago(900), 600, False, ""),
+        ({"step": 40, "updated": ago(700)}, ago(900), 600, True, "not advanced past step 40"),
+        (None, ago(700), 600, True, "no training step within 600s"),
+        (None, ago(100), 600, False, ""),
+        # A step reported by the previous attempt: the restarted gang gets the whole timeout for its first.
+        ({"step": 40, "updated": ago(5000)}, ago(100), 600, False, ""),
+        ({"step": 40, "updated": ago(5000)}, ago(700), 600, True, "no training step within 600s"),
+        ({"step": 40, "updated": ago(5000)}, ago(5000), None, False, ""),
+    ],
+    ids=[
+        "advancing",
+        "stuck-at-a-step",
+        "never-reported",
+        "still-starting",
+        "restarted-gang-within-timeout",
+        "restarted-gang-silent",
+        "watchdog-off",
+    ],
+)
+def test_the_watchdog_calls_a_gang_hung_only_after_a_quiet_timeout(progress, running_since, timeout, hung, mentions):
+    verdict = watchdog.judge_progress(progress, running_since, timeout, at=NOW)
+    assert verdict.hung is hung
+    assert mentions in verdict.message
+    if not hung and timeout is not None:
+        assert 0 < verdict.recheck_in <= timeout + 1
+
+
+def test_a_hung_gang_restarts_with_reason_no_progress_counted_against_the_backoff_limit(cluster, operator):
+    cluster.add_nodes(16)
+    cluster.apply(job_doc(failurePolicy={"backoffLimit": 2, "progressTimeoutSeconds": 2}))
+    wait_for(lambda: len(cluster.pods()) == 16, what="16 pods")
+    cluster.bind_all()
+    status = wait_for(lambda: cluster.status().get("restarts") == 1 and cluster.status(), timeout=30, what="restart")
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "NoProgress")
+    assert "no training step within 2s" in ready["message"]
+    assert [e for e in cluster.events() if e["reason"] == "NoProgress"]
