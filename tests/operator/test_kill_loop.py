@@ -27,7 +27,7 @@ from tests.operator.conftest import generations_overlapping, gpus_oversubscribed
 
 FOUR_NODES = {"parallelism": {"pipeline": 1, "tensor": 4, "data": 4}, "failurePolicy": {"backoffLimit": 3}}
 FAILURES = 2  # gang restarts the world causes before letting rank 0 finish
-# Kills in CI (a few seconds); `PARALLELJOB_KILL_COUNT=50` (or more) is the full run docs/operator.md records.
+# Kills in CI; `PARALLELJOB_KILL_COUNT=50` (or more) is the full run of the issue.
 CI_KILLS = 12
 SETTINGS = reconcile.Settings(image="trainer:test", force_delete_after_seconds=1.0, restart_hold_seconds=0.0)
 
