@@ -6,7 +6,6 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import yaml
 
 from paralleljob.local.gang import RUN_MARKER
 from paralleljob_contract.jobfile import parse_job_config
-from tests.trainer.harness import PrivateTmpfs
+from tests.trainer.harness import PrivateTmpfs, text_corpus
 from tests.trainer.reference import train_reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -58,16 +57,15 @@ FOUR_RANKS = {"parallelism": {"pipeline": 1, "tensor": 2, "data": 2}, "gpusPerNo
 def short_job(
     tmp_path: pathlib.Path, steps: int, interval: int, shape: dict[str, object] | None = None
 ) -> pathlib.Path:
-    """The quickstart with fewer steps, logging every step, reading a private copy of its corpus; `shape`
+    """The quickstart with fewer steps, logging every step, reading the trainer tests' fixed corpus; `shape`
     replaces its spec's parallelism and gpusPerNode."""
     doc = yaml.safe_load(QUICKSTART.read_text())
     doc["spec"].update(shape or {})
     doc["spec"]["training"].update(steps=steps, logInterval=1)
-    # A snapshot of the corpus, so that runs compared with each other read exactly the same bytes.
-    corpus = tmp_path / "corpus"
-    if not corpus.exists():
-        shutil.copytree(ROOT / "operator" / "paralleljob" / "api", corpus, ignore=shutil.ignore_patterns("__pycache__"))
-    doc["spec"]["training"]["data"]["path"] = str(corpus)
+    # The trainer tests' fixed corpus, not the quickstart's (this project's own source, which changes with every
+    # commit): a run is compared with the single-process reference at 1e-5, and a batch of the source that
+    # happened to spike the gradient norm to 62 made that comparison fail by 1.4e-5 on float rounding alone.
+    doc["spec"]["training"]["data"]["path"] = str(text_corpus())
     doc["spec"]["checkpoint"]["intervalSteps"] = interval
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))

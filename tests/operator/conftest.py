@@ -150,6 +150,16 @@ class Cluster:
                 self.bind(pod["metadata"]["name"], pod["metadata"]["labels"]["paralleljob.io/node"], namespace)
             self.set_pod_phase(pod["metadata"]["name"], phase, namespace)
 
+    def start_running(self, pods: int = 16, job: str = "gpt", namespace: str = "research") -> dict[str, Any]:
+        """Wait for the job's pods, bind and start them as the scheduler and kubelet would, and wait until the
+        job is Running; returns its status."""
+        wait_for(lambda: len(self.pods(job, namespace)) == pods, what=f"{pods} pods of {job}")
+        self.bind_all(job, namespace)
+        return wait_for(
+            lambda: self.status(job, namespace).get("phase") == "Running" and self.status(job, namespace),
+            what="Running",
+        )
+
     def set_node_ready(self, name: str, ready: bool) -> None:
         status = "True" if ready else "False"
         self.core.patch_node_status(name, {"status": {"conditions": [{"type": "Ready", "status": status}]}})

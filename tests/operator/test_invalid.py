@@ -67,9 +67,7 @@ def test_invalid_job_gets_a_condition_an_event_and_nothing_else(cluster, operato
 def test_an_invalid_edit_to_a_running_job_keeps_the_running_attempt(cluster, operator):
     cluster.add_nodes(16)
     cluster.apply(job_doc())
-    wait_for(lambda: len(cluster.pods()) == 16, what="16 pods")
-    cluster.bind_all()
-    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    cluster.start_running()
     names = sorted(p["metadata"]["name"] for p in cluster.pods())
     cluster.custom.patch_namespaced_custom_object(
         "paralleljob.io",
@@ -110,9 +108,7 @@ def _edit_into_invalid(cluster):
 def test_a_running_job_edited_invalid_still_records_its_completion(cluster, operator):
     cluster.add_nodes(16)
     cluster.apply(job_doc())
-    wait_for(lambda: len(cluster.pods()) == 16, what="16 pods")
-    cluster.bind_all()
-    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    cluster.start_running()
     _edit_into_invalid(cluster)
     cluster.set_pod_phase("gpt-0", "Succeeded")
     status = wait_for(lambda: cluster.status().get("phase") == "Succeeded" and cluster.status(), what="Succeeded")
@@ -123,9 +119,7 @@ def test_a_running_job_edited_invalid_still_records_its_completion(cluster, oper
 def test_a_gang_restart_with_an_invalid_spec_stops_at_pending_and_releases_the_reservation(cluster, operator):
     cluster.add_nodes(16)
     cluster.apply(job_doc())
-    wait_for(lambda: len(cluster.pods()) == 16, what="16 pods")
-    cluster.bind_all()
-    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    cluster.start_running()
     _edit_into_invalid(cluster)
     cluster.set_pod_phase("gpt-5", "Failed", reason="Error")
     status = wait_for(

@@ -20,9 +20,7 @@ def operator_args():
 def test_a_not_ready_blip_shorter_than_the_grace_period_keeps_the_gang(cluster, operator):
     cluster.add_nodes(16)
     cluster.apply(job_doc())
-    wait_for(lambda: len(cluster.pods()) == 16, what="16 pods")
-    cluster.bind_all()
-    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    cluster.start_running()
     node = cluster.pods()[3]["metadata"]["labels"]["paralleljob.io/node"]
     cluster.set_node_ready(node, False)
     time.sleep(2)
@@ -35,9 +33,7 @@ def test_a_not_ready_blip_shorter_than_the_grace_period_keeps_the_gang(cluster, 
 def test_a_node_not_ready_past_the_grace_period_restarts_the_gang(cluster, operator):
     cluster.add_nodes(17)
     cluster.apply(job_doc())
-    wait_for(lambda: len(cluster.pods()) == 16, what="16 pods")
-    cluster.bind_all()
-    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    cluster.start_running()
     node = cluster.pods()[3]["metadata"]["labels"]["paralleljob.io/node"]
     cluster.set_node_ready(node, False)
     status = wait_for(lambda: cluster.status().get("restarts") == 1 and cluster.status(), timeout=30, what="restart")

@@ -42,9 +42,7 @@ def test_a_recreated_job_waits_for_the_old_children_and_makes_its_own(cluster, o
 def test_a_job_recreated_while_its_namesakes_pods_are_stuck_on_a_lost_node_says_so_and_starts(cluster, operator):
     cluster.add_nodes(17)
     cluster.apply(job_doc())
-    wait_for(lambda: len(cluster.pods()) == 16, what="the first job's pods")
-    cluster.bind_all()
-    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    cluster.start_running()
     lost = cluster.core.read_namespaced_pod("gpt-3", "research").spec.node_name
     cluster.set_node_ready(lost, False)  # its kubelet is gone: gpt-3 can never finish terminating by itself
     cluster.custom.delete_namespaced_custom_object("paralleljob.io", "v1alpha1", "research", "paralleljobs", "gpt")

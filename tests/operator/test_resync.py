@@ -15,9 +15,7 @@ def operator_args():
 def test_a_pod_deletion_the_watch_missed_is_found_by_the_resync(cluster, operator, emulator):
     cluster.add_nodes(16)
     cluster.apply(job_doc())
-    wait_for(lambda: len(cluster.pods()) == 16, what="16 pods")
-    cluster.bind_all()
-    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    cluster.start_running()
     emulator.emulator.muted.add("pods")  # the pod watch loses what follows, as across a watch restart
     cluster.core.delete_namespaced_pod("gpt-5", "research", grace_period_seconds=0)
     status = wait_for(lambda: cluster.status().get("restarts") == 1 and cluster.status(), timeout=20, what="restart")
