@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 import trainer_launch
 
@@ -28,17 +29,14 @@ MODEL = {"layers": 4, "hiddenSize": 128, "attentionHeads": 4, "sequenceLength": 
 BATCH, MICRO, WARMUP = 16, 4, 5
 
 
-def plain_worker(steps: int) -> None:
-    """Runs under torchrun: the baseline PipelineModule, timing train_batch on every step."""
-    import deepspeed
-    import numpy as np
+def plain_gpt(model: dict[str, int]) -> tuple[list[Any], Any]:
+    """The GPT of `model` as plain torch layers (no tensor parallelism): DeepSpeed LayerSpecs and the loss."""
     import torch
-    from deepspeed.pipe import LayerSpec, PipelineModule
-    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+    from deepspeed.pipe import LayerSpec
     from torch import nn
     from torch.nn import functional
 
-    h, s, v, heads = MODEL["hiddenSize"], MODEL["sequenceLength"], MODEL["vocabSize"], MODEL["attentionHeads"]
+    h, s, v, heads = model["hiddenSize"], model["sequenceLength"], model["vocabSize"], model["attentionHeads"]
 
     class Embed(nn.Module):
         def __init__(self) -> None:
@@ -73,8 +71,20 @@ def plain_worker(steps: int) -> None:
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return functional.cross_entropy(logits.reshape(-1, v), labels.reshape(-1))
 
+    return [LayerSpec(Embed), *[LayerSpec(PlainBlock) for _ in range(model["layers"])], LayerSpec(Head)], loss_fn
+
+
+def plain_worker(steps: int) -> None:
+    """Runs under torchrun: the baseline PipelineModule, timing train_batch on every step."""
+    import deepspeed
+    import numpy as np
+    import torch
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+
+    s, v = MODEL["sequenceLength"], MODEL["vocabSize"]
+    layers, loss_fn = plain_gpt(MODEL)
     deepspeed.init_distributed(dist_backend="gloo")
-    layers = [LayerSpec(Embed), *[LayerSpec(PlainBlock) for _ in range(MODEL["layers"])], LayerSpec(Head)]
     module = PipelineModule(
         layers,
         topology=PipeDataParallelTopology(num_pp=2, num_dp=2),

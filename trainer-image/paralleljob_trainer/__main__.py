@@ -1,7 +1,5 @@
 """`python -m paralleljob_trainer`: the entry point torchrun starts on every rank."""
 
-import sys
+from paralleljob_trainer.cli import exit_without_teardown, main
 
-from paralleljob_trainer.cli import main
-
-sys.exit(main())
+exit_without_teardown(main())

@@ -2,7 +2,8 @@
 
 `summary.json` is reserved when the run starts (`reserve_summary`: a placeholder of a fixed size) and
 overwritten in place at the end, so a run whose output disk fills up still says how it ended. The picture
-is optional: a disk too full for it leaves `loss_curve` null.
+is optional: a disk too full for it leaves `loss_curve` null. matplotlib is loaded while the gang trains
+(`load_plotting_in_background`), so that the picture, not the library's import, is all a finished run waits for.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,21 @@ def reserve_summary(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
+def load_plotting_in_background() -> threading.Thread:
+    """Import matplotlib (Agg) on a daemon thread; `write_loss_curve` then finds it loaded, or waits on the
+    import lock for the rest of it. About a second of a run's end on a quiet machine, more on a busy one."""
+    thread = threading.Thread(target=_load_plotting, name="paralleljob-load-matplotlib", daemon=True)
+    thread.start()
+    return thread
+
+
+def _load_plotting() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: render to a file
+    from matplotlib import pyplot  # noqa: F401
+
+
 def write_loss_curve(curve: list[tuple[int, float]], path: Path, title: str) -> Path | None:
     """Plot loss against step to a PNG; None when there is nothing to plot or no room to write it."""
     if len(curve) < 2:
@@ -64,9 +81,7 @@ def write_loss_curve(curve: list[tuple[int, float]], path: Path, title: str) -> 
 
 
 def _plot(curve: list[tuple[int, float]], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: render to a file
+    _load_plotting()
     from matplotlib import pyplot
 
     steps, losses = zip(*curve, strict=True)

@@ -259,6 +259,7 @@ class LocalRun:
         tail = progress.MetricsTail(self.output / "metrics.jsonl")
         restarts, started = 0, time.monotonic()
         view = progress.ProgressView(self.console, self.resolved.spec.training.steps, self.node_lines())
+        report.load_plotting_in_background()
         with signals_stop_the_gang(), view:
             while True:
                 view.attempt = restarts + 1
