@@ -26,6 +26,7 @@ class Client:
         path: str,
         body: Any = None,
         content_type: str = "application/merge-patch+json",
+        stream: bool = False,
         **params: str,
     ) -> requests.Response:
         headers = {"Content-Type": content_type if method == "PATCH" else "application/json"}
@@ -40,6 +41,7 @@ class Client:
             params=params,
             timeout=30,
             verify=str(self.cluster.ca),
+            stream=stream,
         )
 
     def create(self, path: str, body: Any, **params: str) -> requests.Response:

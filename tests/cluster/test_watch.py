@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-import requests
-
 CONFIGMAPS = "/api/v1/namespaces/research/configmaps"
 
 
@@ -16,16 +14,9 @@ def configmap(name: str) -> dict:
 
 def watch_events(admin, version: str, count: int) -> list[tuple[str, str]]:
     """The first `count` events of a watch from `version`: (type, name), or (ERROR, reason)."""
-    headers = {"Authorization": f"Bearer {admin.token}"}
-    params = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "5"}
     found: list[tuple[str, str]] = []
-    with requests.get(
-        admin.cluster.url + CONFIGMAPS,
-        headers=headers,
-        params=params,
-        stream=True,
-        timeout=30,
-        verify=str(admin.cluster.ca),
+    with admin.send(
+        "GET", CONFIGMAPS, stream=True, watch="true", resourceVersion=version, timeoutSeconds="5"
     ) as response:
         for line in response.iter_lines():
             event = json.loads(line)
