@@ -23,8 +23,9 @@ import pytest
 import yaml
 
 from paralleljob.manifests import rbac as progress_rbac
-from tests.chart.conftest import RELEASE_NAMESPACE, REPO, only, render, render_text, tool
+from tests.chart.conftest import RELEASE_NAMESPACE, REPO, only, render, render_text
 from tests.cluster.apiserver import ClusterThread
+from tests.cluster.product import Kubectl
 from tests.operator.conftest import operator_calls
 
 JOB_NAMESPACE = "research"
@@ -62,22 +63,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class Cluster:
+class Cluster(Kubectl):
     """kubectl against the emulator."""
 
-    def __init__(self, kubeconfig: Path) -> None:
-        self.kubeconfig = kubeconfig
-
     def kubectl(self, *args: str, stdin: str | None = None) -> str:
-        completed = subprocess.run(
-            [tool("kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert completed.returncode == 0, f"kubectl {' '.join(args)}: {completed.stderr}"
-        return completed.stdout
+        return self(*args, stdin=stdin)
 
     def get(self, *args: str) -> dict[str, Any]:
         return json.loads(self.kubectl("get", *args, "-o", "json"))

@@ -880,6 +880,36 @@ class HTTPServer(kmock.Server):
     _server_cls: type[aiohttp.test_utils.RawTestServer] = _HTTPServer
 
 
+class Controller:
+    """A control loop of the cluster (the scheduler, a kubelet): woken whenever an object of one of `plurals`
+    changes, it runs `sync` under the store's lock until stopped."""
+
+    plurals: frozenset[str] = frozenset()
+
+    def __init__(self, server: APIServer) -> None:
+        self.server = server
+        self._wake = asyncio.Event()
+        server.watchers.append(self._changed)
+
+    def _changed(self, plural: str) -> None:
+        if plural in self.plurals:
+            self._wake.set()
+
+    async def sync(self) -> None:
+        raise NotImplementedError
+
+    async def run(self) -> None:
+        self._wake.set()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            async with self.server._lock:
+                await self.sync()
+
+    def stop(self) -> None:
+        self.server.watchers.remove(self._changed)
+
+
 class ClusterThread:
     """The API server on 127.0.0.1:<port> in a background thread, with kubeconfigs for it.
 

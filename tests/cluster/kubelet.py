@@ -49,9 +49,12 @@ class PodProcess:
         self.waiter: asyncio.Task[None] | None = None
 
 
-class ProcessKubelet:
+class ProcessKubelet(apiserver.Controller):
+    plurals = frozenset({"pods", "configmaps"})
+
     def __init__(self, server: apiserver.APIServer, *, root: Path, grace_cap: float = GRACE_CAP_SECONDS) -> None:
-        self.server, self.root, self.grace_cap = server, root, grace_cap
+        super().__init__(server)
+        self.root, self.grace_cap = root, grace_cap
         self.running: dict[str, PodProcess] = {}  # by pod uid
         self.finished: set[str] = set()
         # Pods that cannot start, by uid: why (an image pull error stays; a missing ConfigMap is retried).
@@ -64,27 +67,16 @@ class ProcessKubelet:
         self.pull_backoff, self.pull_backoff_cap = 0.2, 2.0
         self._pull_tries: dict[str, int] = {}
         self.silent_nodes: set[str] = set()
-        self._wake = asyncio.Event()
         server.kubelet_confirms_deletion = True
-        server.watchers.append(self._changed)
 
     def _changed(self, plural: str) -> None:
         if plural == "configmaps":
             for uid in [u for u, reason in self.blocked.items() if reason == "CreateContainerConfigError"]:
                 del self.blocked[uid]
-        if plural in ("pods", "configmaps"):
-            self._wake.set()
-
-    async def run(self) -> None:
-        self._wake.set()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            async with self.server._lock:
-                await self.sync()
+        super()._changed(plural)
 
     def stop(self) -> None:
-        self.server.watchers.remove(self._changed)
+        super().stop()
         for pod in self.running.values():
             self._signal(pod, signal.SIGKILL)
 

@@ -11,7 +11,6 @@ Opt-in: a test passes `components=[Scheduler]` to its ClusterThread; the fast te
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import decimal
 from collections.abc import Mapping
@@ -143,28 +142,13 @@ def unschedulable_message(reasons: Mapping[str, int], preemption: Mapping[str, i
     return f"0/{nodes} nodes are available: {listed}. preemption: 0/{nodes} nodes are available: {after}."
 
 
-class Scheduler:
+class Scheduler(apiserver.Controller):
     """Binds pending pods whenever pods or nodes change."""
 
-    def __init__(self, server: apiserver.APIServer) -> None:
-        self.server = server
-        self._wake = asyncio.Event()
-        server.watchers.append(self._changed)
+    plurals = frozenset({"pods", "nodes"})
 
-    def _changed(self, plural: str) -> None:
-        if plural in ("pods", "nodes"):
-            self._wake.set()
-
-    async def run(self) -> None:
-        self._wake.set()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            async with self.server._lock:
-                await self.schedule_pending()
-
-    def stop(self) -> None:
-        self.server.watchers.remove(self._changed)
+    async def sync(self) -> None:
+        await self.schedule_pending()
 
     def _used(self) -> dict[str, collections.Counter[str]]:
         used: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
