@@ -336,6 +336,8 @@ def _pinned_spec(p: Pass, current: ResolvedJob | None) -> ResolvedJob:
         if current is None:
             raise ValueError("the job has no attempt record and its spec is invalid")
         return current
+    if current is not None and records.same_spec(p.record, api_types.spec_to_dict(current.spec)):
+        return current  # not edited since admission (every pass but the few after an edit): validated once
     result = validate_document(records.pinned_document(p.record, p.name, p.namespace))
     if result.resolved is None or not result.ok:
         problems = "; ".join(problem.render() for problem in result.problems if problem.severity == "error")

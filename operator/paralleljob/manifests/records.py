@@ -106,6 +106,11 @@ def record_of(config_map: Mapping[str, Any] | None) -> AttemptRecord | None:
         return None
 
 
+def same_spec(record: AttemptRecord, spec: Mapping[str, Any]) -> bool:
+    """Whether `spec` (as `api.types.spec_to_dict` writes it) is the one the attempt was admitted with."""
+    return json.loads(json.dumps(spec)) == record.spec
+
+
 def pinned_document(record: AttemptRecord, name: str, namespace: str) -> dict[str, Any]:
     """The ParallelJob document of the attempt's pinned spec, to validate into the attempt's ResolvedJob."""
     return {
