@@ -115,14 +115,18 @@ def _secret_env_problems(spec: t.ParallelJobSpec, policy: AdmissionPolicy) -> It
             )
 
 
-def _service_account_problems(spec: t.ParallelJobSpec, policy: AdmissionPolicy) -> Iterator[Problem]:
-    account = spec.template.service_account_name
-    if account is not None and account not in policy.service_accounts:
+def _not_allowed(path: str, value: str | None, allowed: Sequence[str], what: str, unset: str = "") -> Iterator[Problem]:
+    """A named value (an account, a PriorityClass) the policy does not list."""
+    if value is not None and value not in allowed:
         yield error(
-            "spec.template.serviceAccountName",
-            f"{account} is not allowed by the ParallelJob policy (accounts allowed: "
-            f"{_allowed(policy.service_accounts)}, or leave it unset for the per-job account); {ASK}.",
+            path,
+            f"{value} is not allowed by the ParallelJob policy ({what} allowed: {_allowed(allowed)}{unset}); {ASK}.",
         )
+
+
+def _service_account_problems(spec: t.ParallelJobSpec, policy: AdmissionPolicy) -> Iterator[Problem]:
+    account, unset = spec.template.service_account_name, ", or leave it unset for the per-job account"
+    yield from _not_allowed("spec.template.serviceAccountName", account, policy.service_accounts, "accounts", unset)
 
 
 def forbidden_env_pattern(name: str, policy: AdmissionPolicy) -> str | None:
@@ -146,12 +150,7 @@ def _env_problems(spec: t.ParallelJobSpec, policy: AdmissionPolicy) -> Iterator[
 
 def _priority_problems(spec: t.ParallelJobSpec, policy: AdmissionPolicy) -> Iterator[Problem]:
     name = spec.template.priority_class_name
-    if name is not None and name not in policy.priority_classes:
-        yield error(
-            "spec.template.priorityClassName",
-            f"{name} is not allowed by the ParallelJob policy (priority classes allowed: "
-            f"{_allowed(policy.priority_classes)}); {ASK}.",
-        )
+    yield from _not_allowed("spec.template.priorityClassName", name, policy.priority_classes, "priority classes")
 
 
 def domain_allowed(key: str, policy: AdmissionPolicy) -> bool:
