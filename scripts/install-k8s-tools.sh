@@ -20,7 +20,11 @@ bin_dir="${tools_dir}/bin"
 # A tool counts as installed when it runs and reports the expected version; anything else is reinstalled.
 tools_present() {
     [[ -x "${bin_dir}/helm" && -x "${bin_dir}/kubectl" ]] || return 1
-    "${bin_dir}/helm" version --template '{{.Version}}' 2>/dev/null | grep -qx "${HELM_VERSION}" || return 1
+    # Capture, then compare: piping into `grep -q` or `head` closes the pipe early, and under pipefail the
+    # writer's SIGPIPE (exit 141) fails the script whenever the tool writes more than the reader takes.
+    local helm_version
+    helm_version="$("${bin_dir}/helm" version --template '{{.Version}}' 2>/dev/null)" || return 1
+    [[ "${helm_version}" == "${HELM_VERSION}" ]] || return 1
     "${bin_dir}/kubectl" version --client >/dev/null 2>&1 || return 1
 }
 
@@ -61,4 +65,5 @@ else
 fi
 
 "${bin_dir}/helm" version --short
-"${bin_dir}/kubectl" version --client | head -n 1
+kubectl_version="$("${bin_dir}/kubectl" version --client)"
+echo "${kubectl_version%%$'\n'*}"
