@@ -240,6 +240,9 @@ class APIServer(kmock.KubernetesEmulator):
     # An operator killed mid-pass: after this many more requests from the operator (user agent
     # paralleljob-operator) every further one is answered 503, until it is set back to None.
     operator_outage_after: int | None = None
+    # With this set, the last request before the outage is carried out but its answer is lost (503): the
+    # process died after sending it, so a create or a delete took effect that the operator never learned of.
+    operator_outage_loses_last_answer: bool = False
     # Seconds the phase-only kubelet takes to stop a deleted pod's containers before the pod object goes.
     termination_seconds: float = 0.2
     # Seconds before the garbage collector deletes the dependents of a deleted owner (0: at once).
@@ -407,40 +410,56 @@ class APIServer(kmock.KubernetesEmulator):
             if request.resource is None or not request.resource.plural:
                 return await super()._handle(request)  # discovery: open to every authenticated user
             verb, group, plural, namespace, agent = self._record(request)
-            if self.operator_outage_after is not None and agent.startswith("paralleljob-operator"):
-                if self.operator_outage_after <= 0:
-                    raise statuses.APIError(503, "ServiceUnavailable", "the operator was killed here")
-                self.operator_outage_after -= 1
-            attributes = auth.Attributes(verb, group, plural, namespace, request.name or "")
-            if not self.authorizer.allows(user, attributes):
-                refusal = auth.forbidden(user, attributes)
-                self.denied.append(refusal.message)
-                raise refusal
-            await asyncio.sleep(self.latency.get((verb, plural), 0.0))
-            while (verb, plural) in self.held:
-                await asyncio.sleep(0.02)
-            if "protobuf" in request.headers.get("Content-Type", ""):
-                message = "the strict test cluster reads JSON only, not application/vnd.kubernetes.protobuf"
-                raise statuses.APIError(415, "UnsupportedMediaType", message)
-            if len(request.body or b"") > admission.REQUEST_MAX_BYTES:
-                limit = admission.REQUEST_MAX_BYTES
-                raise statuses.APIError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {limit}")
-            async with self._lock:
-                if request.method == enums.method.POST and request.subresource == "binding":
-                    return await self._bind(request)
-                if request.action == enums.action.CREATE:
-                    return await self._create(request, user)
-                if request.method in (enums.method.PATCH, enums.method.PUT) and request.name:
-                    return await self._update(request, user)
-                if request.action == enums.action.DELETE and request.name:
-                    return await self._delete(request)
-            if request.action == enums.action.FETCH and request.subresource:
-                return await self._fetch_subresource(request)
-            if request.action == enums.action.WATCH:
-                return await self._watch(request)
-            return await super()._handle(request)
+            answer_lost = self._operator_killed(agent)
+            response = await self._serve(request, user, verb, group, plural, namespace)
+            if answer_lost and not response.prepared:
+                raise statuses.APIError(503, "ServiceUnavailable", "the operator was killed awaiting this answer")
+            return response
         except statuses.APIError as refusal:
             return refusal.response()
+
+    def _operator_killed(self, agent: str) -> bool:
+        """Count the operator's request against a planned outage: raise 503 once it has begun, and say
+        whether this request is the last one, carried out with its answer lost."""
+        if self.operator_outage_after is None or not agent.startswith("paralleljob-operator"):
+            return False
+        if self.operator_outage_after <= 0:
+            raise statuses.APIError(503, "ServiceUnavailable", "the operator was killed here")
+        self.operator_outage_after -= 1
+        return self.operator_outage_after == 0 and self.operator_outage_loses_last_answer
+
+    async def _serve(
+        self, request: kmock.Request, user: auth.User, verb: str, group: str, plural: str, namespace: str
+    ) -> aiohttp.web.StreamResponse:
+        """Authorize, check and carry out one resource request."""
+        attributes = auth.Attributes(verb, group, plural, namespace, request.name or "")
+        if not self.authorizer.allows(user, attributes):
+            refusal = auth.forbidden(user, attributes)
+            self.denied.append(refusal.message)
+            raise refusal
+        await asyncio.sleep(self.latency.get((verb, plural), 0.0))
+        while (verb, plural) in self.held:
+            await asyncio.sleep(0.02)
+        if "protobuf" in request.headers.get("Content-Type", ""):
+            message = "the strict test cluster reads JSON only, not application/vnd.kubernetes.protobuf"
+            raise statuses.APIError(415, "UnsupportedMediaType", message)
+        if len(request.body or b"") > admission.REQUEST_MAX_BYTES:
+            limit = admission.REQUEST_MAX_BYTES
+            raise statuses.APIError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {limit}")
+        async with self._lock:
+            if request.method == enums.method.POST and request.subresource == "binding":
+                return await self._bind(request)
+            if request.action == enums.action.CREATE:
+                return await self._create(request, user)
+            if request.method in (enums.method.PATCH, enums.method.PUT) and request.name:
+                return await self._update(request, user)
+            if request.action == enums.action.DELETE and request.name:
+                return await self._delete(request)
+        if request.action == enums.action.FETCH and request.subresource:
+            return await self._fetch_subresource(request)
+        if request.action == enums.action.WATCH:
+            return await self._watch(request)
+        return await super()._handle(request)
 
     def _strict_fields(self, request: kmock.Request) -> bool:
         return str(request.params.get("fieldValidation", "")).lower() == "strict"

@@ -15,10 +15,10 @@ from tests.cluster.apiserver import ClusterThread
 
 
 class Client:
-    """HTTP to the API server as one user (its bearer token)."""
+    """HTTP to the API server as one user (its bearer token), optionally under a chosen User-Agent."""
 
-    def __init__(self, cluster: ClusterThread, token: str | None) -> None:
-        self.cluster, self.token = cluster, token
+    def __init__(self, cluster: ClusterThread, token: str | None, agent: str | None = None) -> None:
+        self.cluster, self.token, self.agent = cluster, token, agent
 
     def send(
         self,
@@ -32,6 +32,8 @@ class Client:
         headers = {"Content-Type": content_type if method == "PATCH" else "application/json"}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
+        if self.agent is not None:
+            headers["User-Agent"] = self.agent
         data = body if isinstance(body, bytes) else (json.dumps(body) if body is not None else None)
         return requests.request(
             method,

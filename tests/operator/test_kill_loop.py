@@ -3,7 +3,9 @@ completion of a job: never two generations of pods alive at once, never a duplic
 twice, and the job always converges to the right phase with the right restart count.
 
 A kill is a pass cut off after a random number of API requests (the strict cluster answers every further
-request of the operator 503, as if the process had died there); the next pass starts from nothing but the
+request of the operator 503, as if the process had died there). In half the kills the last request is carried
+out and only its answer is lost, as when the process dies awaiting the reply to a create, a patch or a delete
+that took effect. The next pass starts from nothing but the
 cluster, with the node records and usage index listed afresh, exactly as a restarted operator does. Passes
 run in-process as the chart's ServiceAccount (RBAC enforced), supervision and admission passes alike, and
 the test plays the scheduler and the kubelet between them, one job after another until enough kills were
@@ -46,10 +48,11 @@ def fresh_view(cluster) -> reconcile.NodeView:
     return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage.snapshot())
 
 
-def one_pass(session, cluster, emulator, job: str, kill_after: int | None) -> bool:
+def one_pass(session, cluster, emulator, job: str, kill_after: int | None, answer_lost: bool = False) -> bool:
     """A pass of a freshly started operator (supervision, then admission when it asks for it), killed after
-    `kill_after` requests; True when it was killed."""
+    `kill_after` requests, the last of them unanswered when `answer_lost`; True when it was killed."""
     emulator.emulator.operator_outage_after = kill_after
+    emulator.emulator.operator_outage_loses_last_answer = answer_lost
     try:
         view = fresh_view(cluster)
         outcome = reconcile.reconcile(session, SETTINGS, "research", job, view)
@@ -61,6 +64,7 @@ def one_pass(session, cluster, emulator, job: str, kill_after: int | None) -> bo
         return True
     finally:
         emulator.emulator.operator_outage_after = None
+        emulator.emulator.operator_outage_loses_last_answer = False
     return False
 
 
@@ -119,9 +123,10 @@ def test_killed_at_random_moments_the_operator_never_runs_two_generations_and_co
                 one_pass(session, cluster, emulator, job, None)  # the operator left alone cleans up
                 break
             kill_after = rng.randint(0, 24) if rng.random() < 0.6 else None
-            if one_pass(session, cluster, emulator, job, kill_after):
+            answer_lost = bool(kill_after) and rng.random() < 0.5
+            if one_pass(session, cluster, emulator, job, kill_after, answer_lost):
                 kills += 1
-                killed_in[phase] += 1
+                killed_in[f"{phase}, answer lost" if answer_lost else phase] += 1
             iterations += 1
             if os.environ.get("PARALLELJOB_KILL_TRACE"):
                 print(job, iterations, phase, kills, cluster.status(job).get("message"), flush=True)
