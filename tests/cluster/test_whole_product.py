@@ -2,7 +2,9 @@
 `helm template`, the real operator process as the chart's ServiceAccount, the quickstart job applied with
 kubectl, pods scheduled and run by the process kubelet with the unmodified bundled trainer (torchrun, DeepSpeed
 on gloo), progress in `kubectl get pj` written by rank 0 through its own token; one pod's process killed, the
-gang restarted from the checkpoint, the job Succeeded, and its losses equal those of `paralleljob run`.
+gang restarted from the checkpoint, the job Succeeded, and its losses those of the single-process reference
+trained on the job file the pods read (the yardstick `paralleljob run` is held to in tests/local/test_run.py, at
+the same tolerance, so the cluster and a laptop follow one curve).
 
 The quickstart runs 24 steps instead of 60 (CI's time), and gets the two things a cluster needs that a laptop does not: a checkpoint volume shared by the
 pods (a PVC; without one each pod's /checkpoints is its own and a restart starts over), and a data source the
@@ -13,8 +15,6 @@ has).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,11 @@ from typing import Any
 import pytest
 import yaml
 
+from paralleljob_contract import jobfile
 from tests.cluster import faults
-from tests.cluster.product import CHECKPOINT_EVERY, JOB, Product, cluster_quickstart
+from tests.cluster.product import CHECKPOINT_EVERY, JOB, TOTAL_STEPS, Product, cluster_quickstart
 from tests.operator.conftest import OPERATOR_AGENTS
+from tests.trainer.reference import train_reference
 
 
 def wait_for(what: str, condition: Any, log: Path, timeout: float) -> Any:
@@ -53,7 +55,7 @@ def losses(metrics: Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_the_quickstart_survives_a_killed_pod_on_the_strict_cluster_and_matches_the_local_run(tmp_path):
+def test_the_quickstart_survives_a_killed_pod_on_the_strict_cluster_on_the_single_process_loss_curve(tmp_path):
     product = Product(tmp_path)
     log = product.log
     try:
@@ -72,16 +74,19 @@ def test_the_quickstart_survives_a_killed_pod_on_the_strict_cluster_and_matches_
             seen = row()
             return seen.get("PHASE") == "Running" and seen.get("STEP", "").isdigit()
 
-        wait_for("Running with progress", progressed, log, timeout=150)
+        # Generous limits: a limit only bounds how long a broken run takes to fail, and a gang start on a
+        # loaded 2-core machine takes minutes.
+        wait_for("Running with progress", progressed, log, timeout=300)
         wait_for(
             "the first checkpoint",
             lambda: row() and checkpoint_saved(product.checkpoints(), CHECKPOINT_EVERY),
             log,
-            timeout=150,
+            timeout=300,
         )
         faults.kill_container(cluster, "default", f"{JOB}-1")
-        wait_for("Succeeded", lambda: row().get("PHASE") in ("Succeeded", "Failed"), log, timeout=240)
+        wait_for("Succeeded", lambda: row().get("PHASE") in ("Succeeded", "Failed"), log, timeout=480)
         final = rows[-1]
+        config = json.loads(kubectl("get", "configmap", f"{JOB}-config", "-o", "json"))
     finally:
         server = product.cluster.server
         product.stop()
@@ -97,14 +102,9 @@ def test_the_quickstart_survives_a_killed_pod_on_the_strict_cluster_and_matches_
     assert trainer_patches, "rank 0 patched its progress ConfigMap with its own token"
     assert server.denied == []
 
-    reference = tmp_path / "reference"
-    subprocess.run(
-        [sys.executable, "-m", "paralleljob", "run", str(tmp_path / "job.yaml"), "--output", str(reference)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    # The job file the pods trained, from the ConfigMap they mount: its single-process reference is the curve
+    # an uninterrupted run follows, and the killed and restarted gang must stay on it.
+    reference = train_reference(jobfile.parse_job_config(json.loads(config["data"][jobfile.FILE_NAME])))
     on_cluster = losses(product.checkpoints() / "metrics" / "metrics.jsonl")
-    expected = losses(reference / "metrics.jsonl")
-    assert sorted(on_cluster) == sorted(expected)
-    assert on_cluster == pytest.approx(expected, abs=1e-6)
+    assert max(on_cluster) == TOTAL_STEPS
+    assert on_cluster == pytest.approx({step: reference[step].loss for step in on_cluster}, abs=1e-5)
