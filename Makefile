@@ -19,7 +19,7 @@ cluster-demo: $(VENV)/.stamp-dev tools
 	$(BIN)/python scripts/cluster_demo.py
 
 test: $(VENV)/.stamp-dev tools lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup
 
 lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check .

@@ -39,9 +39,22 @@ def run_processes() -> list[int]:
     return found
 
 
+def described(pids: list[int]) -> str:
+    """The command lines of these processes, for a failure message."""
+    lines = []
+    for pid in pids:
+        try:
+            command = (pathlib.Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            command = "(gone)"
+        lines.append(f"{pid}: {command[:200]}")
+    return "\n".join(lines)
+
+
 @pytest.fixture(autouse=True)
 def no_process_left_behind():
-    assert run_processes() == [], "a previous test left processes behind"
+    left = run_processes()
+    assert left == [], f"a previous test left processes behind:\n{described(left)}"
     yield
     deadline = time.monotonic() + 10
     while run_processes() and time.monotonic() < deadline:

@@ -1,0 +1,20 @@
+"""Suite-wide: the multi-process training runs (marked `slow`) share one pytest-xdist group.
+
+`make test` runs the suite on two workers with `--dist loadgroup`. Every training run is a gang of up to 8
+processes that keeps both cores busy, so two at once would only slow each other and crowd their timeouts;
+grouped, they run one after another on one worker while the other worker takes the operator, cluster, chart,
+planning and API tests, which spend most of their time waiting on timers and the API server.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+TRAINING_GROUP = "training-runs"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group(TRAINING_GROUP))
