@@ -257,6 +257,7 @@ class ProcessKubelet(apiserver.Controller):
             "root": str(folder / "root"),
             "hostname": spec.get("hostname") or meta["name"],
             "mounts": mounts,
+            "keep": sorted({str(apiserver.REPO), sys.prefix, sys.base_prefix}),
             "workingDir": container.get("workingDir") or "/",
             "command": command,
             "env": self._env(pod, container),

@@ -6,8 +6,10 @@ volume at its real `mountPath` (a folder of the machine is never written: a fold
 is shadowed by a tmpfs that re-binds its children), sets the pod's hostname, chroots and execs the command.
 Nothing done here is visible outside the pod's namespace.
 
-SPEC is a JSON file: {"root", "hostname", "mounts": [{"source", "target", "readOnly"}], "workingDir",
-"command", "env"}.
+SPEC is a JSON file: {"root", "hostname", "mounts": [{"source", "target", "readOnly"}], "keep", "workingDir",
+"command", "env"}. `keep` names the machine's folders the command itself needs (the repository and the Python
+environment it runs from): a volume mounted over one of their parents (an emptyDir at /tmp, with the checkout in
+/tmp) would hide them, so they are bound back in, inside that volume.
 """
 
 from __future__ import annotations
@@ -110,9 +112,26 @@ def enter(spec: dict[str, Any]) -> None:
         mount(str(source), str(target), flags=MS_BIND | MS_REC)
         if item.get("readOnly"):
             mount(str(source), str(target), flags=MS_BIND | MS_REMOUNT | MS_RDONLY)
+    keep_visible(root, spec.get("keep") or [], spec["mounts"])
     socket.sethostname(spec["hostname"])
     os.chroot(root)
     os.chdir(spec.get("workingDir") or "/")
+
+
+def within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def keep_visible(root: Path, keep: list[str], mounts: list[dict[str, Any]]) -> None:
+    """Bind each `keep` folder back where a volume mounted over its parent hides it (a mount point made in the
+    volume's own folder, which belongs to the pod)."""
+    for folder in keep:
+        covering = [m for m in mounts if within(folder, m["target"]) and Path(m["source"]).is_dir()]
+        if not covering:
+            continue
+        volume = max(covering, key=lambda m: len(m["target"]))
+        (Path(volume["source"]) / os.path.relpath(folder, volume["target"])).mkdir(parents=True, exist_ok=True)
+        mount(folder, str(root / folder.lstrip("/")), flags=MS_BIND | MS_REC)
 
 
 def main(argv: list[str]) -> None:

@@ -5,6 +5,7 @@ their real mountPaths, the ServiceAccount token where the Kubernetes client look
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.cluster import faults
+from tests.cluster import apiserver, faults
 from tests.cluster.apiserver import ClusterThread
 from tests.cluster.conftest import Client
 from tests.cluster.kubelet import ProcessKubelet
@@ -224,3 +225,16 @@ def test_a_killed_container_takes_every_process_it_started_with_it(cluster, admi
     wait_pod(admin, "leaky", phase("Failed"))
     escaped.wait(10)
     assert not escaped.is_running()
+
+
+def test_an_empty_dir_over_the_checkouts_parent_still_leaves_the_python_environment_visible(cluster, admin):
+    # A pod with an emptyDir at /tmp, from a checkout under /tmp (as CI clones might be), would see neither the
+    # repository nor its .venv: here the emptyDir goes over the checkout's own parent, wherever that is.
+    parent = str(apiserver.REPO.parent)
+    script = f"test -x {sys.executable} && test -d {apiserver.REPO}/tests && touch {parent}/scratch && echo sees-both"
+    container = {"volumeMounts": [{"name": "scratch", "mountPath": parent}]}
+    pod = shell_pod("covered", script, volumes=[{"name": "scratch", "emptyDir": {}}], container=container)
+    admin.ok(admin.create(PODS, pod))
+    wait_pod(admin, "covered", phase("Succeeded"))
+    assert log_of(cluster, "covered").splitlines() == ["sees-both"]
+    assert not (apiserver.REPO.parent / "scratch").exists(), "the emptyDir is the pod's, not the machine's folder"

@@ -29,13 +29,28 @@ from tests.operator.conftest import OPERATOR_AGENTS
 from tests.trainer.reference import train_reference
 
 
-def wait_for(what: str, condition: Any, log: Path, timeout: float) -> Any:
+def wait_for(what: str, condition: Any, product: Product, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := condition():
             return value
         time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}; the operator's log ends:\n{log.read_text()[-3000:]}")
+    pytest.fail(f"timed out waiting for {what}; {what_was_seen(product)}")
+
+
+def what_was_seen(product: Product) -> str:
+    """The job, its pods, the operator's log and the end of each container's log, for a failure message."""
+    kubectl = product.kubectl
+    containers = sorted((product.workdir / "kubelet").rglob("container.log"))
+    tails = [f"--- {path.parent.name}:\n{path.read_text(errors='replace')[-1500:]}" for path in containers]
+    return "\n".join(
+        [
+            kubectl("get", "pj", "-o", "wide"),
+            kubectl("get", "pods", "-o", "wide"),
+            f"the operator's log ends:\n{product.log.read_text()[-2000:]}",
+            *tails,
+        ]
+    )
 
 
 def checkpoint_saved(folder: Path, step: int) -> bool:
@@ -57,7 +72,6 @@ def losses(metrics: Path) -> dict[int, float]:
 @pytest.mark.slow
 def test_the_quickstart_survives_a_killed_pod_on_the_strict_cluster_on_the_single_process_loss_curve(tmp_path):
     product = Product(tmp_path)
-    log = product.log
     try:
         product.start()
         kubectl, cluster = product.kubectl, product.cluster
@@ -76,15 +90,15 @@ def test_the_quickstart_survives_a_killed_pod_on_the_strict_cluster_on_the_singl
 
         # Generous limits: a limit only bounds how long a broken run takes to fail, and a gang start on a
         # loaded 2-core machine takes minutes.
-        wait_for("Running with progress", progressed, log, timeout=300)
+        wait_for("Running with progress", progressed, product, timeout=300)
         wait_for(
             "the first checkpoint",
             lambda: row() and checkpoint_saved(product.checkpoints(), CHECKPOINT_EVERY),
-            log,
+            product,
             timeout=300,
         )
         faults.kill_container(cluster, "default", f"{JOB}-1")
-        wait_for("Succeeded", lambda: row().get("PHASE") in ("Succeeded", "Failed"), log, timeout=480)
+        wait_for("Succeeded", lambda: row().get("PHASE") in ("Succeeded", "Failed"), product, timeout=480)
         final = rows[-1]
         config = json.loads(kubectl("get", "configmap", f"{JOB}-config", "-o", "json"))
     finally:
