@@ -385,12 +385,19 @@ class APIServer(kmock.KubernetesEmulator):
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         try:
             response = await self._answer(request)
+        except aiohttp.web.HTTPException as refusal:  # kmock's own answers (a 404 of an unknown object) too
+            refusal.headers["Date"] = self._date()
+            raise
         finally:
             self._forget(request)
         if isinstance(response, aiohttp.web.StreamResponse) and not response.prepared:
             # What a client learns the server's time from (aiohttp would write its own clock's).
-            response.headers["Date"] = email.utils.format_datetime(self.clock(), usegmt=True)
+            response.headers["Date"] = self._date()
         return response
+
+    def _date(self) -> str:
+        """The Date header of every answer, from this server's clock, as a real API server sends it."""
+        return email.utils.format_datetime(self.clock(), usegmt=True)
 
     def _forget(self, request: kmock.Request) -> None:
         """Drop an answered request from kmock's own record of every request. kmock finds a request's handler
@@ -459,6 +466,13 @@ class APIServer(kmock.KubernetesEmulator):
             return await self._fetch_subresource(request)
         if request.action == enums.action.WATCH:
             return await self._watch(request)
+        if (
+            request.action == enums.action.FETCH
+            and request.name
+            and self.key_of(plural, namespace, request.name) is None
+        ):
+            # The API server's own 404 (reason NotFound), not kmock's, which names no object and has no Date.
+            raise statuses.not_found(plural, request.name, group)
         return await super()._handle(request)
 
     def _strict_fields(self, request: kmock.Request) -> bool:

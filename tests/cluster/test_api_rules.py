@@ -153,6 +153,23 @@ def test_a_second_create_of_the_same_name_is_already_exists(admin):
     )
 
 
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        (f"{PODS}/nobody", 'pods "nobody" not found'),
+        (
+            "/apis/coordination.k8s.io/v1/namespaces/research/leases/nobody",
+            'leases.coordination.k8s.io "nobody" not found',
+        ),
+    ],
+    ids=["core", "group"],
+)
+def test_reading_a_missing_object_is_not_found_with_the_servers_date(admin, path, message):
+    response = admin.send("GET", path)
+    assert refusal(response) == (404, "NotFound", message)
+    assert response.headers["Date"]
+
+
 @pytest.fixture(scope="module")
 def running_pod(admin: Client) -> dict[str, Any]:
     return admin.ok(admin.create(PODS, pod(metadata={"name": "running"})))
