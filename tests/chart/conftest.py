@@ -98,6 +98,7 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
     },
     "replicas": 2,
     "leaderElection": {"enabled": True, "leaseName": "gpu-pj-leader", "leaseSeconds": 30},
+    "admissionLock": {"enabled": True, "namespace": "platform", "name": "gpu-admission"},
     "jobDefaults": {
         "trainerImage": {"repository": "registry.example.com/ml/trainer", "tag": "2026.11"},
         "fabric": "infiniband",

@@ -65,11 +65,13 @@ def test_no_rule_grants_escalate_bind_or_impersonate(case: str) -> None:
     assert verbs.isdisjoint({"escalate", "bind", "impersonate", "deletecollection"})
 
 
-def test_all_namespaces_get_one_cluster_role_for_jobs_and_only_the_leader_election_role() -> None:
+def test_all_namespaces_get_one_cluster_role_for_jobs_and_only_the_two_lease_roles() -> None:
     objects = render()
     roles = [f"{o['kind']}/{o['metadata']['name']}" for o in objects if o["kind"] in {"Role", "RoleBinding"}]
-    assert roles == [
+    assert sorted(roles) == [
+        "Role/pj-paralleljob-operator-admission-lock",
         "Role/pj-paralleljob-operator-leader-election",
+        "RoleBinding/pj-paralleljob-operator-admission-lock",
         "RoleBinding/pj-paralleljob-operator-leader-election",
     ]
     binding = only(objects, "ClusterRoleBinding", "-jobs")
@@ -127,10 +129,37 @@ def test_leader_election_renews_only_its_own_lease_and_only_lists_the_others(cas
     }
 
 
-def test_without_leader_election_there_is_no_lease_permission() -> None:
-    objects = render({"leaderElection": {"enabled": False}})
+def test_without_leader_election_and_admission_lock_there_is_no_lease_permission() -> None:
+    objects = render({"leaderElection": {"enabled": False}, "admissionLock": {"enabled": False}})
     assert {g for g in grants(objects, {"ClusterRole", "Role"}) if g[1] == "leases"} == set()
     assert [o for o in objects if o["kind"] in {"Role", "RoleBinding"}] == []
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_admission_lock_is_one_lease_in_its_namespace_named_in_the_operators_flag(case: str) -> None:
+    objects = render(CASES[case])
+    lock = {"namespace": RELEASE_NAMESPACE, "name": "paralleljob-admission", **(CASES[case].get("admissionLock") or {})}
+    lock["namespace"] = lock["namespace"] or RELEASE_NAMESPACE
+    role, binding = only(objects, "Role", "-admission-lock"), only(objects, "RoleBinding", "-admission-lock")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == lock["namespace"]
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [lock["name"]],
+            "verbs": ["get", "update"],
+        },
+    ]
+    args = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--admission-lock={lock['namespace']}/{lock['name']}" in args
+
+
+def test_without_the_admission_lock_there_is_no_flag_and_no_role() -> None:
+    objects = render({"admissionLock": {"enabled": False}})
+    assert [o for o in objects if o["metadata"]["name"].endswith("-admission-lock")] == []
+    args = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(a.startswith("--admission-lock") for a in args)
 
 
 def test_every_binding_names_the_operator_service_account() -> None:

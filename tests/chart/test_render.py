@@ -53,6 +53,8 @@ def test_the_expected_kinds_are_rendered(case: str) -> None:
                 "ClusterRoleBinding",
                 "ClusterRoleBinding",
                 "Role",
+                "Role",
+                "RoleBinding",
                 "RoleBinding",
                 "Deployment",
                 "Service",
@@ -60,7 +62,7 @@ def test_the_expected_kinds_are_rendered(case: str) -> None:
         )
     else:
         # Two watched namespaces: a Role and a RoleBinding in each (and the leader election's in the release
-        # namespace), and the ServiceMonitor is on.
+        # namespace, the admission lock's in its own), and the ServiceMonitor is on.
         assert kinds == sorted(
             [
                 "CustomResourceDefinition",
@@ -70,6 +72,8 @@ def test_the_expected_kinds_are_rendered(case: str) -> None:
                 "Role",
                 "Role",
                 "Role",
+                "Role",
+                "RoleBinding",
                 "RoleBinding",
                 "RoleBinding",
                 "RoleBinding",

@@ -9,7 +9,6 @@ Nothing of ours is monkeypatched: the operator process runs the real kopf handle
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
@@ -39,24 +38,34 @@ def operator_calls(emulator: ClusterThread) -> list[tuple[str, str, str, str]]:
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 
-@functools.cache
-def chart_rbac(watch_namespaces: tuple[str, ...] = ()) -> tuple[dict[str, Any], ...]:
+def chart_rbac(
+    watch_namespaces: tuple[str, ...] = (), values: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], ...]:
     """The operator's ServiceAccount and RBAC as `helm template` renders them with the chart's defaults (and
-    these `watchNamespaces`)."""
-    values = {"watchNamespaces": list(watch_namespaces)} if watch_namespaces else None
-    return tuple(o for o in render(values) if o["kind"] in RBAC_KINDS)
+    these `watchNamespaces` and other values)."""
+    merged = {**({"watchNamespaces": list(watch_namespaces)} if watch_namespaces else {}), **(values or {})}
+    return tuple(o for o in render(merged or None) if o["kind"] in RBAC_KINDS)
 
 
 def install_operator_rbac(
-    emulator: ClusterThread, client: kubernetes.client.ApiClient, watch_namespaces: tuple[str, ...] = ()
+    emulator: ClusterThread,
+    client: kubernetes.client.ApiClient,
+    watch_namespaces: tuple[str, ...] = (),
+    values: dict[str, Any] | None = None,
 ) -> Path:
-    """Apply the chart's ServiceAccount and RBAC (as the admin), and return a kubeconfig for that account."""
-    kubernetes.utils.create_from_dict(
-        client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": RELEASE_NAMESPACE}}
-    )
-    for obj in chart_rbac(watch_namespaces):
+    """Apply the chart's ServiceAccount and RBAC (as the admin), with the namespaces they go in, and return a
+    kubeconfig for that account."""
+    objects = chart_rbac(watch_namespaces, values)
+    core = kubernetes.client.CoreV1Api(client)
+    existing = {n.metadata.name for n in core.list_namespace().items}
+    for namespace in sorted(
+        {RELEASE_NAMESPACE, *(o["metadata"].get("namespace") or RELEASE_NAMESPACE for o in objects)}
+    ):
+        if namespace not in existing:
+            core.create_namespace({"metadata": {"name": namespace}})
+    for obj in objects:
         kubernetes.utils.create_from_dict(client, obj)
-    (account,) = (o for o in chart_rbac(watch_namespaces) if o["kind"] == "ServiceAccount")
+    (account,) = (o for o in objects if o["kind"] == "ServiceAccount")
     return emulator.kubeconfig_for(account["metadata"]["namespace"], account["metadata"]["name"])
 
 

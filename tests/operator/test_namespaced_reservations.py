@@ -1,9 +1,19 @@
 """Reservations see every job of the cluster: two operators installed per namespace (the chart's
-`watchNamespaces`, with the RBAC it renders) never place their jobs on the same nodes."""
+`watchNamespaces`, with the RBAC it renders) never place their jobs on the same nodes, one after the other or
+at the same moment (the shared admission lock, `--admission-lock`)."""
 
 from __future__ import annotations
 
-from tests.operator.conftest import Cluster, Operator, install_operator_rbac, job_doc, wait_for
+from tests.cluster.apiserver import ClusterThread
+from tests.operator.conftest import (
+    OPERATOR_AGENTS,
+    Cluster,
+    Operator,
+    gpus_oversubscribed,
+    install_operator_rbac,
+    job_doc,
+    wait_for,
+)
 
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
 
@@ -33,3 +43,70 @@ def test_operators_of_two_namespaces_never_place_two_jobs_on_the_same_nodes(clus
 def scheduled_reason(cluster: Cluster, name: str, namespace: str) -> str | None:
     conditions = {c["type"]: c for c in cluster.status(name, namespace).get("conditions") or []}
     return conditions.get("Scheduled", {}).get("reason")
+
+
+LOCK_NAMESPACE = "paralleljob-locks"  # only the admission Lease lives here, so its calls are told apart
+LOCK_FLAG = f"--admission-lock={LOCK_NAMESPACE}/paralleljob-admission"
+VERDICTS = ("Admitted", "Placed", "Unschedulable")  # a job's Scheduled reason once its admission is decided
+
+
+def operator_calls_since(emulator: ClusterThread, mark: int, verb: str, plural: str, namespace: str) -> int:
+    calls = emulator.server.calls[mark:]
+    return sum(
+        1 for c in calls if c[0] == verb and c[2] == plural and c[3] == namespace and c[4].startswith(OPERATOR_AGENTS)
+    )
+
+
+def test_two_operators_admitting_at_the_same_moment_take_turns_on_the_admission_lock(cluster, emulator, tmp_path):
+    for namespace in ("team-a", "team-b"):
+        cluster.core.create_namespace({"metadata": {"name": namespace}})
+    cluster.add_nodes(2)
+    values = {"admissionLock": {"namespace": LOCK_NAMESPACE}}
+    kubeconfig = install_operator_rbac(emulator, cluster.client, ("team-a", "team-b"), values)
+    operators = [
+        Operator(
+            emulator, tmp_path / f"operator-{team}.log", kubeconfig, [*Operator.ARGS, "--namespace", team, LOCK_FLAG]
+        )
+        for team in ("team-a", "team-b")
+    ]
+    for each in operators:
+        each.start()
+    server = emulator.server
+    # An admission's attempt ConfigMap is its first write after planning: holding it holds whichever operator
+    # planned first right after it read the reservations, and lets the other one go as far as it can.
+    server.held.add(("create", "configmaps"))
+    try:
+        mark = len(server.calls)
+        cluster.apply(job_doc("first", "team-a", parallelism=TWO_NODES))  # both nodes
+        cluster.apply(job_doc("second", "team-b", parallelism=TWO_NODES))  # both nodes too
+        first_create = wait_for(
+            lambda: next(
+                (i for i, c in enumerate(server.calls) if i >= mark and c[:3] == ("create", "", "configmaps")), None
+            ),
+            what="the first admission's write",
+        )
+        # The other operator either planned too (it creates its own ConfigMap) or waits on the lock (it reads
+        # the Lease again and again while the first one holds it).
+        wait_for(
+            lambda: (
+                sum(1 for c in server.calls[mark:] if c[:3] == ("create", "", "configmaps")) == 2
+                or operator_calls_since(emulator, first_create + 1, "get", "leases", LOCK_NAMESPACE) >= 2
+            ),
+            what="the second operator's admission",
+        )
+        server.held.discard(("create", "configmaps"))
+        jobs = (("first", "team-a"), ("second", "team-b"))
+
+        def verdicts() -> list[str] | None:
+            found = [scheduled_reason(cluster, job, team) for job, team in jobs]
+            return sorted(str(r) for r in found) if all(r in VERDICTS for r in found) else None
+
+        found = wait_for(verdicts, what="both jobs' verdicts")
+        assert "Unschedulable" in found, f"both jobs were placed on the same two nodes: {found}"
+        placed = [job for job, team in jobs if cluster.pods(job, team)]
+        assert len(placed) == 1, f"both jobs got pods on the same two nodes: {placed}"
+        assert gpus_oversubscribed(emulator) == []
+    finally:
+        server.held.clear()
+        for each in operators:
+            each.stop()

@@ -37,6 +37,13 @@ its arguments. tests/chart/test_operator_args.py parses them with the operator's
 - --leader-election-lease={{ include "paralleljob-operator.leaseName" . }}
 - --lease-seconds={{ .Values.leaderElection.leaseSeconds }}
 {{- end }}
+{{- if .Values.admissionLock.enabled }}
+- --admission-lock={{ include "paralleljob-operator.admissionLockNamespace" . }}/{{ .Values.admissionLock.name }}
+{{- end }}
+{{- end }}
+
+{{- define "paralleljob-operator.admissionLockNamespace" -}}
+{{- .Values.admissionLock.namespace | default .Release.Namespace -}}
 {{- end }}
 
 {{- define "paralleljob-operator.leaseName" -}}

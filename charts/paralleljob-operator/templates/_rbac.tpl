@@ -65,6 +65,18 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
   verbs: [create]
 {{- end }}
 
+{{- define "paralleljob-operator.admissionLockRules" -}}
+# Application: the cluster-wide admission lock, held around every admission (read, create the first time,
+# take and release with update). Granted on that Lease only, except create, which cannot be limited to a name.
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  resourceNames: [{{ .Values.admissionLock.name }}]
+  verbs: [get, update]
+{{- end }}
+
 {{- define "paralleljob-operator.namespacedRules" -}}
 # Application: the operator's placement, start, restart, completion and failure Events, shown by
 # `kubectl describe pj`. (kopf's own event posting is turned off.)

@@ -17,7 +17,7 @@ from paralleljob.manifests import security
 from paralleljob.manifests.nccl import FABRICS
 
 if TYPE_CHECKING:
-    from paralleljob.k8s import leadership
+    from paralleljob.k8s import admission_lock, leadership
 
 DEFAULT_IMAGE = "ghcr.io/paralleljob/trainer:0.1.0"
 NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -144,6 +144,14 @@ def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="Lease duration (at least 3); a leader that cannot renew within 2/3 of it exits",
     )
+    group.add_argument(
+        "--admission-lock",
+        default=None,
+        metavar="NS[/NAME]",
+        help="take this coordination.k8s.io Lease (default name paralleljob-admission) around every admission, "
+        "so that operators installed per namespace never plan onto the same free GPUs at once; all of them must "
+        "name the same one",
+    )
     # kopf's peering pauses kopf's handlers only, not the operator's informers, timers and admission worker,
     # and pauses every replica when they share a priority: it never made several replicas safe.
     group.add_argument("--peering", default=None, help=argparse.SUPPRESS)
@@ -158,6 +166,18 @@ def lease_settings(args: argparse.Namespace) -> leadership.LeaseSettings | None:
     namespace = args.leader_election_namespace or leadership.own_namespace()
     managed = tuple(args.namespaces) if args.namespaces else None
     return leadership.LeaseSettings.timed(args.leader_election_lease, namespace, args.lease_seconds, managed)
+
+
+def admission_lock_settings(args: argparse.Namespace) -> admission_lock.LockSettings | None:
+    """The Lease of `--admission-lock`; None without it."""
+    if not args.admission_lock:
+        return None
+    from paralleljob.k8s import admission_lock  # imported here: other subcommands must not pay for the client
+
+    try:
+        return admission_lock.LockSettings.parse(args.admission_lock)
+    except ValueError as error:
+        raise SystemExit(f"paralleljob operator: {error}") from None
 
 
 def add_policy_flags(parser: argparse.ArgumentParser) -> None:
@@ -285,7 +305,13 @@ def run(args: argparse.Namespace) -> int:
         not_ready_grace_seconds=args.not_ready_grace,
         resync_seconds=args.resync_period,
     )
-    registry.configure(settings, metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, lease=lease_settings(args))
+    registry.configure(
+        settings,
+        metrics_port=args.metrics_port,
+        kubeconfig=args.kubeconfig,
+        lease=lease_settings(args),
+        admission_lock=admission_lock_settings(args),
+    )
     kopf.configure(
         debug=args.log_level == "debug",
         verbose=args.log_level in ("debug", "info"),

@@ -152,6 +152,9 @@ class Pass:
     record: records.AttemptRecord | None = None
     # Why the current spec is invalid while its running attempt is still supervised from its record.
     spec_problem: str = ""
+    # Called right before an admission writes its attempt and placement: raises when the cluster-wide
+    # admission lock (`k8s.admission_lock`) is no longer safely held.
+    fence: Callable[[], None] = lambda: None
 
     @property
     def status(self) -> Mapping[str, Any]:
@@ -219,10 +222,18 @@ class Pass:
 
 
 def reconcile(
-    session: Session, settings: Settings, namespace: str, name: str, nodes: NodeView, *, admit: bool = False
+    session: Session,
+    settings: Settings,
+    namespace: str,
+    name: str,
+    nodes: NodeView,
+    *,
+    admit: bool = False,
+    fence: Callable[[], None] | None = None,
 ) -> Outcome:
     """One pass; returns what it did and what it asks of the scheduler. Only the admission worker passes
-    `admit=True`: other passes stop at a job without a placement and ask for its admission."""
+    `admit=True` (and the admission lock's `fence`): other passes stop at a job without a placement and ask
+    for its admission."""
     # The record first: only passes write it (one at a time per job), and the job read right before its pods
     # keeps their two views as close in time as they were.
     found = reads.get_config_map(session, namespace, labels.config_map_name(name))
@@ -233,7 +244,7 @@ def reconcile(
     job.setdefault("metadata", {}).setdefault("namespace", namespace)
     owned = found is not None and labels.owned_by(found, str(job["metadata"].get("uid")))
     record = records.record_of(found) if owned else None
-    outcome = _step(Pass(session, settings, job, nodes, admit, record))
+    outcome = _step(Pass(session, settings, job, nodes, admit, record, fence=fence or (lambda: None)))
     m.RECONCILES.labels(outcome=outcome.step).inc()
     if outcome.requeue_after is None and outcome.admission is None and outcome.step not in RESTING_STEPS:
         # The resync: a watch event missed while a watch restarted cannot strand an unfinished job.
@@ -631,6 +642,7 @@ def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
     )
     if refusal := attempt.refusal(resolved):
         return _refused_network(p, refusal)
+    p.fence()  # the reservations read above are still the cluster's: no other operator has planned since
     writes.create(p.session, attempt.config_map)
     if write_status(p, _admitted_status(p, resolved, outcome.plan, attempt)):
         # What the RDMA request could not know (an unknown plugin kind, no RDMA resource on the nodes).

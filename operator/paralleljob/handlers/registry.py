@@ -19,18 +19,24 @@ admission pass and every request for one; a replica without the Lease keeps its 
 liveness endpoint, and writes nothing. A new handler, worker or loop must be decorated with `@fenced` (or
 call `acting()` before each unit of work); once leading, a RECHECK looks at every unfinished job, since
 events seen while standing by were dropped.
+
+The admission lock (`--admission-lock`, `paralleljob.k8s.admission_lock`): with it, every admission pass holds
+the cluster-wide Lease while it reads the reservations, plans and writes the placement, so that the admission
+workers of several operators (one per team) take turns; an operator that cannot take it in time retries the
+pass with backoff and says so in the job's Reconciled condition.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import inspect
 import logging
 import time
 import typing
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
 import kopf
@@ -40,7 +46,7 @@ from paralleljob.handlers import failures, metrics, progress, reconcile, start_f
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order, PriorityValues
 from paralleljob.handlers.coalescer import FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS, Coalescer, Next
 from paralleljob.handlers.nodes import NodeWatch
-from paralleljob.k8s import events, informer, leadership, reads
+from paralleljob.k8s import admission_lock, events, informer, leadership, reads
 from paralleljob.k8s.session import Session, connect
 from paralleljob.manifests import labels as child_labels
 from paralleljob.manifests import progress as progress_manifests
@@ -78,6 +84,8 @@ class Runtime:
     loop: asyncio.AbstractEventLoop | None = None
     lease: leadership.LeaseSettings | None = None  # None: standalone, always acting
     election: leadership.Leadership | None = None
+    lock_settings: admission_lock.LockSettings | None = None  # None: admissions take no cluster-wide lock
+    lock: admission_lock.AdmissionLock | None = None
     rivals: list[leadership.Rival] = dataclasses.field(default_factory=list)  # those reported so far
     # Admission passes that raised in a row, by job: their backoff and when the job is told.
     admission_failures: dict[Hashable, int] = dataclasses.field(default_factory=dict)
@@ -92,9 +100,10 @@ def configure(
     metrics_port: int = 0,
     kubeconfig: str | None = None,
     lease: leadership.LeaseSettings | None = None,
+    admission_lock: admission_lock.LockSettings | None = None,
 ) -> None:
     RUNTIME.settings, RUNTIME.metrics_port, RUNTIME.kubeconfig = settings, metrics_port, kubeconfig
-    RUNTIME.lease = lease
+    RUNTIME.lease, RUNTIME.lock_settings = lease, admission_lock
 
 
 def acting() -> bool:
@@ -172,7 +181,10 @@ def _admission_pass(key: Hashable, view: reconcile.NodeView) -> None:
     namespace, name = typing.cast(tuple[str, str], key)
     started = time.perf_counter()
     try:
-        outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, view, admit=True)
+        with _admission_hold() as fence:
+            outcome = reconcile.reconcile(
+                RUNTIME.session, RUNTIME.settings, namespace, name, view, admit=True, fence=fence
+            )
         log.info("admission pass of %s/%s: %s in %.3fs", namespace, name, outcome.step, time.perf_counter() - started)
     except Exception as error:
         failed = RUNTIME.admission_failures[key] = RUNTIME.admission_failures.get(key, 0) + 1
@@ -191,6 +203,17 @@ def _admission_pass(key: Hashable, view: reconcile.NodeView) -> None:
             _coalescer().request(RECHECK)
 
     _on_loop(follow_up)
+
+
+@contextlib.contextmanager
+def _admission_hold() -> Iterator[Callable[[], None]]:
+    """The cluster-wide admission lock for one pass, when configured; yields the check to make before the
+    placement is written."""
+    if RUNTIME.lock is None:
+        yield lambda: None
+        return
+    with RUNTIME.lock.held() as hold:
+        yield hold.check
 
 
 def _report_failure(key: Hashable, error: Exception, failed: int) -> None:
@@ -265,6 +288,9 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     else:
         RUNTIME.election = leadership.Leadership(session, RUNTIME.lease, on_rivals=_report_rivals)
         RUNTIME.election.start(on_leading=_now_leading)
+    if RUNTIME.lock_settings is not None:
+        holder = RUNTIME.election.identity if RUNTIME.election is not None else leadership.identity()
+        RUNTIME.lock = admission_lock.AdmissionLock(session, RUNTIME.lock_settings, holder)
     metrics.serve(RUNTIME.metrics_port)
     log.info("paralleljob operator started: %s", RUNTIME.settings)
 

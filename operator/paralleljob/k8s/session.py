@@ -73,6 +73,8 @@ class Session:
         try:
             response = call(*args, **kwargs, **self.options)
         except kubernetes.client.ApiException as error:
+            # A refusal carries the server's Date too: the first answer of a fresh operator is often a 404.
+            self.clock.observe((error.headers or {}).get("Date"))
             if error.status in tolerate:
                 return Reply(int(error.status), None)
             raise

@@ -1,0 +1,93 @@
+"""The cluster-wide admission lock (`paralleljob.k8s.admission_lock`) on the strict cluster, as the chart's
+ServiceAccount with the chart's RBAC for that one Lease: one holder at a time, a dead holder's lock free again
+once a waiter has seen it unchanged for its duration (whatever the clocks say: this API server's is an hour
+behind the operator's), the times written in the server's clock, a hold too old to write under refused, and a
+late release that leaves a new holder alone."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+from paralleljob.k8s import admission_lock
+from paralleljob.k8s import session as k8s_session
+from tests.chart.conftest import RELEASE_NAMESPACE
+from tests.cluster.apiserver import ClusterThread
+from tests.operator.conftest import install_operator_rbac
+
+AN_HOUR = 3600.0
+
+
+@pytest.fixture
+def emulator(tmp_path: Path) -> Iterator[ClusterThread]:
+    thread = ClusterThread(tmp_path, clock_offset=-AN_HOUR).start()
+    yield thread
+    denied = thread.server.denied
+    thread.stop()
+    assert denied == [], "the API server refused requests (least privilege or a missing permission)"
+
+
+@pytest.fixture
+def session(emulator: ClusterThread, cluster) -> k8s_session.Session:
+    return k8s_session.connect(str(install_operator_rbac(emulator, cluster.client)))
+
+
+def lock(session: k8s_session.Session, holder: str, hold_seconds: int = 30, wait: float = 1.0):
+    settings = admission_lock.LockSettings(RELEASE_NAMESPACE, hold_seconds=hold_seconds, wait_seconds=wait)
+    return admission_lock.AdmissionLock(session, settings, holder)
+
+
+def lease_holder(cluster) -> str | None:
+    api = kubernetes.client.CoordinationV1Api(cluster.client)
+    return api.read_namespaced_lease(admission_lock.DEFAULT_NAME, RELEASE_NAMESPACE).spec.holder_identity
+
+
+def test_one_holder_at_a_time_and_the_next_one_takes_it_once_released(session, cluster):
+    first, second = lock(session, "operator-a"), lock(session, "operator-b")
+    with first.held():
+        assert lease_holder(cluster) == "operator-a"
+        with pytest.raises(admission_lock.LockBusy, match="held by operator-a"), second.held():
+            pass
+    assert lease_holder(cluster) is None
+    with second.held():
+        assert lease_holder(cluster) == "operator-b"
+
+
+def test_a_dead_holders_lock_is_free_once_seen_unchanged_for_its_duration(session, cluster):
+    lock(session, "operator-a", hold_seconds=2)._take()  # taken, never released: the operator died
+    started = time.monotonic()
+    with lock(session, "operator-b", wait=10.0).held():
+        waited = time.monotonic() - started
+        assert lease_holder(cluster) == "operator-b"
+    assert 1.0 <= waited < 6.0, f"took the dead holder's lock after {waited:.1f}s (its duration is 2s)"
+
+
+def test_a_hold_older_than_its_safe_part_refuses_to_write(session):
+    with lock(session, "operator-a", hold_seconds=1).held() as hold:
+        hold.check()  # fresh: fine
+        time.sleep(0.8)  # past 2/3 of the duration
+        with pytest.raises(admission_lock.HoldExpired, match="retried"):
+            hold.check()
+
+
+def test_a_late_release_leaves_the_next_holder_alone(session, cluster):
+    late = lock(session, "operator-a", hold_seconds=1)
+    with late.held():
+        time.sleep(2.5)  # expired on the server's clock (the Date header has whole seconds)
+        with lock(session, "operator-b", hold_seconds=30).held():
+            pass  # b took it and released it: free again
+        lock(session, "operator-c")._take()
+    assert lease_holder(cluster) == "operator-c"
+
+
+def test_the_lease_is_written_in_the_servers_time_even_when_the_first_answer_was_a_refusal(session, cluster):
+    lock(session, "operator-a")._take()  # the Lease's first read is a 404: the session learns the clock from it
+    api = kubernetes.client.CoordinationV1Api(cluster.client)
+    acquired = api.read_namespaced_lease(admission_lock.DEFAULT_NAME, RELEASE_NAMESPACE).spec.acquire_time
+    server_now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=AN_HOUR)
+    assert abs((acquired - server_now).total_seconds()) < 5
