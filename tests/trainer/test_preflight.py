@@ -134,12 +134,12 @@ def test_this_cpu_machine_passes_a_declared_tcp_job_as_it_is():
     assert preflight.run_preflight({"PARALLELJOB_FABRIC": "tcp", "NCCL_NET": "Socket"}, gpu=False) is None
 
 
-def test_the_failure_reaches_the_termination_message_as_one_line_from_local_rank_0(tmp_path):
+def test_the_failure_reaches_the_termination_message_as_one_line_from_the_first_rank_to_fail(tmp_path):
     log = tmp_path / "termination-log"
     env = {"PARALLELJOB_TERMINATION_LOG": str(log), "LOCAL_RANK": "1"}
+    # Local rank 1 failed first (torchrun then stops rank 0 before it reports): its line is the message.
     preflight.report_failure("NetworkReady", "NoRdmaDevice", "fabric infiniband\nbut none", env)
-    assert not log.exists()
-    preflight.report_failure("NetworkReady", "NoRdmaDevice", "fabric infiniband\nbut none", {**env, "LOCAL_RANK": "0"})
+    preflight.report_failure("NetworkReady", "NoRdmaDevice", "a later rank's words", {**env, "LOCAL_RANK": "0"})
     assert log.read_text() == "NetworkReady NoRdmaDevice: fabric infiniband but none\n"
     # What the operator and the local runner read back from it.
     assert network.parse_failure(log.read_text()) == network.NetworkFailure(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import fcntl
 import os
 import resource
 from collections.abc import Callable, Mapping
@@ -237,9 +238,15 @@ def run_preflight(env: Mapping[str, str], gpu: bool, host: Host | None = None) -
 
 
 def report_failure(condition: str, reason: str, message: str, env: Mapping[str, str]) -> None:
-    """Write the reason to the container's termination message (local rank 0 only; never raises)."""
-    if env.get("LOCAL_RANK", "0") != "0":
-        return
+    """Write the reason to the container's termination message, first writer wins (never raises).
+
+    Any local rank may write it: the first to fail its preflight makes torchrun stop the others, so a rule such as
+    "local rank 0 writes" loses the message whenever another rank got there first (and the gang is restarted into
+    the same failure). The ranks of one pod take turns on the file with flock, and only the first writes."""
     path = Path(env.get(environment.TERMINATION_LOG) or environment.DEFAULT_TERMINATION_LOG)
     with contextlib.suppress(OSError):
-        path.write_text(NetworkFailure(condition, reason, message).line() + "\n")
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+            fcntl.flock(out, fcntl.LOCK_EX)
+            if os.fstat(out.fileno()).st_size == 0:
+                out.write(NetworkFailure(condition, reason, message).line() + "\n")

@@ -231,12 +231,20 @@ class LocalRun:
     def termination_log(self, node_rank: int) -> Path:
         return self.output / f"node-{node_rank}.termination-log"
 
-    def network_failure(self, outcome: gangs.GangOutcome) -> NetworkFailure | None:
-        """What the failed node's termination message says about the network, if anything."""
+    def network_failure(self, outcome: gangs.GangOutcome) -> tuple[int, NetworkFailure] | None:
+        """The node whose termination message reports a network fault, and the fault: the failed node's message
+        first, then the others'. The node that failed first need not be the one whose preflight found the fault
+        (its ranks may have lost the race to exit); once the gang has stopped, every node that failed its
+        preflight has written why."""
         if outcome.failed_node is None:
             return None
-        path = self.termination_log(outcome.failed_node)
-        return parse_failure(path.read_text() if path.exists() else None)
+        others = [n["nodeRank"] for n in self.plan["nodes"] if n["nodeRank"] != outcome.failed_node]
+        for node in [outcome.failed_node, *others]:
+            path = self.termination_log(node)
+            found = parse_failure(path.read_text() if path.exists() else None)
+            if found is not None:
+                return node, found
+        return None
 
     def node_lines(self) -> list[progress.NodeLine]:
         lines = []
@@ -269,7 +277,7 @@ class LocalRun:
                 network = None if outcome.succeeded else self.network_failure(outcome)
                 if network is not None:
                     # Permanent until the job or the machine changes: a restart would fail the same way.
-                    self.console.print(f"[red]{network.render()}[/] (node rank {outcome.failed_node}; not restarted)")
+                    self.console.print(f"[red]{network[1].render()}[/] (node rank {network[0]}; not restarted)")
                     break
                 if outcome.succeeded or restarts >= backoff:
                     break
@@ -287,7 +295,7 @@ class LocalRun:
         restarts: int,
         wall: float,
         tail: progress.MetricsTail,
-        network: NetworkFailure | None = None,
+        network: tuple[int, NetworkFailure] | None = None,
     ) -> report.RunSummary:
         curve = tail.loss_curve()
         picture = report.write_loss_curve(
@@ -297,8 +305,9 @@ class LocalRun:
         latest = tail.latest() or {}
         reason = outcome.reason
         if network is not None:
-            reason += f": {network.render()}; not restarted, since a restart would fail the same way"
-            reason += f"; see {self.output}/node-{outcome.failed_node}.log"
+            node, failure = network
+            reason += f": {failure.render()}; not restarted, since a restart would fail the same way"
+            reason += f"; see {self.output}/node-{node}.log"
         elif not outcome.succeeded:
             reason += (
                 f"; gave up after {restarts} restarts (backoffLimit {self.resolved.spec.failure_policy.backoff_limit})"
