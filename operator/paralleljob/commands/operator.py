@@ -165,7 +165,10 @@ def lease_settings(args: argparse.Namespace) -> leadership.LeaseSettings | None:
 
     namespace = args.leader_election_namespace or leadership.own_namespace()
     managed = tuple(args.namespaces) if args.namespaces else None
-    return leadership.LeaseSettings.timed(args.leader_election_lease, namespace, args.lease_seconds, managed)
+    lock = admission_lock_settings(args)
+    return leadership.LeaseSettings.timed(
+        args.leader_election_lease, namespace, args.lease_seconds, managed, lock.where if lock else ""
+    )
 
 
 def admission_lock_settings(args: argparse.Namespace) -> admission_lock.LockSettings | None:

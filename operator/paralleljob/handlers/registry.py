@@ -311,8 +311,12 @@ def _report_rivals(rivals: list[leadership.Rival]) -> None:
     assert RUNTIME.session is not None and RUNTIME.election is not None
     lease = RUNTIME.election.lease()
     for rival in new:
-        message = f"{rival.describe()}: two operators would book the same GPUs; uninstall one, or give them "
-        message += "disjoint watchNamespaces"
+        if rival.locks is not None:
+            message = f"{rival.describe()}: their admissions and ours can pick the same free GPUs at the same "
+            message += "moment; give every release the same admissionLock.namespace and admissionLock.name"
+        else:
+            message = f"{rival.describe()}: two operators would book the same GPUs; uninstall one, or give them "
+            message += "disjoint watchNamespaces"
         log.error("rival operator: %s", message)
         events.post(RUNTIME.session, lease, "Warning", RIVAL_OPERATOR, message)
 

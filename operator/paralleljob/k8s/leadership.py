@@ -13,8 +13,11 @@ Rival operators: each operator's Lease carries the label `paralleljob.io/operato
 annotation `paralleljob.io/managed-namespaces`, the namespaces it manages (`*`: all). The leader lists the
 labelled Leases of the whole cluster every `lease_seconds`; one that is held and fresh, is not its own, and
 manages a namespace this operator also manages is a rival: a second operator (another Helm release, or one
-started by hand with another Lease name) that acts on the same jobs. `Leadership` hands the rivals to its
-`on_rivals` callback whenever the set changes; the handlers log, post an Event on the Lease and set a metric.
+started by hand with another Lease name) that acts on the same jobs. So is one whose namespaces are disjoint
+but whose Lease announces another admission lock (annotation `paralleljob.io/admission-lock`, the
+`--admission-lock` Lease, empty for none): it books the same GPUs without taking turns with this one.
+`Leadership` hands the rivals to its `on_rivals` callback whenever the set changes; the handlers log, post an
+Event on the Lease and set a metric.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ LOST_LEASE_EXIT = 3
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 OPERATOR_LEASE_LABEL = "paralleljob.io/operator-lease"
 MANAGED_NAMESPACES = "paralleljob.io/managed-namespaces"
+ADMISSION_LOCK = "paralleljob.io/admission-lock"
 EVERY_NAMESPACE = "*"
 
 
@@ -58,12 +62,21 @@ class LeaseSettings:
     renew_deadline_seconds: int = 10
     retry_seconds: int = 2
     managed: tuple[str, ...] | None = None
+    admission_lock: str = ""  # namespace/name of the --admission-lock Lease; empty: none
 
     @classmethod
-    def timed(cls, name: str, namespace: str, lease_seconds: int, managed: tuple[str, ...] | None) -> LeaseSettings:
+    def timed(
+        cls,
+        name: str,
+        namespace: str,
+        lease_seconds: int,
+        managed: tuple[str, ...] | None,
+        admission_lock: str = "",
+    ) -> LeaseSettings:
         """Settings whose renew deadline (2/3) and retry period (1/7) follow the Lease duration."""
         lease_seconds = max(lease_seconds, 3)
-        return cls(name, namespace, lease_seconds, max(lease_seconds * 2 // 3, 2), max(lease_seconds // 7, 1), managed)
+        renew, retry = max(lease_seconds * 2 // 3, 2), max(lease_seconds // 7, 1)
+        return cls(name, namespace, lease_seconds, renew, retry, managed, admission_lock)
 
     @property
     def where(self) -> str:
@@ -76,9 +89,14 @@ class Rival:
 
     lease: str  # namespace/name
     holder: str
-    shared: tuple[str, ...] | None  # the namespaces both manage (None: every namespace)
+    shared: tuple[str, ...] | None  # the namespaces both manage (None: every namespace; (): none)
+    # Set when the namespaces are disjoint but the admission locks differ: (theirs, ours), "" for none.
+    locks: tuple[str, str] | None = None
 
     def describe(self) -> str:
+        if self.locks is not None:
+            theirs, ours = (lock or "no admission lock" for lock in self.locks)
+            return f"operator {self.holder} (Lease {self.lease}) admits under {theirs}, this one under {ours}"
         scope = "every namespace" if self.shared is None else "namespaces " + ", ".join(self.shared)
         return f"operator {self.holder} (Lease {self.lease}) also manages ParallelJobs in {scope}"
 
@@ -116,7 +134,8 @@ def shared_namespaces(mine: tuple[str, ...] | None, theirs: tuple[str, ...] | No
 
 
 def rivals(leases: Sequence[Mapping[str, Any]], settings: LeaseSettings, at: datetime.datetime) -> list[Rival]:
-    """The operator Leases, other than this one, that are held, not expired at `at`, and overlap ours."""
+    """The operator Leases, other than this one, that are held, not expired at `at`, and overlap ours or, with
+    disjoint namespaces, announce another admission lock."""
     found = []
     for lease in leases:
         metadata, spec = lease.get("metadata") or {}, lease.get("spec") or {}
@@ -127,10 +146,13 @@ def rivals(leases: Sequence[Mapping[str, Any]], settings: LeaseSettings, at: dat
         age = timestamps.seconds_since(renewed, at)
         if age is None or age > float(spec.get("leaseDurationSeconds") or settings.lease_seconds):
             continue
-        theirs = managed_of((metadata.get("annotations") or {}).get(MANAGED_NAMESPACES))
-        shared = shared_namespaces(settings.managed, theirs)
+        annotations = metadata.get("annotations") or {}
+        shared = shared_namespaces(settings.managed, managed_of(annotations.get(MANAGED_NAMESPACES)))
+        their_lock = str(annotations.get(ADMISSION_LOCK) or "")
         if shared != ():
             found.append(Rival(where, str(holder), shared))
+        elif their_lock != settings.admission_lock:
+            found.append(Rival(where, str(holder), shared, (their_lock, settings.admission_lock)))
     return sorted(found, key=lambda rival: rival.lease)
 
 
@@ -149,7 +171,8 @@ class _AnnouncingLock(leaselock.LeaseLock):
             metadata = kubernetes.client.V1ObjectMeta(**(metadata or {}))
         metadata.labels = {**(metadata.labels or {}), OPERATOR_LEASE_LABEL: "true"}
         managed = managed_text(self._settings.managed)
-        metadata.annotations = {**(metadata.annotations or {}), MANAGED_NAMESPACES: managed}
+        announced = {MANAGED_NAMESPACES: managed, ADMISSION_LOCK: self._settings.admission_lock}
+        metadata.annotations = {**(metadata.annotations or {}), **announced}
         return metadata
 
     def create(self, name: str, namespace: str, election_record: Any) -> bool:
