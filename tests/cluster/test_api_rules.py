@@ -5,6 +5,8 @@ OpenAPI schemas of core kinds, stale resourceVersions, missing namespaces and Se
 from __future__ import annotations
 
 import copy
+import datetime
+import email.utils
 from typing import Any
 
 import pytest
@@ -164,10 +166,15 @@ def test_a_second_create_of_the_same_name_is_already_exists(admin):
     ],
     ids=["core", "group"],
 )
-def test_reading_a_missing_object_is_not_found_with_the_servers_date(admin, path, message):
-    response = admin.send("GET", path)
+def test_reading_a_missing_object_is_not_found_with_the_servers_date(cluster, admin, path, message):
+    cluster.server.clock_offset = -3600.0  # an API server an hour behind this machine
+    try:
+        response = admin.send("GET", path)
+    finally:
+        cluster.server.clock_offset = 0.0
     assert refusal(response) == (404, "NotFound", message)
-    assert response.headers["Date"]
+    said = email.utils.parsedate_to_datetime(response.headers["Date"])
+    assert abs((datetime.datetime.now(datetime.UTC) - said).total_seconds() - 3600) < 5
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,18 @@ def operator_args():
     return ["--force-delete-after", "1", "--not-ready-grace", "4"]
 
 
-def test_a_not_ready_blip_shorter_than_the_grace_period_keeps_the_gang(cluster, operator):
-    cluster.add_nodes(16)
+def running_gang_with_a_not_ready_node(cluster, nodes: int) -> str:
+    """The 16-node job Running on `nodes` nodes, then the node of one of its pods NotReady; that node."""
+    cluster.add_nodes(nodes)
     cluster.apply(job_doc())
     cluster.start_running()
     node = cluster.pods()[3]["metadata"]["labels"]["paralleljob.io/node"]
     cluster.set_node_ready(node, False)
+    return node
+
+
+def test_a_not_ready_blip_shorter_than_the_grace_period_keeps_the_gang(cluster, operator):
+    node = running_gang_with_a_not_ready_node(cluster, 16)
     time.sleep(2)
     cluster.set_node_ready(node, True)
     time.sleep(4)
@@ -31,11 +37,7 @@ def test_a_not_ready_blip_shorter_than_the_grace_period_keeps_the_gang(cluster, 
 
 
 def test_a_node_not_ready_past_the_grace_period_restarts_the_gang(cluster, operator):
-    cluster.add_nodes(17)
-    cluster.apply(job_doc())
-    cluster.start_running()
-    node = cluster.pods()[3]["metadata"]["labels"]["paralleljob.io/node"]
-    cluster.set_node_ready(node, False)
+    node = running_gang_with_a_not_ready_node(cluster, 17)
     status = wait_for(lambda: cluster.status().get("restarts") == 1 and cluster.status(), timeout=30, what="restart")
     assert "NotReady for" in status["message"]
     assert node in status["excludedNodes"]

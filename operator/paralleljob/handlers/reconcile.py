@@ -153,8 +153,8 @@ class Pass:
     # Why the current spec is invalid while its running attempt is still supervised from its record.
     spec_problem: str = ""
     # Called right before an admission writes its attempt and placement: raises when the cluster-wide
-    # admission lock (`k8s.admission_lock`) is no longer safely held.
-    fence: Callable[[], None] = lambda: None
+    # admission lock (`k8s.admission_lock`) is no longer safely held; None without the lock.
+    fence: Callable[[], None] | None = None
 
     @property
     def status(self) -> Mapping[str, Any]:
@@ -244,7 +244,7 @@ def reconcile(
     job.setdefault("metadata", {}).setdefault("namespace", namespace)
     owned = found is not None and labels.owned_by(found, str(job["metadata"].get("uid")))
     record = records.record_of(found) if owned else None
-    outcome = _step(Pass(session, settings, job, nodes, admit, record, fence=fence or (lambda: None)))
+    outcome = _step(Pass(session, settings, job, nodes, admit, record, fence=fence))
     m.RECONCILES.labels(outcome=outcome.step).inc()
     if outcome.requeue_after is None and outcome.admission is None and outcome.step not in RESTING_STEPS:
         # The resync: a watch event missed while a watch restarted cannot strand an unfinished job.
@@ -642,7 +642,8 @@ def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
     )
     if refusal := attempt.refusal(resolved):
         return _refused_network(p, refusal)
-    p.fence()  # the reservations read above are still the cluster's: no other operator has planned since
+    if p.fence is not None:
+        p.fence()  # the reservations read above are still the cluster's: no other operator has planned since
     writes.create(p.session, attempt.config_map)
     if write_status(p, _admitted_status(p, resolved, outcome.plan, attempt)):
         # What the RDMA request could not know (an unknown plugin kind, no RDMA resource on the nodes).

@@ -206,11 +206,11 @@ def _admission_pass(key: Hashable, view: reconcile.NodeView) -> None:
 
 
 @contextlib.contextmanager
-def _admission_hold() -> Iterator[Callable[[], None]]:
+def _admission_hold() -> Iterator[Callable[[], None] | None]:
     """The cluster-wide admission lock for one pass, when configured; yields the check to make before the
-    placement is written."""
+    placement is written (None without the lock)."""
     if RUNTIME.lock is None:
-        yield lambda: None
+        yield None
         return
     with RUNTIME.lock.held() as hold:
         yield hold.check

@@ -98,25 +98,32 @@ def micro_time(moment: datetime.datetime) -> str:
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Observed:
-    """The last version of another holder's Lease this operator saw, and since when (its monotonic clock)."""
+    """A version of the Lease as this operator saw it, and since when (its monotonic clock)."""
 
     version: str
     since: float
 
+    @classmethod
+    def of(cls, lease: dict[str, Any] | None, before: Observed | None, at: float) -> Observed:
+        """What is observed now: `before` while the Lease is unchanged, else its new version from `at`."""
+        version = str(((lease or {}).get("metadata") or {}).get("resourceVersion"))
+        return before if before is not None and before.version == version else cls(version, at)
 
-def free(lease: dict[str, Any] | None, holder: str, observed: Observed | None, at: float) -> bool:
-    """Whether `holder` may take the Lease: absent, released, its own, or unchanged since `observed` for longer
+
+def holder_of(lease: dict[str, Any] | None) -> str | None:
+    return ((lease or {}).get("spec") or {}).get("holderIdentity")
+
+
+def free(lease: dict[str, Any] | None, holder: str, observed: Observed, at: float) -> bool:
+    """Whether `holder` may take the Lease: absent, released, its own, or seen unchanged (`observed`) for longer
     than its duration (`at` and `observed.since` on this process's monotonic clock)."""
-    spec = (lease or {}).get("spec") or {}
-    current = spec.get("holderIdentity")
+    current = holder_of(lease)
     if not current or current == holder:
         return True
-    version = str(((lease or {}).get("metadata") or {}).get("resourceVersion"))
-    if observed is None or observed.version != version:
-        return False
-    return at - observed.since > float(spec.get("leaseDurationSeconds") or 0)
+    duration = float(((lease or {}).get("spec") or {}).get("leaseDurationSeconds") or 0)
+    return at - observed.since > duration
 
 
 class AdmissionLock:
@@ -142,22 +149,18 @@ class AdmissionLock:
         deadline = time.monotonic() + self.settings.wait_seconds
         reported, observed = False, None
         while True:
-            lease = self._read()
-            version = str(((lease or {}).get("metadata") or {}).get("resourceVersion"))
-            if observed is None or observed.version != version:
-                observed = Observed(version, time.monotonic())
-            if free(lease, self.holder, observed, time.monotonic()):
+            lease, now = self._read(), time.monotonic()
+            observed = Observed.of(lease, observed, now)
+            if free(lease, self.holder, observed, now):
                 written = self._write(lease, self._session.server_now())
                 if written is not None:
                     return written
             elif not reported:
-                holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
-                log.info("admission waits for the lock %s, held by %s", self.settings.where, holder)
+                log.info("admission waits for the lock %s, held by %s", self.settings.where, holder_of(lease))
                 reported = True
-            if time.monotonic() > deadline:
-                holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+            if now > deadline:
                 raise LockBusy(
-                    f"the admission lock {self.settings.where} stayed held by {holder} for "
+                    f"the admission lock {self.settings.where} stayed held by {holder_of(lease)} for "
                     f"{self.settings.wait_seconds:.0f}s"
                 )
             time.sleep(POLL_SECONDS)
@@ -176,7 +179,7 @@ class AdmissionLock:
             "leaseDurationSeconds": self.settings.hold_seconds,
             "acquireTime": micro_time(now),
             "renewTime": micro_time(now),
-            "leaseTransitions": int(spec.get("leaseTransitions") or 0) + (spec.get("holderIdentity") != self.holder),
+            "leaseTransitions": int(spec.get("leaseTransitions") or 0) + (holder_of(lease) != self.holder),
         }
         namespace, name = self.settings.namespace, self.settings.name
         if lease is None:
