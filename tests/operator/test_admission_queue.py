@@ -73,6 +73,62 @@ def test_a_job_offered_again_while_waiting_keeps_one_place_with_its_newer_order(
     assert queue.waiting() == [("ns", "b"), ("ns", "a")]
 
 
+def test_a_job_offered_alone_is_tried_after_the_waiting_jobs_ahead_of_it() -> None:
+    # A waiting job's own pass (its status changed, its timer fell due) offers it alone. When GPUs had been
+    # freed just before, a round of that one job used to admit it ahead of the jobs that had been found not to
+    # fit before it (the CI failure that test_freed_gpus_go_to_the_first_job_in_order... reproduces).
+    free = threading.Event()
+    passes: list[str] = []
+    admitted: list[str] = []
+    six_passes = threading.Event()
+
+    def admit(key: Any, _: None) -> bool:
+        passes.append(key[1])
+        if len(passes) == 6:
+            six_passes.set()
+        if free.is_set() and not admitted:
+            admitted.append(key[1])
+            return False
+        return True  # did not fit: it keeps its place
+
+    queue: AdmissionQueue[None] = AdmissionQueue(admit, snapshot=lambda: None)
+    jobs = {"a-default-oldest": (0, "01"), "c-high-older": (1000, "02"), "b-high-newer": (1000, "03")}
+    orders = {
+        name: Order.of("ns", name, restarting=False, priority=priority, created=f"2026-01-{day}T00:00:00Z")
+        for name, (priority, day) in jobs.items()
+    }
+    queue.offer_all((("ns", name), order) for name, order in orders.items())
+    queue.start()
+    try:
+        wait_for(lambda: len(passes) == 3, timeout=10, what="the first round")
+        assert queue.waiting() == [("ns", "c-high-older"), ("ns", "b-high-newer"), ("ns", "a-default-oldest")]
+        free.set()
+        queue.offer(("ns", "a-default-oldest"), orders["a-default-oldest"])
+        assert six_passes.wait(10), f"passes: {passes}"
+    finally:
+        queue.stop()
+    assert passes == ["c-high-older", "b-high-newer", "a-default-oldest"] * 2
+    assert admitted == ["c-high-older"]
+    assert queue.waiting() == [("ns", "b-high-newer"), ("ns", "a-default-oldest")]
+
+
+def test_a_job_offered_alone_does_not_bring_in_the_jobs_behind_it() -> None:
+    queue: AdmissionQueue[None] = AdmissionQueue(lambda key, _: True, snapshot=lambda: None)
+    low = Order.of("ns", "low", restarting=False, priority=0, created="2026-01-01T00:00:00Z")
+    high = Order.of("ns", "high", restarting=False, priority=10, created="2026-01-01T00:00:00Z")
+    queue.offer_all([(("ns", "low"), low), (("ns", "high"), high)])
+    assert queue.take_round() == [("ns", "high"), ("ns", "low")]
+    queue.settle(("ns", "high"), high, waiting=True)
+    queue.settle(("ns", "low"), low, waiting=True)
+    queue.offer(("ns", "high"), high)
+    assert queue.take_round() == [("ns", "high")]
+    queue.offer(("ns", "low"), low)
+    assert queue.take_round() == [("ns", "high"), ("ns", "low")]
+    queue.settle(("ns", "high"), high, waiting=False)  # admitted, or gone: it leaves the queue
+    queue.offer(("ns", "low"), low)
+    assert queue.take_round() == [("ns", "low")]
+
+
 def cluster_wide_pod_lists(emulator: Any) -> int:
     return sum(1 for call in operator_calls(emulator) if call == ("list", "", "pods", ""))
 
@@ -126,8 +182,20 @@ def test_freed_gpus_go_to_the_first_job_in_order_and_no_admission_lists_every_po
     wait_for(lambda: cluster_wide_job_lists(emulator) >= job_lists + 1 + len(waiting), what="admission passes")
     assert cluster_wide_pod_lists(emulator) == pod_lists
 
+    # From here every list of the jobs takes 3 s, so that the recheck that the holder's end requests offers
+    # the waiting jobs late; meanwhile the last job in order is offered alone (any change of it brings a pass)
+    # and its admission pass sees the freed GPUs. They must still go to the first job in order.
+    emulator.emulator.latency[("list", "paralleljobs")] = 3.0
     cluster.set_pod_phase("holder-0", "Succeeded")
-    wait_for(lambda: len(cluster.pods("c-high-older")) == 2, timeout=30, what="the first job in order started")
+    wait_for(lambda: cluster.status("holder").get("phase") == "Succeeded", what="the holder's end")
+    finished = lambda: all(pod["status"].get("phase") == "Succeeded" for pod in cluster.pods("holder"))  # noqa: E731
+    wait_for(finished, what="the holder's last running pod gone")
+    touch = {"metadata": {"annotations": {"example.com/touched": "true"}}}
+    cluster.custom.patch_namespaced_custom_object(
+        "paralleljob.io", "v1alpha1", "research", "paralleljobs", "a-default-oldest", touch
+    )
+    started = lambda: [name for name in waiting if len(cluster.pods(name)) == 2]  # noqa: E731
+    assert wait_for(started, timeout=30, what="a waiting job started") == ["c-high-older"]
     for name in ("a-default-oldest", "b-high-newer"):
         assert cluster.pods(name) == []
         assert scheduled(cluster, name).get("reason") == "Unschedulable"

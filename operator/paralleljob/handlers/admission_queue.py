@@ -14,8 +14,12 @@ the change that freed them requests. Order, the first difference deciding:
 3. earlier creation first;
 4. namespace and name, so that the order is total.
 
-A job that does not fit goes back to waiting (the jobs after it are still tried: a large job that does not
-fit yet does not hold small ones back). The worker starts admitting once the watches have listed the cluster.
+A job that does not fit keeps its place (the jobs after it are still tried: a large job that does not fit
+yet does not hold small ones back). A round is not only the jobs offered for it: every job that keeps its
+place ahead of one of them is tried again first. A job's own pass (its status changed, its timer fell due)
+offers it alone; without this, a round of that one job, taken just after GPUs were freed, would admit it ahead
+of every job waiting before it. A job leaves the queue when its pass admits it or finds it no longer waiting
+(deleted, invalid, finished). The worker starts admitting once the watches have listed the cluster.
 """
 
 from __future__ import annotations
@@ -72,18 +76,20 @@ class PriorityValues:
 
 class AdmissionQueue(Generic[Snapshot]):
     """Waiting jobs by key, and the one thread that admits them in rounds, in `Order`: `admit(key, snapshot)`
-    for each key of a round, with the round's `snapshot()`."""
+    for each key of a round, with the round's `snapshot()`; it returns whether the job still waits for GPUs
+    (it keeps its place)."""
 
     def __init__(
         self,
-        admit: Callable[[Hashable, Snapshot], None],
+        admit: Callable[[Hashable, Snapshot], bool],
         snapshot: Callable[[], Snapshot],
         ready: Callable[[float], bool] = lambda _: True,
     ) -> None:
         self._admit = admit
         self._snapshot = snapshot
         self._ready = ready
-        self._waiting: dict[Hashable, Order] = {}
+        self._waiting: dict[Hashable, Order] = {}  # offered since the last round
+        self._kept: dict[Hashable, Order] = {}  # found not to fit: they keep their place
         self._changed = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None
@@ -110,29 +116,46 @@ class AdmissionQueue(Generic[Snapshot]):
             self._changed.notify()
 
     def waiting(self) -> list[Hashable]:
-        """The waiting keys, first to be admitted first."""
+        """The waiting keys (offered, or keeping their place), first to be admitted first."""
         with self._changed:
-            return sorted(self._waiting, key=self._waiting.__getitem__)
+            orders = {**self._kept, **self._waiting}  # an offer's order is the newer one
+        return sorted(orders, key=orders.__getitem__)
 
     def take_round(self) -> list[Hashable] | None:
-        """Remove and return every waiting key in order, blocking until there is one; None once stopped."""
+        """Every key offered since the last round and every key keeping its place ahead of one of them, in
+        order; blocks until a key is offered; None once stopped. Call `settle` for each key once tried."""
+        orders = self._take_round()
+        return None if orders is None else sorted(orders, key=orders.__getitem__)
+
+    def _take_round(self) -> dict[Hashable, Order] | None:
         with self._changed:
             while not self._waiting and not self._stopped:
                 self._changed.wait()
             if self._stopped:
                 return None
-            keys = sorted(self._waiting, key=self._waiting.__getitem__)
-            self._waiting.clear()
-            return keys
+            last = max(self._waiting.values())
+            orders = {key: order for key, order in self._kept.items() if order < last} | self._waiting
+            self._waiting = {}
+            return orders
+
+    def settle(self, key: Hashable, order: Order, *, waiting: bool) -> None:
+        """After a key's pass: it keeps its place with `order` while it still waits, else leaves the queue."""
+        with self._changed:
+            if waiting:
+                self._kept[key] = order
+            else:
+                self._kept.pop(key, None)
 
     def _run(self) -> None:
         while not self._stopped and not self._ready(1.0):
             pass
-        while (keys := self.take_round()) is not None:
+        while (orders := self._take_round()) is not None:
             snapshot = self._snapshot()
-            for key in keys:
+            for key in sorted(orders, key=orders.__getitem__):
                 self.admitted = [*self.admitted[-999:], key]
+                waiting = False
                 try:
-                    self._admit(key, snapshot)
+                    waiting = self._admit(key, snapshot)
                 except Exception:  # the action reports and retries its own failures; never let the worker die
                     log.exception("admission of %s failed", key)
+                self.settle(key, orders[key], waiting=waiting)

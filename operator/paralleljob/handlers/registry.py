@@ -174,9 +174,10 @@ def _offer(namespace: str, name: str, request: reconcile.AdmissionRequest) -> No
     RUNTIME.admissions.offer((namespace, name), _order(namespace, name, request))
 
 
-@fenced()
-def _admission_pass(key: Hashable, view: reconcile.NodeView) -> None:
-    """An admission pass (the admission worker's thread); what it asks of the scheduler goes to the loop."""
+@fenced(otherwise=False)
+def _admission_pass(key: Hashable, view: reconcile.NodeView) -> bool:
+    """An admission pass (the admission worker's thread); what it asks of the scheduler goes to the loop.
+    Returns whether the job still waits for GPUs, so that it keeps its place in the queue."""
     assert RUNTIME.session is not None
     namespace, name = typing.cast(tuple[str, str], key)
     started = time.perf_counter()
@@ -192,7 +193,7 @@ def _admission_pass(key: Hashable, view: reconcile.NodeView) -> None:
         log.exception("admission of %s/%s failed (%d in a row); retrying in %.0fs", namespace, name, failed, delay)
         _report_failure(key, error, failed)
         _on_loop(lambda: _coalescer().request_later(key, delay))
-        return
+        return False  # the retry offers it again
     RUNTIME.admission_failures.pop(key, None)
     if outcome.admission is not None:  # not admitted by this pass (its own timer will bring it back)
         _offer(namespace, name, outcome.admission)
@@ -203,6 +204,7 @@ def _admission_pass(key: Hashable, view: reconcile.NodeView) -> None:
             _coalescer().request(RECHECK)
 
     _on_loop(follow_up)
+    return outcome.step == "unschedulable"
 
 
 @contextlib.contextmanager
