@@ -127,6 +127,9 @@ def test_a_job_offered_alone_does_not_bring_in_the_jobs_behind_it() -> None:
     queue.settle(("ns", "high"), high, waiting=False)  # admitted, or gone: it leaves the queue
     queue.offer(("ns", "low"), low)
     assert queue.take_round() == [("ns", "low")]
+    assert queue.waiting() == [("ns", "low")]
+    queue.forget(("ns", "low"))  # deleted while it kept its place
+    assert queue.waiting() == []
 
 
 def cluster_wide_pod_lists(emulator: Any) -> int:

@@ -115,6 +115,12 @@ class AdmissionQueue(Generic[Snapshot]):
             self._waiting.update(offers)
             self._changed.notify()
 
+    def forget(self, key: Hashable) -> None:
+        """The job is gone: it leaves the queue (a job kept last in order would never be tried again)."""
+        with self._changed:
+            self._waiting.pop(key, None)
+            self._kept.pop(key, None)
+
     def waiting(self) -> list[Hashable]:
         """The waiting keys (offered, or keeping their place), first to be admitted first."""
         with self._changed:

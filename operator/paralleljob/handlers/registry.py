@@ -366,6 +366,8 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, **
     if event["type"] == "DELETED":
         # Its reservation and pods are going: the waiting jobs may fit now.
         metrics.observe_phase(namespace or "", name, None)
+        if RUNTIME.admissions is not None:
+            RUNTIME.admissions.forget((namespace, name))
         _request(RECHECK)
         return
     _request((namespace, name))
