@@ -21,6 +21,9 @@ import kubernetes
 import pytest
 import yaml
 
+from paralleljob.handlers import reconcile
+from paralleljob.handlers.nodes import NodeWatch
+from paralleljob.planning.usage import UsageIndex
 from tests.chart.conftest import RELEASE_NAMESPACE, render
 from tests.cluster.apiserver import ClusterThread
 from tests.manifests.conftest import JOB_YAML
@@ -265,6 +268,20 @@ class Operator:
                 self.process.wait(3)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def fresh_view(cluster: Cluster) -> reconcile.NodeView:
+    """What a restarted operator's watches list: the node records and the bound pods' usage."""
+    client = cluster.core.api_client
+    nodes, usage = NodeWatch(), UsageIndex()
+    nodes.replace(client.sanitize_for_serialization(n) for n in cluster.core.list_node().items)
+    usage.replace(
+        client.sanitize_for_serialization(p)
+        for p in cluster.core.list_pod_for_all_namespaces().items
+        if p.spec.node_name and p.status.phase not in ("Succeeded", "Failed")
+    )
+    snapshot = nodes.snapshot()
+    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage.snapshot())
 
 
 def generations_overlapping(emulator: ClusterThread, job: str = "gpt") -> list[str]:

@@ -4,15 +4,30 @@ without listing every pod, and a gang restart never waits behind admissions and 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes
 import pytest
 
+from paralleljob.handlers import reconcile
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order
-from tests.operator.conftest import Cluster, Operator, job_doc, operator_calls, wait_for
+from paralleljob.k8s import session as k8s_session
+from paralleljob.planning.inventory import Reservation
+from tests.operator.conftest import (
+    Cluster,
+    Operator,
+    fresh_view,
+    install_operator_rbac,
+    job_doc,
+    operator_calls,
+    wait_for,
+)
+
+SETTINGS = reconcile.Settings(image="trainer:test")
 
 # Two 4-GPU nodes per job: quick to create, bind and judge.
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
@@ -51,7 +66,7 @@ def test_a_round_admits_in_the_defined_order(jobs: list[tuple[str, bool, int, st
         if len(admitted) == len(jobs):
             done.set()
 
-    queue: AdmissionQueue[int] = AdmissionQueue(admit, snapshot=lambda: len(admitted))
+    queue: AdmissionQueue[int, None] = AdmissionQueue(admit, snapshot=lambda: len(admitted))
     queue.offer_all(
         (("ns", name), Order.of("ns", name, restarting=restarting, priority=priority, created=created))
         for name, restarting, priority, created in jobs
@@ -66,7 +81,7 @@ def test_a_round_admits_in_the_defined_order(jobs: list[tuple[str, bool, int, st
 
 
 def test_a_job_offered_again_while_waiting_keeps_one_place_with_its_newer_order() -> None:
-    queue: AdmissionQueue[None] = AdmissionQueue(lambda key, _: None, snapshot=lambda: None)
+    queue: AdmissionQueue[None, None] = AdmissionQueue(lambda key, _: None, snapshot=lambda: None)
     queue.offer(("ns", "a"), Order.of("ns", "a", restarting=False, priority=0, created="2026-01-01T00:00:00Z"))
     queue.offer(("ns", "b"), Order.of("ns", "b", restarting=False, priority=0, created="2026-01-02T00:00:00Z"))
     queue.offer(("ns", "b"), Order.of("ns", "b", restarting=True, priority=0, created="2026-01-02T00:00:00Z"))
@@ -82,16 +97,16 @@ def test_a_job_offered_alone_is_tried_after_the_waiting_jobs_ahead_of_it() -> No
     admitted: list[str] = []
     six_passes = threading.Event()
 
-    def admit(key: Any, _: None) -> bool:
+    def admit(key: Any, _: None) -> str | None:
         passes.append(key[1])
         if len(passes) == 6:
             six_passes.set()
         if free.is_set() and not admitted:
             admitted.append(key[1])
-            return False
-        return True  # did not fit: it keeps its place
+            return None
+        return "judged against a full cluster"  # did not fit: it keeps its place
 
-    queue: AdmissionQueue[None] = AdmissionQueue(admit, snapshot=lambda: None)
+    queue: AdmissionQueue[None, str] = AdmissionQueue(admit, snapshot=lambda: None)
     jobs = {"a-default-oldest": (0, "01"), "c-high-older": (1000, "02"), "b-high-newer": (1000, "03")}
     orders = {
         name: Order.of("ns", name, restarting=False, priority=priority, created=f"2026-01-{day}T00:00:00Z")
@@ -113,23 +128,54 @@ def test_a_job_offered_alone_is_tried_after_the_waiting_jobs_ahead_of_it() -> No
 
 
 def test_a_job_offered_alone_does_not_bring_in_the_jobs_behind_it() -> None:
-    queue: AdmissionQueue[None] = AdmissionQueue(lambda key, _: True, snapshot=lambda: None)
+    queue: AdmissionQueue[None, str] = AdmissionQueue(lambda key, _: "full", snapshot=lambda: None)
     low = Order.of("ns", "low", restarting=False, priority=0, created="2026-01-01T00:00:00Z")
     high = Order.of("ns", "high", restarting=False, priority=10, created="2026-01-01T00:00:00Z")
     queue.offer_all([(("ns", "low"), low), (("ns", "high"), high)])
     assert queue.take_round() == [("ns", "high"), ("ns", "low")]
-    queue.settle(("ns", "high"), high, waiting=True)
-    queue.settle(("ns", "low"), low, waiting=True)
+    queue.settle(("ns", "high"), high, "full")
+    queue.settle(("ns", "low"), low, "full")
     queue.offer(("ns", "high"), high)
     assert queue.take_round() == [("ns", "high")]
     queue.offer(("ns", "low"), low)
     assert queue.take_round() == [("ns", "high"), ("ns", "low")]
-    queue.settle(("ns", "high"), high, waiting=False)  # admitted, or gone: it leaves the queue
+    queue.settle(("ns", "high"), high, None)  # admitted, or gone: it leaves the queue
     queue.offer(("ns", "low"), low)
     assert queue.take_round() == [("ns", "low")]
     assert queue.waiting() == [("ns", "low")]
     queue.forget(("ns", "low"))  # deleted while it kept its place
     assert queue.waiting() == []
+
+
+def test_a_waiting_job_ahead_is_not_tried_again_while_the_cluster_has_no_more_room() -> None:
+    # Each waiting job's timer offers it alone once a minute: trying every job ahead of it each time would
+    # cost a pass per job ahead, N^2/2 passes a minute for N waiting jobs.
+    rooms = iter([1, 1, 2])  # the free GPUs of each round's snapshot
+    passes: list[tuple[str, int]] = []
+    three = threading.Event()
+
+    def admit(key: Any, room: int) -> int:
+        passes.append((key[1], room))
+        if len(passes) == 4:
+            three.set()
+        return room  # judged against this room: does not fit
+
+    queue: AdmissionQueue[int, int] = AdmissionQueue(
+        admit, lambda: next(rooms), improved=lambda judged, room: room > judged
+    )
+    first = Order.of("ns", "first", restarting=False, priority=0, created="2026-01-01T00:00:00Z")
+    last = Order.of("ns", "last", restarting=False, priority=0, created="2026-01-02T00:00:00Z")
+    queue.offer(("ns", "first"), first)
+    queue.start()
+    try:
+        wait_for(lambda: len(passes) == 1, timeout=10, what="the first round")
+        queue.offer(("ns", "last"), last)  # the room is the same: "first" is not tried again
+        wait_for(lambda: len(passes) == 2, timeout=10, what="the second round")
+        queue.offer(("ns", "last"), last)  # a GPU more: "first" goes first
+        assert three.wait(10), f"passes: {passes}"
+    finally:
+        queue.stop()
+    assert passes == [("first", 1), ("last", 1), ("first", 2), ("last", 2)]
 
 
 def cluster_wide_pod_lists(emulator: Any) -> int:
@@ -138,6 +184,32 @@ def cluster_wide_pod_lists(emulator: Any) -> int:
 
 def cluster_wide_job_lists(emulator: Any) -> int:
     return sum(1 for call in operator_calls(emulator) if call == ("list", "paralleljob.io", "paralleljobs", ""))
+
+
+def quiet(count: Callable[[], int], seconds: float = 1.5) -> int:
+    """The count once it has not changed for `seconds`."""
+    last, since = count(), time.monotonic()
+    deadline = since + 60
+    while time.monotonic() - since < seconds:
+        assert time.monotonic() < deadline, f"still changing after a minute: {last}"
+        time.sleep(0.05)
+        if (now := count()) != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+def touch_job(cluster: Cluster, name: str, value: str) -> None:
+    """Change the job's metadata: its watch event brings a pass, which offers a waiting job alone."""
+    touch = {"metadata": {"annotations": {"example.com/touched": value}}}
+    cluster.custom.patch_namespaced_custom_object("paralleljob.io", "v1alpha1", "research", "paralleljobs", name, touch)
+
+
+def job_gone(cluster: Cluster, name: str) -> bool:
+    try:
+        cluster.custom.get_namespaced_custom_object("paralleljob.io", "v1alpha1", "research", "paralleljobs", name)
+    except kubernetes.client.ApiException as error:
+        return error.status == 404
+    return False
 
 
 def scheduled(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -185,6 +257,12 @@ def test_freed_gpus_go_to_the_first_job_in_order_and_no_admission_lists_every_po
     wait_for(lambda: cluster_wide_job_lists(emulator) >= job_lists + 1 + len(waiting), what="admission passes")
     assert cluster_wide_pod_lists(emulator) == pod_lists
 
+    # With no more room than the waiting jobs were judged against, a job offered alone costs one round: the
+    # round's read of the reservations and its own pass's; the jobs ahead of it are not tried again.
+    job_lists = quiet(lambda: cluster_wide_job_lists(emulator))
+    touch_job(cluster, "a-default-oldest", "1")
+    assert quiet(lambda: cluster_wide_job_lists(emulator)) == job_lists + 2
+
     # From here every list of the jobs takes 3 s, so that the recheck that the holder's end requests offers
     # the waiting jobs late; meanwhile the last job in order is offered alone (any change of it brings a pass)
     # and its admission pass sees the freed GPUs. They must still go to the first job in order.
@@ -193,15 +271,51 @@ def test_freed_gpus_go_to_the_first_job_in_order_and_no_admission_lists_every_po
     wait_for(lambda: cluster.status("holder").get("phase") == "Succeeded", what="the holder's end")
     finished = lambda: all(pod["status"].get("phase") == "Succeeded" for pod in cluster.pods("holder"))  # noqa: E731
     wait_for(finished, what="the holder's last running pod gone")
-    touch = {"metadata": {"annotations": {"example.com/touched": "true"}}}
-    cluster.custom.patch_namespaced_custom_object(
-        "paralleljob.io", "v1alpha1", "research", "paralleljobs", "a-default-oldest", touch
-    )
+    touch_job(cluster, "a-default-oldest", "2")
     started = lambda: [name for name in waiting if len(cluster.pods(name)) == 2]  # noqa: E731
     assert wait_for(started, timeout=30, what="a waiting job started") == ["c-high-older"]
     for name in ("a-default-oldest", "b-high-newer"):
         assert cluster.pods(name) == []
         assert scheduled(cluster, name).get("reason") == "Unschedulable"
+
+
+def test_a_released_reservation_goes_to_the_first_job_in_order(cluster, operator, emulator):
+    # The holder is placed but its pods are not bound: it holds its nodes by its reservation alone, which
+    # goes when it is deleted, with no change the watches see. The jobs waiting ahead of a job offered alone
+    # must be tried again all the same.
+    cluster.add_nodes(2)
+    cluster.apply(job_doc("holder", parallelism=TWO_NODES))
+    wait_for(lambda: len(cluster.pods("holder")) == 2, what="the pods of the holder")
+    waiting = ["first", "second"]
+    for name in waiting:
+        cluster.apply(job_doc(name, parallelism=TWO_NODES))
+        time.sleep(1.05)  # creation times have whole seconds
+    for name in waiting:
+        wait_for(lambda n=name: scheduled(cluster, n).get("reason") == "Unschedulable", what=f"{name} waiting")
+    quiet(lambda: cluster_wide_job_lists(emulator))
+
+    emulator.emulator.latency[("list", "paralleljobs")] = 3.0  # the recheck the deletion requests comes late
+    cluster.custom.delete_namespaced_custom_object("paralleljob.io", "v1alpha1", "research", "paralleljobs", "holder")
+    wait_for(lambda: job_gone(cluster, "holder"), what="the holder gone")
+    touch_job(cluster, "second", "1")
+    started = lambda: [name for name in waiting if len(cluster.pods(name)) == 2]  # noqa: E731
+    assert wait_for(started, timeout=30, what="a waiting job started") == ["first"]
+
+
+def test_an_admission_pass_still_counts_the_reservations_its_round_began_with(cluster, emulator):
+    # GPUs released during a round go to the next round, in order: a pass late in the round still counts what
+    # the round began with, though the job that held it is gone when the pass reads the jobs.
+    cluster.add_nodes(2)
+    cluster.apply(job_doc("late", parallelism=TWO_NODES))
+    session = k8s_session.connect(str(install_operator_rbac(emulator, cluster.client)))
+    view = fresh_view(cluster)
+    began_with = frozenset(Reservation(node, 4, "research/released-meanwhile") for node in view.known)
+    assert reconcile.reconcile(session, SETTINGS, "research", "late", view).step == "awaiting-admission"
+    in_round = dataclasses.replace(view, round_held=began_with)
+    outcome = reconcile.reconcile(session, SETTINGS, "research", "late", in_round, admit=True)
+    assert outcome.step == "unschedulable"
+    assert outcome.held is not None and set(outcome.held) == began_with  # what it was judged against
+    assert reconcile.reconcile(session, SETTINGS, "research", "late", view, admit=True).step == "admitted"
 
 
 def test_a_gang_restart_does_not_wait_behind_admissions(cluster, operator, emulator):

@@ -22,30 +22,20 @@ import random
 import kubernetes
 
 from paralleljob.handlers import reconcile
-from paralleljob.handlers.nodes import NodeWatch
 from paralleljob.k8s import session as k8s_session
-from paralleljob.planning.usage import UsageIndex
-from tests.operator.conftest import generations_overlapping, gpus_oversubscribed, install_operator_rbac, job_doc
+from tests.operator.conftest import (
+    fresh_view,
+    generations_overlapping,
+    gpus_oversubscribed,
+    install_operator_rbac,
+    job_doc,
+)
 
 FOUR_NODES = {"parallelism": {"pipeline": 1, "tensor": 4, "data": 4}, "failurePolicy": {"backoffLimit": 3}}
 FAILURES = 2  # gang restarts the world causes before letting rank 0 finish
 # Kills per run (at least 50, as issue 14 asks); `PARALLELJOB_KILL_COUNT` overrides.
 CI_KILLS = 50
 SETTINGS = reconcile.Settings(image="trainer:test", force_delete_after_seconds=1.0, restart_hold_seconds=0.0)
-
-
-def fresh_view(cluster) -> reconcile.NodeView:
-    """What a restarted operator's watches list: the node records and the bound pods' usage."""
-    client = cluster.core.api_client
-    nodes, usage = NodeWatch(), UsageIndex()
-    nodes.replace(client.sanitize_for_serialization(n) for n in cluster.core.list_node().items)
-    usage.replace(
-        client.sanitize_for_serialization(p)
-        for p in cluster.core.list_pod_for_all_namespaces().items
-        if p.spec.node_name and p.status.phase not in ("Succeeded", "Failed")
-    )
-    snapshot = nodes.snapshot()
-    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage.snapshot())
 
 
 def one_pass(session, cluster, emulator, job: str, kill_after: int | None, answer_lost: bool = False) -> bool:

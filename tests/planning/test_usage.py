@@ -98,6 +98,20 @@ def test_watch_events_keep_per_node_totals_and_say_when_gpus_were_released() -> 
     assert index.usage() == {} and len(index) == 0
 
 
+def test_a_snapshot_counts_the_changes_that_released_requests_and_only_those() -> None:
+    index = UsageIndex()
+    index.observe("ADDED", on("n0", "a", 4))
+    index.observe("ADDED", on("n0", "b", 2))
+    before = index.snapshot().released
+    index.observe("ADDED", on("n1", "c", 8))  # less room: an admission that did not fit still does not
+    index.observe("MODIFIED", on("n0", "b", 2))
+    assert index.snapshot().released == before
+    index.observe("MODIFIED", on("n0", "a", 4, phase="Succeeded"))
+    index.replace([on("n1", "c", 8)])  # a relist that finds b gone
+    assert index.snapshot().released == before + 2
+    assert index.snapshot().without([("research", "c")]).released == before + 2
+
+
 def test_a_relist_corrects_what_the_watch_missed_and_counts_the_drift() -> None:
     index = UsageIndex.of([on("n0", "a", 4), on("n1", "b", 4)])
     drift = index.replace(iter([on("n1", "b", 4), on("n2", "c", 8)]))  # a was deleted, c added, unseen

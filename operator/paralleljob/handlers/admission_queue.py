@@ -3,9 +3,10 @@ order, off the path of gang supervision.
 
 Supervision passes (the `Coalescer`'s threads) never plan: a pass that finds a job without a placement
 `offer()`s it here and returns, so a gang restart never waits behind admissions. One worker thread admits in
-rounds: it takes every waiting job, takes one snapshot of the watches' caches, and runs each job's admission
-pass in `Order` against that snapshot. As it is the only admitter, two admissions never plan onto the same
-GPUs (each reads the placements the previous ones wrote); as the snapshot is the round's, GPUs freed during a
+rounds: it takes every waiting job, takes one snapshot (the watches' caches and every job's reservations), and
+runs each job's admission pass in `Order` against that snapshot. As it is the only admitter, two admissions
+never plan onto the same GPUs (each reads the placements the previous ones wrote); as the snapshot is the
+round's (a pass counts the reservations the round began with as well as those it reads), GPUs freed during a
 round cannot go to a job behind one that was already found not to fit: they wait for the next round, which
 the change that freed them requests. Order, the first difference deciding:
 
@@ -14,12 +15,15 @@ the change that freed them requests. Order, the first difference deciding:
 3. earlier creation first;
 4. namespace and name, so that the order is total.
 
-A job that does not fit keeps its place (the jobs after it are still tried: a large job that does not fit
-yet does not hold small ones back). A round is not only the jobs offered for it: every job that keeps its
-place ahead of one of them is tried again first. A job's own pass (its status changed, its timer fell due)
-offers it alone; without this, a round of that one job, taken just after GPUs were freed, would admit it ahead
-of every job waiting before it. A job leaves the queue when its pass admits it or finds it no longer waiting
-(deleted, invalid, finished). The worker starts admitting once the watches have listed the cluster.
+A job that does not fit keeps its place, with what it was judged against (the jobs after it are still
+tried: a large job that does not fit yet does not hold small ones back). A round is not only the jobs offered
+for it: a job's own pass (its status changed, its timer fell due) offers it alone, and without more, a round
+of that one job taken just after GPUs were freed would admit it ahead of every job waiting before it. So each
+job keeping its place ahead of an offered one is tried again first, unless the round's snapshot has no more
+room than the one it was judged against (`improved`): then it would not fit either, and trying it would make
+each lone offer cost a pass per job ahead of it. A job leaves the queue when its pass admits it or finds it
+no longer waiting (deleted, invalid, finished). The worker starts admitting once the watches have listed the
+cluster.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ log = logging.getLogger(__name__)
 # How long a PriorityClass value is trusted before it is read again.
 PRIORITY_CACHE_SECONDS = 60.0
 Snapshot = TypeVar("Snapshot")
+Judgment = TypeVar("Judgment")
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -74,28 +79,31 @@ class PriorityValues:
         return value
 
 
-class AdmissionQueue(Generic[Snapshot]):
+class AdmissionQueue(Generic[Snapshot, Judgment]):
     """Waiting jobs by key, and the one thread that admits them in rounds, in `Order`: `admit(key, snapshot)`
-    for each key of a round, with the round's `snapshot()`; it returns whether the job still waits for GPUs
-    (it keeps its place)."""
+    for each key of a round, with the round's `snapshot()`. It returns what a job that still waits for GPUs
+    was judged against (it keeps its place), or None when the job left the queue (admitted, gone).
+    `improved(judgment, snapshot)`: whether the snapshot may have room that the judgment did not."""
 
     def __init__(
         self,
-        admit: Callable[[Hashable, Snapshot], bool],
+        admit: Callable[[Hashable, Snapshot], Judgment | None],
         snapshot: Callable[[], Snapshot],
         ready: Callable[[float], bool] = lambda _: True,
+        improved: Callable[[Judgment, Snapshot], bool] = lambda _, __: True,
     ) -> None:
         self._admit = admit
         self._snapshot = snapshot
         self._ready = ready
+        self._improved = improved
         self._waiting: dict[Hashable, Order] = {}  # offered since the last round
-        self._kept: dict[Hashable, Order] = {}  # found not to fit: they keep their place
+        self._kept: dict[Hashable, tuple[Order, Judgment]] = {}  # found not to fit: they keep their place
         self._changed = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None
         self.admitted: list[Hashable] = []  # keys in the order their passes ran (bounded, for tests and logs)
 
-    def start(self) -> AdmissionQueue[Snapshot]:
+    def start(self) -> AdmissionQueue[Snapshot, Judgment]:
         self._thread = threading.Thread(target=self._run, name="admission", daemon=True)
         self._thread.start()
         return self
@@ -124,44 +132,51 @@ class AdmissionQueue(Generic[Snapshot]):
     def waiting(self) -> list[Hashable]:
         """The waiting keys (offered, or keeping their place), first to be admitted first."""
         with self._changed:
-            orders = {**self._kept, **self._waiting}  # an offer's order is the newer one
+            orders = {key: order for key, (order, _) in self._kept.items()} | self._waiting  # an offer is newer
         return sorted(orders, key=orders.__getitem__)
 
     def take_round(self) -> list[Hashable] | None:
         """Every key offered since the last round and every key keeping its place ahead of one of them, in
         order; blocks until a key is offered; None once stopped. Call `settle` for each key once tried."""
-        orders = self._take_round()
-        return None if orders is None else sorted(orders, key=orders.__getitem__)
+        taken = self._take_round()
+        if taken is None:
+            return None
+        orders = {key: order for key, (order, _) in taken[1].items()} | taken[0]
+        return sorted(orders, key=orders.__getitem__)
 
-    def _take_round(self) -> dict[Hashable, Order] | None:
+    def _take_round(self) -> tuple[dict[Hashable, Order], dict[Hashable, tuple[Order, Judgment]]] | None:
+        """The keys offered, and those keeping their place ahead of one of them (not offered again)."""
         with self._changed:
             while not self._waiting and not self._stopped:
                 self._changed.wait()
             if self._stopped:
                 return None
-            last = max(self._waiting.values())
-            orders = {key: order for key, order in self._kept.items() if order < last} | self._waiting
-            self._waiting = {}
-            return orders
+            offered, self._waiting = self._waiting, {}
+            last = max(offered.values())
+            ahead = {key: kept for key, kept in self._kept.items() if kept[0] < last and key not in offered}
+            return offered, ahead
 
-    def settle(self, key: Hashable, order: Order, *, waiting: bool) -> None:
-        """After a key's pass: it keeps its place with `order` while it still waits, else leaves the queue."""
+    def settle(self, key: Hashable, order: Order, judgment: Judgment | None) -> None:
+        """After a key's pass: it keeps its place while it still waits (a judgment), else leaves the queue."""
         with self._changed:
-            if waiting:
-                self._kept[key] = order
+            if judgment is not None:
+                self._kept[key] = (order, judgment)
             else:
                 self._kept.pop(key, None)
 
     def _run(self) -> None:
         while not self._stopped and not self._ready(1.0):
             pass
-        while (orders := self._take_round()) is not None:
+        while (taken := self._take_round()) is not None:
+            offered, ahead = taken
             snapshot = self._snapshot()
+            again = {key: order for key, (order, judged) in ahead.items() if self._improved(judged, snapshot)}
+            orders = again | offered
             for key in sorted(orders, key=orders.__getitem__):
                 self.admitted = [*self.admitted[-999:], key]
-                waiting = False
+                judgment = None
                 try:
-                    waiting = self._admit(key, snapshot)
+                    judgment = self._admit(key, snapshot)
                 except Exception:  # the action reports and retries its own failures; never let the worker die
                     log.exception("admission of %s failed", key)
-                self.settle(key, orders[key], waiting=waiting)
+                self.settle(key, orders[key], judgment)

@@ -115,6 +115,9 @@ class NodeView:
     snapshot: NodeSnapshot = dataclasses.field(default_factory=NodeSnapshot)
     usage: UsageSnapshot = dataclasses.field(default_factory=UsageSnapshot)
     builder: ClusterBuilder = dataclasses.field(default_factory=ClusterBuilder)
+    # Every ParallelJob's reservations when the admission round began (None: not read). A pass plans against
+    # these and the ones it reads itself, so GPUs released during a round go to the next round, in order.
+    round_held: frozenset[planning.Reservation] | None = None
     # Failed image pulls per pod uid, counted from the job-pods watch (`start_failures.PullFailures`).
     pull_failures: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
@@ -136,6 +139,8 @@ class Outcome:
     wake_others: bool = False
     requeue_after: float | None = None
     admission: AdmissionRequest | None = None  # set when the job waits for the admission queue
+    # An admission that did not fit: the reservations it was planned against.
+    held: tuple[planning.Reservation, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,6 +378,10 @@ def _cluster_view(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> ClusterView
     jobs = reads.list_jobs(p.session)
     usage = p.nodes.usage.without(_own_pods_gone(p, labelled))
     held = planning.job_reservations(jobs, exclude=(p.namespace, p.name), bound=usage.bound)
+    if p.nodes.round_held is not None:
+        holder = f"{p.namespace}/{p.name}"
+        earlier = sorted((r for r in p.nodes.round_held if r.holder != holder), key=lambda r: (r.node, r.holder))
+        held = list(dict.fromkeys([*held, *earlier]))  # a reservation in both counts once
     return ClusterView(p.nodes.snapshot, usage.usage, held, p.nodes.builder)
 
 
@@ -613,7 +622,7 @@ def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
         raise failures.PlanningFailed(str(error)) from error
     m.PLANNING.observe(outcome.seconds)
     if outcome.plan is None:
-        return _unschedulable(p, outcome.reason)
+        return dataclasses.replace(_unschedulable(p, outcome.reason), held=tuple(view.held))
     name = labels.config_map_name(p.name)
     previous = reads.get_config_map(p.session, p.namespace, name)
     if previous is not None:

@@ -45,12 +45,12 @@ from paralleljob.api import types as api_types
 from paralleljob.handlers import failures, metrics, progress, reconcile, start_failures
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order, PriorityValues
 from paralleljob.handlers.coalescer import FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS, Coalescer, Next
-from paralleljob.handlers.nodes import NodeWatch
+from paralleljob.handlers.nodes import NodeSnapshot, NodeWatch
 from paralleljob.k8s import admission_lock, events, informer, leadership, reads
 from paralleljob.k8s.session import Session, connect
 from paralleljob.manifests import labels as child_labels
 from paralleljob.manifests import progress as progress_manifests
-from paralleljob.planning.inventory import ClusterBuilder
+from paralleljob.planning.inventory import ClusterBuilder, Reservation, job_reservations
 from paralleljob.planning.usage import UsageIndex
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class Runtime:
     informers: list[informer.Informer] = dataclasses.field(default_factory=list)  # admission waits for these
     job_pods: informer.Informer | None = None
     coalescer: Coalescer | None = None
-    admissions: AdmissionQueue[reconcile.NodeView] | None = None
+    admissions: AdmissionQueue[reconcile.NodeView, Judged] | None = None
     priorities: PriorityValues | None = None
     loop: asyncio.AbstractEventLoop | None = None
     lease: leadership.LeaseSettings | None = None  # None: standalone, always acting
@@ -142,9 +142,39 @@ def _view() -> reconcile.NodeView:
 
 
 def _admission_view() -> reconcile.NodeView:
-    """What an admission round plans from: the node records and the usage of one moment."""
-    snapshot = RUNTIME.nodes.snapshot()
-    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, RUNTIME.usage.snapshot(), RUNTIME.builder)
+    """What an admission round plans from: the node records, the usage and every job's reservations of one
+    moment (no reservations when they cannot be read: each pass reads its own, and every waiting job ahead is
+    tried again)."""
+    snapshot, usage = RUNTIME.nodes.snapshot(), RUNTIME.usage.snapshot()
+    held: frozenset[Reservation] | None = None
+    try:
+        assert RUNTIME.session is not None
+        held = frozenset(job_reservations(reads.list_jobs(RUNTIME.session), bound=usage.bound))
+    except Exception as error:  # the API is down: the passes will fail and be retried
+        log.warning("an admission round could not read the reservations: %s: %s", type(error).__name__, error)
+    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage, RUNTIME.builder, round_held=held)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Judged:
+    """What an admission that did not fit was planned against: the node records, the usage (by its count of
+    releases) and the other jobs' reservations."""
+
+    nodes: NodeSnapshot  # compared by identity: the watch makes a new one whenever a node changes
+    released: int
+    held: frozenset[Reservation]
+
+    @classmethod
+    def of(cls, view: reconcile.NodeView, held: Iterable[Reservation]) -> Judged:
+        return cls(view.snapshot, view.usage.released, frozenset(held))
+
+
+def _improved(judged: Judged, view: reconcile.NodeView) -> bool:
+    """Whether a round's view may have room that a waiting job's judgment did not: a node changed, a pod
+    released requests, or a reservation it counted is gone (or the reservations could not be read)."""
+    if view.snapshot is not judged.nodes or view.usage.released != judged.released or view.round_held is None:
+        return True
+    return not judged.held <= view.round_held
 
 
 @fenced(otherwise=Next())
@@ -174,10 +204,10 @@ def _offer(namespace: str, name: str, request: reconcile.AdmissionRequest) -> No
     RUNTIME.admissions.offer((namespace, name), _order(namespace, name, request))
 
 
-@fenced(otherwise=False)
-def _admission_pass(key: Hashable, view: reconcile.NodeView) -> bool:
+@fenced()
+def _admission_pass(key: Hashable, view: reconcile.NodeView) -> Judged | None:
     """An admission pass (the admission worker's thread); what it asks of the scheduler goes to the loop.
-    Returns whether the job still waits for GPUs, so that it keeps its place in the queue."""
+    Returns what a job that did not fit was judged against, so that it keeps its place in the queue."""
     assert RUNTIME.session is not None
     namespace, name = typing.cast(tuple[str, str], key)
     started = time.perf_counter()
@@ -193,7 +223,7 @@ def _admission_pass(key: Hashable, view: reconcile.NodeView) -> bool:
         log.exception("admission of %s/%s failed (%d in a row); retrying in %.0fs", namespace, name, failed, delay)
         _report_failure(key, error, failed)
         _on_loop(lambda: _coalescer().request_later(key, delay))
-        return False  # the retry offers it again
+        return None  # the retry offers it again
     RUNTIME.admission_failures.pop(key, None)
     if outcome.admission is not None:  # not admitted by this pass (its own timer will bring it back)
         _offer(namespace, name, outcome.admission)
@@ -204,7 +234,7 @@ def _admission_pass(key: Hashable, view: reconcile.NodeView) -> bool:
             _coalescer().request(RECHECK)
 
     _on_loop(follow_up)
-    return outcome.step == "unschedulable"
+    return Judged.of(view, outcome.held) if outcome.held is not None else None
 
 
 @contextlib.contextmanager
@@ -284,7 +314,9 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     RUNTIME.job_pods = informer.Informer(
         session, informer.JOB_PODS, JobPods(RUNTIME.settings.namespaces, RUNTIME.pulls)
     ).start()
-    RUNTIME.admissions = AdmissionQueue(_admission_pass, _admission_view, ready=_watches_synced).start()
+    RUNTIME.admissions = AdmissionQueue(
+        _admission_pass, _admission_view, ready=_watches_synced, improved=_improved
+    ).start()
     if RUNTIME.lease is None:
         metrics.LEADER.set(1)
     else:

@@ -168,6 +168,7 @@ class UsageIndex:
         self._claims: dict[PodKey, Claim] = {}
         self._by_node: dict[str, dict[PodKey, Claim]] = {}
         self._usage: dict[str, NodeUsage] = {}
+        self._released = 0  # changes that released requests so far
         self._lock = threading.Lock()
 
     @classmethod
@@ -212,7 +213,7 @@ class UsageIndex:
     def snapshot(self) -> UsageSnapshot:
         """The totals and the claims of one moment (for an admission round)."""
         with self._lock:
-            return UsageSnapshot(dict(self._usage), dict(self._claims))
+            return UsageSnapshot(dict(self._usage), dict(self._claims), self._released)
 
     def usage(self) -> dict[str, NodeUsage]:
         """Totals by node name, a snapshot (nodes without claims are absent)."""
@@ -237,7 +238,9 @@ class UsageIndex:
             self._claims[key] = claim
             self._by_node.setdefault(claim.node, {})[key] = claim
             self._refresh(claim.node)
-        return old is not None and (claim is None or claim.node != old.node or _shrinks(old, claim))
+        released = old is not None and (claim is None or claim.node != old.node or _shrinks(old, claim))
+        self._released += released
+        return released
 
     def _refresh(self, node: str) -> None:
         claims = self._by_node.get(node)
@@ -254,6 +257,9 @@ class UsageSnapshot:
 
     usage: Mapping[str, NodeUsage] = dataclasses.field(default_factory=dict)
     claims: Mapping[PodKey, Claim] = dataclasses.field(default_factory=dict)
+    # How many changes had released requests by this moment: two snapshots with the same count have the same
+    # room or less in the later one (an admission kept waiting need not be tried again).
+    released: int = 0
 
     @functools.cached_property
     def bound(self) -> frozenset[PodKey]:
@@ -270,7 +276,7 @@ class UsageSnapshot:
         usage = dict(self.usage)
         for claim in gone.values():
             usage[claim.node] = _minus(usage.get(claim.node, EMPTY), claim)
-        return UsageSnapshot(usage, claims)
+        return UsageSnapshot(usage, claims, self.released)
 
 
 def _minus(total: NodeUsage, claim: Claim) -> NodeUsage:
