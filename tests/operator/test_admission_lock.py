@@ -79,7 +79,8 @@ def test_a_late_release_leaves_the_next_holder_alone(session, cluster):
     late = lock(session, "operator-a", hold_seconds=1)
     with late.held():
         time.sleep(2.5)  # expired on the server's clock (the Date header has whole seconds)
-        with lock(session, "operator-b", hold_seconds=30).held():
+        # b sees a's Lease unchanged for its 1 s duration before taking it: a wait of 1 s would race that
+        with lock(session, "operator-b", hold_seconds=30, wait=10.0).held():
             pass  # b took it and released it: free again
         lock(session, "operator-c")._take()
     assert lease_holder(cluster) == "operator-c"
