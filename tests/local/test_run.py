@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -86,13 +87,30 @@ def short_job(
 
 
 def start_run(job: pathlib.Path, output: pathlib.Path) -> subprocess.Popen[str]:
-    """`paralleljob run` in the background, its output captured."""
+    """`paralleljob run` in the background, its output captured; SIGABRT makes it print every thread's stack
+    (faulthandler), for a failure message."""
     return subprocess.Popen(
         [*PARALLELJOB, "run", str(job), "--output", str(output)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
+
+
+def hung_run(proc: subprocess.Popen[str]) -> str:
+    """A run that did not end in time: its threads' stacks and output, and its processes, which are killed
+    (so that the tests after this one start clean)."""
+    left = run_processes()
+    proc.send_signal(signal.SIGABRT)
+    try:
+        out, _ = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        out = "(no output after SIGABRT)"
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return f"the run did not end; its processes:\n{described(left)}\nits output:\n{out[-6000:]}"
 
 
 def wait_until(predicate, timeout: float = 300) -> None:
@@ -217,7 +235,10 @@ def test_interrupting_the_run_stops_every_process_cleanly(tmp_path, sig) -> None
         wait_until(lambda: (output / "metrics.jsonl").exists())
         assert run_processes(), "the run should have started its node processes"
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(hung_run(proc))
     finally:
         proc.kill()
     assert proc.returncode == 130, out[-2000:]

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from paralleljob_contract import environment
@@ -86,8 +86,12 @@ class Gang:
     def __init__(self, launches: Sequence[NodeLaunch], marker: str) -> None:
         self.marker = marker
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
-        for launch in launches:
-            self._procs[launch.node_rank] = self._start(launch)
+        try:
+            for launch in launches:
+                self._procs[launch.node_rank] = self._start(launch)
+        except BaseException:  # Ctrl-C or a failed launch half-way: never leave the started nodes running
+            stop_marked(marker, self._procs.values())
+            raise
 
     def _start(self, launch: NodeLaunch) -> subprocess.Popen[bytes]:
         env = {**os.environ, **launch.env, RUN_MARKER: self.marker, "PYTHONUNBUFFERED": "1"}
@@ -118,22 +122,30 @@ class Gang:
 
     def stop(self) -> None:
         """Terminate every process of the run (nodes and their workers), then kill what is left."""
-        _signal_all(self._pids_alive(), signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        while self._pids_alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        _signal_all(self._pids_alive(), signal.SIGKILL)
-        for proc in self._procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=STOP_GRACE_SECONDS)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        while marked_processes(self.marker) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        stop_marked(self.marker, self._procs.values())
 
-    def _pids_alive(self) -> list[int]:
-        for proc in self._procs.values():
+
+def stop_marked(marker: str, procs: Iterable[subprocess.Popen[bytes]] = ()) -> None:
+    """Terminate every process carrying this run marker (nodes and their workers), then kill what is left;
+    `procs`, the node processes this process started, are reaped."""
+    procs = list(procs)
+
+    def alive() -> list[int]:
+        for proc in procs:
             proc.poll()  # reap finished node processes so they do not linger as zombies
-        return [pid for pid in marked_processes(self.marker) if not _is_zombie(pid)]
+        return [pid for pid in marked_processes(marker) if not _is_zombie(pid)]
+
+    _signal_all(alive(), signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _signal_all(alive(), signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=STOP_GRACE_SECONDS)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _is_zombie(pid: int) -> bool:

@@ -271,8 +271,13 @@ class LocalRun:
         with signals_stop_the_gang(), view:
             while True:
                 view.attempt = restarts + 1
-                gang = gangs.Gang(self.launches(free_port(), self.devices), marker=uuid.uuid4().hex)
-                outcome = gangs.supervise(gang, lambda states: view.update(tail.poll(), tail.latest(), states))
+                marker = uuid.uuid4().hex
+                try:
+                    gang = gangs.Gang(self.launches(free_port(), self.devices), marker=marker)
+                    outcome = gangs.supervise(gang, lambda states: view.update(tail.poll(), tail.latest(), states))
+                except BaseException:  # also a Ctrl-C between the gang's start and its supervision
+                    gangs.stop_marked(marker)
+                    raise
                 view.update(tail.poll(), tail.latest(), gang.states())
                 network = None if outcome.succeeded else self.network_failure(outcome)
                 if network is not None:
