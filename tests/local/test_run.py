@@ -23,6 +23,15 @@ from tests.trainer.reference import train_reference
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 PARALLELJOB = [sys.executable, "-m", "paralleljob"]
+# `paralleljob` as a terminal's foreground job starts, with Ctrl-C (SIGINT) at its default action: a shell
+# that runs the suite in the background (`make test &`, nohup, some CI runners) ignores SIGINT in everything it
+# starts, and an ignored SIGINT stays ignored across exec, so a run would rightly not hear it.
+IN_THE_FOREGROUND = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.executable, sys.argv[1:])",
+    *PARALLELJOB,
+]
 
 pytestmark = pytest.mark.slow
 
@@ -87,10 +96,10 @@ def short_job(
 
 
 def start_run(job: pathlib.Path, output: pathlib.Path) -> subprocess.Popen[str]:
-    """`paralleljob run` in the background, its output captured; SIGABRT makes it print every thread's stack
-    (faulthandler), for a failure message."""
+    """`paralleljob run` started as from a terminal, its output captured; SIGABRT makes it print every thread's
+    stack (faulthandler), for a failure message."""
     return subprocess.Popen(
-        [*PARALLELJOB, "run", str(job), "--output", str(output)],
+        [*IN_THE_FOREGROUND, "run", str(job), "--output", str(output)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -102,6 +111,12 @@ def hung_run(proc: subprocess.Popen[str]) -> str:
     """A run that did not end in time: its threads' stacks and output, and its processes, which are killed
     (so that the tests after this one start clean)."""
     left = run_processes()
+    try:  # which signals it ignores, blocks, catches (hex masks, bit n-1 for signal n)
+        masks = [
+            line for line in pathlib.Path(f"/proc/{proc.pid}/status").read_text().splitlines() if line[:3] == "Sig"
+        ]
+    except OSError:
+        masks = []
     proc.send_signal(signal.SIGABRT)
     try:
         out, _ = proc.communicate(timeout=20)
@@ -110,7 +125,7 @@ def hung_run(proc: subprocess.Popen[str]) -> str:
     for pid in left:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    return f"the run did not end; its processes:\n{described(left)}\nits output:\n{out[-6000:]}"
+    return f"the run did not end ({', '.join(masks)}); its processes:\n{described(left)}\nits output:\n{out[-6000:]}"
 
 
 def wait_until(predicate, timeout: float = 300) -> None:
