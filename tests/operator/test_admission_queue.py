@@ -152,12 +152,12 @@ def test_a_waiting_job_ahead_is_not_tried_again_while_the_cluster_has_no_more_ro
     # cost a pass per job ahead, N^2/2 passes a minute for N waiting jobs.
     rooms = iter([1, 1, 2])  # the free GPUs of each round's snapshot
     passes: list[tuple[str, int]] = []
-    three = threading.Event()
+    four_passes = threading.Event()
 
     def admit(key: Any, room: int) -> int:
         passes.append((key[1], room))
         if len(passes) == 4:
-            three.set()
+            four_passes.set()
         return room  # judged against this room: does not fit
 
     queue: AdmissionQueue[int, int] = AdmissionQueue(
@@ -172,7 +172,7 @@ def test_a_waiting_job_ahead_is_not_tried_again_while_the_cluster_has_no_more_ro
         queue.offer(("ns", "last"), last)  # the room is the same: "first" is not tried again
         wait_for(lambda: len(passes) == 2, timeout=10, what="the second round")
         queue.offer(("ns", "last"), last)  # a GPU more: "first" goes first
-        assert three.wait(10), f"passes: {passes}"
+        assert four_passes.wait(10), f"passes: {passes}"
     finally:
         queue.stop()
     assert passes == [("first", 1), ("last", 1), ("first", 2), ("last", 2)]
