@@ -4,6 +4,9 @@
 processes that keeps both cores busy, so two at once would only slow each other and crowd their timeouts;
 grouped, they run one after another on one worker while the other worker takes the operator, cluster, chart,
 planning and API tests, which spend most of their time waiting on timers and the API server.
+
+The tests of tests/upstream share one group too: they run against one upstream control plane (etcd, the API
+server, the scheduler and the controller-manager, about 1 GB), started once by the worker that takes the group.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import pytest
 
 TRAINING_GROUP = "training-runs"
+UPSTREAM_GROUP = "upstream-control-plane"
+UPSTREAM = "tests/upstream/"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
@@ -18,3 +23,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.xdist_group(TRAINING_GROUP))
+        elif UPSTREAM in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group(UPSTREAM_GROUP))

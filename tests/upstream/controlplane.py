@@ -1,0 +1,349 @@
+"""The upstream Kubernetes control plane as local processes: etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager, from the pinned binaries `make tools` builds into `.tools/bin` (tools/README.md).
+
+It is what envtest starts, plus the scheduler and the controller-manager (as Kubernetes' own
+`hack/local-up-cluster.sh` runs them), so that pods are bound, garbage is collected, nodes that stop heartbeating
+go NotReady and are tainted, and every namespace gets its ServiceAccount and root CA, as on a real cluster:
+- etcd on private loopback ports and its own data folder (`--unsafe-no-fsync`: a test cluster's data is
+  throwaway, and fsync is most of etcd's write latency);
+- kube-apiserver on a free loopback port with a generated CA and serving certificate, ServiceAccount signing
+  keys, static bearer tokens for the test users (`Users`), `--authorization-mode=Node,RBAC` and the default
+  admission plugins (ValidatingAdmissionPolicy and PodSecurity among them);
+- kube-scheduler and kube-controller-manager as the admin, without leader election.
+
+Everything lives under one folder: keys, tokens, kubeconfigs, each process's log, etcd's data and `state.json`
+with the ports and process ids, so `down(folder)` stops what `up` started, even from another process
+(`scripts/local_cluster.py`). Nodes and the pods on them are the kubelet's business (`tests.upstream.kubelet`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.upstream import pki
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = REPO / ".tools" / "bin"
+SERVICE_RANGE = "10.0.0.0/24"
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+# How fast a node that stops heartbeating is marked NotReady: the node-lifecycle controller's period and grace.
+# A real cluster waits 50 s; the test cluster's kubelet renews its Leases every HEARTBEAT_SECONDS.
+NODE_MONITOR_PERIOD, NODE_MONITOR_GRACE = "1s", "8s"
+HEARTBEAT_SECONDS = 2.0
+READY_TIMEOUT = 120.0
+
+
+class ControlPlaneError(RuntimeError):
+    """A component did not start; the message names it and quotes the end of its log."""
+
+
+@dataclasses.dataclass(frozen=True)
+class User:
+    name: str
+    token: str
+    groups: tuple[str, ...]
+
+
+# Users the tests authenticate as: the admin (system:masters, as kubeadm's admin.conf), the kubelet of the test
+# nodes, and two plain users with no rights until a test grants them some.
+USERS = {
+    "admin": ("kubernetes-admin", ("system:masters",)),
+    "kubelet": ("paralleljob-test-kubelet", ("system:masters",)),
+    "alice": ("alice", ()),
+    "bob": ("bob", ()),
+}
+
+
+@dataclasses.dataclass
+class State:
+    """What `up` started, saved as `state.json`."""
+
+    folder: Path
+    apiserver_port: int
+    etcd_port: int
+    pids: dict[str, int]
+    tokens: dict[str, str]
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.folder / "kubeconfig"
+
+    @property
+    def ca(self) -> Path:
+        return pki.Keys(self.folder / "pki").ca
+
+    def kubeconfig_for(self, user: str) -> Path:
+        return self.folder / f"kubeconfig-{user}" if user != "admin" else self.kubeconfig
+
+    def save(self) -> None:
+        data = dataclasses.asdict(self) | {"folder": str(self.folder)}
+        (self.folder / "state.json").write_text(json.dumps(data, indent=2))
+
+    @classmethod
+    def load(cls, folder: Path) -> State:
+        data = json.loads((folder / "state.json").read_text())
+        return cls(**(data | {"folder": Path(data["folder"])}))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def binary(name: str) -> Path:
+    path = BIN / name
+    if not os.access(path, os.X_OK):
+        raise ControlPlaneError(f"{path} is missing: run `make tools` to build the pinned control plane (needs Go)")
+    return path
+
+
+def kubeconfig_document(server: str, ca: Path, user: str, token: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "paralleljob-test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": user, "context": {"cluster": "paralleljob-test", "user": user}}],
+        "current-context": user,
+    }
+
+
+def _write_credentials(folder: Path, server: str, ca: Path) -> dict[str, str]:
+    tokens = {key: secrets.token_hex(16) for key in USERS}
+    # The static token file: token,user,uid,"group1,group2".
+    lines = [f'{tokens[key]},{name},{name},"{",".join(groups)}"' for key, (name, groups) in USERS.items()]
+    (folder / "tokens.csv").write_text("\n".join(lines) + "\n")
+    for key, (name, _) in USERS.items():
+        path = folder / ("kubeconfig" if key == "admin" else f"kubeconfig-{key}")
+        path.write_text(yaml.safe_dump(kubeconfig_document(server, ca, name, tokens[key])))
+    return tokens
+
+
+def _start(folder: Path, name: str, args: list[str]) -> int:
+    log = (folder / "logs" / f"{name}.log").open("ab")
+    # A session of its own, so that a test's Ctrl-C (sent to the foreground process group) does not kill the
+    # cluster before the test's own teardown stops it in order.
+    process = subprocess.Popen(
+        args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    log.close()
+    return process.pid
+
+
+def _etcd_args(folder: Path, port: int, peer_port: int) -> list[str]:
+    client, peer = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer_port}"
+    return [
+        str(binary("etcd")),
+        "--name=default",
+        f"--data-dir={folder / 'etcd'}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=default={peer}",
+        "--unsafe-no-fsync",
+        # 50,000 pods and 10,000 nodes (bench/) need more than the 2 GiB default.
+        "--quota-backend-bytes=8589934592",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_args(folder: Path, keys: pki.Keys, port: int, etcd_port: int) -> list[str]:
+    return [
+        str(binary("kube-apiserver")),
+        f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={folder / 'apiserver'}",
+        f"--tls-cert-file={keys.serving_certificate}",
+        f"--tls-private-key-file={keys.serving_key}",
+        f"--client-ca-file={keys.ca}",
+        f"--token-auth-file={folder / 'tokens.csv'}",
+        f"--service-account-issuer={ISSUER}",
+        f"--api-audiences={ISSUER}",
+        f"--service-account-key-file={keys.service_account_public_key}",
+        f"--service-account-signing-key-file={keys.service_account_key}",
+        f"--service-cluster-ip-range={SERVICE_RANGE}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",
+        "--profiling=false",
+        # The tests create and delete thousands of objects; a real cluster's default of 400 in flight is fine,
+        # but priority and fairness's per-user queues would throttle one admin writing 50,000 pods.
+        "--max-requests-inflight=2000",
+        "--max-mutating-requests-inflight=1000",
+        "--enable-priority-and-fairness=false",
+    ]
+
+
+def _scheduler_args(folder: Path, state: State, port: int) -> list[str]:
+    config = folder / "scheduler.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kubescheduler.config.k8s.io/v1",
+                "kind": "KubeSchedulerConfiguration",
+                "clientConnection": {"kubeconfig": str(state.kubeconfig), "qps": 500, "burst": 1000},
+                "leaderElection": {"leaderElect": False},
+            }
+        )
+    )
+    return [
+        str(binary("kube-scheduler")),
+        f"--config={config}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--authentication-kubeconfig={state.kubeconfig}",
+        f"--authorization-kubeconfig={state.kubeconfig}",
+    ]
+
+
+def _controller_manager_args(state: State, keys: pki.Keys, port: int) -> list[str]:
+    return [
+        str(binary("kube-controller-manager")),
+        f"--kubeconfig={state.kubeconfig}",
+        f"--authentication-kubeconfig={state.kubeconfig}",
+        f"--authorization-kubeconfig={state.kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--controllers=*",
+        f"--root-ca-file={keys.ca}",
+        f"--service-account-private-key-file={keys.service_account_key}",
+        f"--cluster-signing-cert-file={keys.ca}",
+        f"--cluster-signing-key-file={keys.ca_key}",
+        "--use-service-account-credentials=false",
+        f"--service-cluster-ip-range={SERVICE_RANGE}",
+        f"--node-monitor-period={NODE_MONITOR_PERIOD}",
+        f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+        "--kube-api-qps=500",
+        "--kube-api-burst=1000",
+    ]
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        waited = 0  # not our child (started by another process): ask the kernel instead
+    if waited == pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0
+
+
+def get(state: State, path: str, token: str | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    context = ssl.create_default_context(cafile=str(state.ca))
+    request = urllib.request.Request(state.server + path)
+    request.add_header("Authorization", f"Bearer {token or state.tokens['admin']}")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def _wait_until(state: State, component: str, ready: Any, timeout: float = READY_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(state.pids[component]):
+            raise ControlPlaneError(f"{component} exited:\n{_tail(state.folder / 'logs' / f'{component}.log')}")
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise ControlPlaneError(
+        f"{component} not ready after {timeout:.0f} s:\n{_tail(state.folder / 'logs' / f'{component}.log')}"
+    )
+
+
+def _etcd_ready(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+        return b'"health":"true"' in response.read()
+
+
+def up(folder: Path) -> State:
+    """Start etcd, the API server, the scheduler and the controller-manager; return once the API server is ready
+    and the controller-manager has published the root CA to the default namespace (its controllers run)."""
+    folder = folder.resolve()
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    keys = pki.make_keys(folder / "pki")
+    apiserver_port, etcd_port = free_port(), free_port()
+    server = f"https://127.0.0.1:{apiserver_port}"
+    tokens = _write_credentials(folder, server, keys.ca)
+    state = State(folder, apiserver_port, etcd_port, {}, tokens)
+    try:
+        state.pids["etcd"] = _start(folder, "etcd", _etcd_args(folder, etcd_port, free_port()))
+        state.save()
+        _wait_until(state, "etcd", lambda: _etcd_ready(etcd_port))
+        state.pids["kube-apiserver"] = _start(
+            folder, "kube-apiserver", _apiserver_args(folder, keys, apiserver_port, etcd_port)
+        )
+        state.save()
+        _wait_until(state, "kube-apiserver", lambda: get(state, "/readyz")[0] == 200)
+        state.pids["kube-scheduler"] = _start(folder, "kube-scheduler", _scheduler_args(folder, state, free_port()))
+        state.pids["kube-controller-manager"] = _start(
+            folder, "kube-controller-manager", _controller_manager_args(state, keys, free_port())
+        )
+        state.save()
+        _wait_until(
+            state,
+            "kube-controller-manager",
+            lambda: get(state, "/api/v1/namespaces/default/configmaps/kube-root-ca.crt")[0] == 200,
+        )
+    except BaseException:
+        down(folder)
+        raise
+    return state
+
+
+def down(folder: Path, grace: float = 10.0) -> None:
+    """Stop what `up` started, newest first (SIGTERM, then SIGKILL after `grace`); a stopped cluster is a no-op."""
+    try:
+        state = State.load(folder.resolve())
+    except FileNotFoundError:
+        return
+    for name, pid in reversed(list(state.pids.items())):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        del state.pids[name]
+        state.save()

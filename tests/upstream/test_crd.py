@@ -1,0 +1,159 @@
+"""The chart's CRD on the real kube-apiserver, installed by `helm install`: every CEL rule refuses exactly the
+jobs its Python twin refuses, with the rule's own message at its field, and what a user does with kubectl
+(apply without `--validate=false`, server-side apply, explain, the printer columns) works.
+
+The jobs are the CEL table of tests/api/test_cel_rules.py, which exercises every rule both ways. They are sent
+as dry-run creates: the API server defaults, validates and runs CEL (costs included) exactly as for a create,
+and stores nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from paralleljob.api import crd, parsing, rules
+from tests.api import test_cel_rules
+from tests.api.jobs import job
+from tests.upstream.conftest import REPO, Api, Tool
+
+JOBS = "/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs"
+EXAMPLES = sorted(p for p in (REPO / "examples").glob("*.yaml") if not p.name.startswith("cluster-"))
+
+
+def job_of(edits: dict[str, Any]) -> dict[str, Any]:
+    return job(**{k.replace(".", "__"): v for k, v in edits.items()})
+
+
+def refusing_rules(doc: dict[str, Any]) -> set[str]:
+    """The messages of the rules whose Python twin refuses the job, as the server defaults it first."""
+    spec, problems = parsing.parse_spec(crd.apply_defaults(test_cel_rules.SPEC_SCHEMA, doc["spec"]))
+    assert spec is not None, problems
+    return {rule.message for rule in rules.RULES if rule.check(spec) is not None}
+
+
+def server_refusals(api: Api, namespace: str, doc: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+    response = api.send("POST", JOBS.format(namespace=namespace), doc, dryRun="All")
+    if response.status_code == 201:
+        return 201, []
+    body = response.json()
+    causes = list((body.get("details") or {}).get("causes") or [])
+    # A FieldValueInvalid cause reads "Invalid value: <the rule's message>", as `kubectl apply` prints it.
+    return response.status_code, [c | {"message": c["message"].removeprefix("Invalid value: ")} for c in causes]
+
+
+@pytest.mark.parametrize("case", test_cel_rules.CASES, ids=list(test_cel_rules.CASES))
+def test_the_real_server_refuses_exactly_what_the_python_twins_refuse(
+    chart: str, admin_api: Api, namespace: str, case: str
+) -> None:
+    doc = job_of(test_cel_rules.CASES[case])
+    wanted = refusing_rules(doc)
+    code, causes = server_refusals(admin_api, namespace, doc)
+    by_message = {cause["message"]: cause.get("field") for cause in causes}
+    assert code == (422 if wanted else 201), causes
+    assert set(by_message) == wanted
+    for rule in rules.RULES:
+        if rule.message in by_message:
+            assert by_message[rule.message] == "spec" + rule.field_path, rule.name
+
+
+def test_every_rule_of_the_crd_is_a_rule_the_table_refuses_once(chart: str, admin_api: Api, namespace: str) -> None:
+    """The server's CRD has every rule of the Python table, and each refuses at least one job of the table."""
+    refused: set[str] = set()
+    for edits in test_cel_rules.CASES.values():
+        _, causes = server_refusals(admin_api, namespace, job_of(edits))
+        refused |= {cause["message"] for cause in causes}
+    assert refused == {rule.message for rule in rules.RULES}
+
+
+@pytest.mark.parametrize(("name", "allowed"), [("a" * 56, True), ("a" * 57, False)])
+def test_the_name_rule_runs_on_the_server(chart: str, admin_api: Api, namespace: str, name: str, allowed: bool) -> None:
+    doc = job()
+    doc["metadata"]["name"] = name
+    code, causes = server_refusals(admin_api, namespace, doc)
+    assert (code == 201) == allowed, causes
+    if not allowed:
+        assert [c["message"] for c in causes] == [rules.NAME_RULE_MESSAGE]
+
+
+def test_a_transition_rule_refuses_changing_the_layout_of_a_created_job(
+    chart: str, admin_api: Api, namespace: str
+) -> None:
+    path = JOBS.format(namespace=namespace)
+    admin_api.create(path, job())
+    response = admin_api.send("PATCH", f"{path}/gpt-small", {"spec": {"parallelism": {"tensor": 2}}})
+    assert response.status_code == 422, response.text
+    response = admin_api.send("PATCH", f"{path}/gpt-small", {"spec": {"parallelism": {"gpus": 16}}})
+    assert response.status_code == 422 and "budget" in response.text, response.text
+
+
+def test_the_status_subresource_keeps_spec_and_status_apart(chart: str, admin_api: Api, namespace: str) -> None:
+    path = JOBS.format(namespace=namespace)
+    admin_api.create(path, job())
+    patched = admin_api.ok(
+        admin_api.send(
+            "PATCH", f"{path}/gpt-small/status", {"status": {"phase": "Running"}, "spec": {"training": {"steps": 1}}}
+        )
+    )
+    assert patched["status"]["phase"] == "Running" and patched["spec"]["training"]["steps"] == 100
+    patched = admin_api.ok(admin_api.send("PATCH", f"{path}/gpt-small", {"status": {"phase": "Failed"}}))
+    assert patched["status"]["phase"] == "Running"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_kubectl_apply_of_every_example_needs_no_validate_false(
+    chart: str, kubectl: Tool, namespace: str, example: Any
+) -> None:
+    """Client-side and server-side apply of every example. The one example that shows a mistake is refused with
+    the CRD's message, as its header says."""
+    text = example.read_text()
+    invalid = "reject it up front" in text
+    for mode in ((), ("--server-side",)):
+        done = kubectl.run("apply", "-n", namespace, *mode, "-f", str(example), check=False)
+        if invalid:
+            assert done.returncode == 1 and "incompatible with pipeline parallelism" in done.stderr, done.stderr
+        else:
+            assert done.returncode == 0, done.stderr
+
+
+def test_kubectl_explain_answers_from_the_servers_openapi(chart: str, kubectl: Tool) -> None:
+    text = kubectl("explain", "paralleljob.spec.parallelism")
+    assert "The 3D layout: pipeline x tensor x data." in text
+    for field in ("pipeline", "tensor", "data", "gpus", "nodes"):
+        assert f"  {field}\t<integer>" in text, text
+
+
+def test_kubectl_get_shows_the_printer_columns(chart: str, admin_api: Api, kubectl: Tool, namespace: str) -> None:
+    path = JOBS.format(namespace=namespace)
+    admin_api.create(path, job())
+    status = {
+        "phase": "Running",
+        "layout": "2x4x2",
+        "worldSize": 16,
+        "nodes": 2,
+        "progress": {"step": 7, "loss": 3.25},
+        "restarts": 1,
+    }
+    admin_api.ok(admin_api.send("PATCH", f"{path}/gpt-small/status", {"status": status}))
+    lines = kubectl("get", "pj", "-n", namespace).splitlines()
+    header, row = lines[0].split(), lines[1].split()
+    assert header == ["NAME", "LAYOUT", "GPUS", "NODES", "PHASE", "STEP", "LOSS", "RESTARTS", "AGE"]
+    assert row[:8] == ["gpt-small", "2x4x2", "16", "2", "Running", "7", "3.25", "1"]
+
+
+def test_the_short_name_and_category_resolve(chart: str, kubectl: Tool, namespace: str) -> None:
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(job()))
+    assert "gpt-small" in kubectl("get", "all", "-n", namespace, "-o", "name")
+    assert kubectl("get", "paralleljobs.paralleljob.io", "-n", namespace, "-o", "name").strip() == (
+        "paralleljob.paralleljob.io/gpt-small"
+    )
+
+
+def test_the_crd_helm_installed_is_the_generated_one(chart: str, kubectl: Tool) -> None:
+    served = yaml.safe_load(kubectl("get", "crd", "paralleljobs.paralleljob.io", "-o", "yaml"))
+    generated = yaml.safe_load((REPO / "crds" / "paralleljob.io_paralleljobs.yaml").read_text())
+    assert copy.deepcopy(served["spec"]["versions"][0]["schema"]) == generated["spec"]["versions"][0]["schema"]
