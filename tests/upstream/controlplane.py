@@ -274,7 +274,7 @@ def get(state: State, path: str, token: str | None = None, timeout: float = 5.0)
         return error.code, error.read()
 
 
-def _wait_until(state: State, component: str, ready: Any, timeout: float = READY_TIMEOUT) -> None:
+def wait_until(state: State, component: str, ready: Any, timeout: float = READY_TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not _alive(state.pids[component]):
@@ -288,6 +288,21 @@ def _wait_until(state: State, component: str, ready: Any, timeout: float = READY
     raise ControlPlaneError(
         f"{component} not ready after {timeout:.0f} s:\n{_tail(state.folder / 'logs' / f'{component}.log')}"
     )
+
+
+def post(state: State, path: str, body: Any) -> dict[str, Any]:
+    """Create an object as the admin; an object that exists already is fine (a restarted `up`)."""
+    context = ssl.create_default_context(cafile=str(state.ca))
+    request = urllib.request.Request(state.server + path, data=json.dumps(body).encode(), method="POST")
+    request.add_header("Authorization", f"Bearer {state.tokens['admin']}")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            return dict(json.loads(response.read()))
+    except urllib.error.HTTPError as error:
+        if error.code != 409:
+            raise ControlPlaneError(f"POST {path}: {error.code} {error.read().decode(errors='replace')}") from error
+        return {}
 
 
 def _etcd_ready(port: int) -> bool:
@@ -308,18 +323,18 @@ def up(folder: Path) -> State:
     try:
         state.pids["etcd"] = _start(folder, "etcd", _etcd_args(folder, etcd_port, free_port()))
         state.save()
-        _wait_until(state, "etcd", lambda: _etcd_ready(etcd_port))
+        wait_until(state, "etcd", lambda: _etcd_ready(etcd_port))
         state.pids["kube-apiserver"] = _start(
             folder, "kube-apiserver", _apiserver_args(folder, keys, apiserver_port, etcd_port)
         )
         state.save()
-        _wait_until(state, "kube-apiserver", lambda: get(state, "/readyz")[0] == 200)
+        wait_until(state, "kube-apiserver", lambda: get(state, "/readyz")[0] == 200)
         state.pids["kube-scheduler"] = _start(folder, "kube-scheduler", _scheduler_args(folder, state, free_port()))
         state.pids["kube-controller-manager"] = _start(
             folder, "kube-controller-manager", _controller_manager_args(state, keys, free_port())
         )
         state.save()
-        _wait_until(
+        wait_until(
             state,
             "kube-controller-manager",
             lambda: get(state, "/api/v1/namespaces/default/configmaps/kube-root-ca.crt")[0] == 200,

@@ -1,0 +1,640 @@
+"""The process kubelet of the upstream test cluster: what a kubelet does that the control plane relies on, for a
+few fake GPU nodes, with each pod's container run as local processes.
+
+The only simulated part of the cluster. It talks to the real API server as a client, as a kubelet does:
+- registers its Nodes (capacity, allocatable, labels, Ready) and renews their Leases in `kube-node-lease` and
+  their Ready condition every `HEARTBEAT_SECONDS`; a silenced node (a fault) stops both, so the
+  controller-manager's node-lifecycle controller marks it NotReady and taints it, as on a real cluster;
+- watches the pods bound to its nodes and runs each one's first container in its own mount and UTS namespace
+  (`tests.cluster.sandbox`): the container's command and args, or the image's entrypoint and command as its
+  Dockerfile declares them (`IMAGES`), with the project's venv first on PATH; the pod's environment (values, the
+  downward API's fieldRefs) and `KUBERNETES_SERVICE_HOST`/`_PORT` pointing at the API server; volumes at their
+  mount paths: ConfigMaps, emptyDirs, PersistentVolumeClaims (a folder per claim, shared by the pods that mount
+  it), hostPath (a folder under the kubelet's root), and projected volumes with ServiceAccount tokens asked of
+  the TokenRequest API and bound to the pod, ConfigMaps and the downward API (the API server's ServiceAccount
+  admission adds one to every pod, with the token, the cluster's CA and the namespace);
+- reports phase, conditions (PodScheduled kept as the scheduler wrote it), container statuses and the
+  termination message (`terminationMessagePath`), and honours graceful deletion: SIGTERM, the grace period,
+  SIGKILL, then the pod object is deleted with grace 0 as the kubelet confirms it.
+Pods run with restartPolicy Never semantics, and probes are not run. Images are not pulled.
+
+It runs as a process of its own (`python -m tests.upstream.kubelet FOLDER`, started by `tests.upstream.cluster`)
+and takes faults on a loopback HTTP port (`Faults`), so tests and `scripts/local_cluster.py` drive it alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import http.server
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import psutil
+import requests
+
+from paralleljob.k8s import timestamps
+from tests.upstream import controlplane
+
+HEARTBEAT_SECONDS = controlplane.HEARTBEAT_SECONDS
+LEASE_SECONDS = 40
+GRACE_CAP_SECONDS = 10.0
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+TERMINATION_MESSAGE_LIMIT = 4096  # bytes, as the kubelet caps it
+
+
+def _dockerfile_config(path: Path) -> dict[str, list[str]]:
+    """ENTRYPOINT and CMD of a Dockerfile's final stage (exec form), as the image's config would hold them."""
+    config: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        if match := re.match(r"^(ENTRYPOINT|CMD)\s+(\[.*\])\s*$", line):
+            config[match.group(1)] = json.loads(match.group(2))
+        elif line.startswith("FROM "):
+            config = {}
+    return config
+
+
+# The project's own images: what they run when a pod names no command, read from their Dockerfiles (the images
+# themselves are not built here).
+IMAGES = {
+    "ghcr.io/paralleljob/operator": _dockerfile_config(controlplane.REPO / "Dockerfile"),
+    "ghcr.io/paralleljob/trainer": _dockerfile_config(controlplane.REPO / "trainer-image" / "Dockerfile"),
+}
+
+
+def image_config(image: str) -> dict[str, list[str]]:
+    repository = image.split("@", 1)[0].rsplit(":", 1)[0] if "/" in image else image
+    return IMAGES.get(repository, {})
+
+
+def container_command(container: dict[str, Any]) -> list[str]:
+    """Kubernetes' rule: `command` replaces the entrypoint (and drops the image's CMD), `args` replaces CMD."""
+    config = image_config(container.get("image") or "")
+    if container.get("command"):
+        return [*container["command"], *(container.get("args") or [])]
+    return [*config.get("ENTRYPOINT", []), *(container.get("args") or config.get("CMD", []))]
+
+
+@dataclasses.dataclass
+class Running:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    process: subprocess.Popen[bytes]
+    folder: Path
+    container: dict[str, Any]
+    started_at: str
+    stopping: bool = False
+
+
+class Kubelet:
+    def __init__(self, state: controlplane.State, nodes: list[dict[str, Any]], root: Path) -> None:
+        self.state, self.nodes, self.root = state, {n["metadata"]["name"]: n for n in nodes}, root
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {state.tokens['kubelet']}"
+        self.lock = threading.RLock()
+        self.running: dict[str, Running] = {}
+        self.finished: set[str] = set()
+        self.addresses: dict[str, str] = {}
+        self.pods: dict[str, dict[str, Any]] = {}  # every pod bound to one of our nodes, by uid
+        self.silent: set[str] = set()
+        self.stopped = threading.Event()
+
+    # -- the API ------------------------------------------------------------------------------------------
+
+    def api(self, method: str, path: str, body: Any = None, patch: bool = False, **params: Any) -> requests.Response:
+        headers = {"Content-Type": "application/merge-patch+json"} if patch else {}
+        # `verify` per request: a session's own is overridden by $REQUESTS_CA_BUNDLE where it is set.
+        return self.session.request(
+            method,
+            self.state.server + path,
+            data=None if body is None else json.dumps(body),
+            params=params,
+            headers=headers,
+            timeout=30,
+            verify=str(self.state.ca),
+        )
+
+    # -- nodes --------------------------------------------------------------------------------------------
+
+    def register(self) -> None:
+        for name, node in self.nodes.items():
+            body = {"apiVersion": "v1", "kind": "Node", "metadata": node["metadata"], "spec": node.get("spec") or {}}
+            response = self.api("POST", "/api/v1/nodes", body)
+            if response.status_code not in (201, 409):
+                raise RuntimeError(f"registering node {name}: {response.status_code} {response.text}")
+            self.heartbeat(name)
+
+    def node_status(self, name: str) -> dict[str, Any]:
+        now = timestamps.now()
+        status = dict(self.nodes[name].get("status") or {})
+        status.setdefault("capacity", status.get("allocatable", {}))
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "process kubelet is posting ready status",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        status["conditions"] = [ready]
+        status["addresses"] = [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}]
+        status["nodeInfo"] = {
+            **status.get("nodeInfo", {}),
+            "kubeletVersion": "v1.36.3",
+            "operatingSystem": "linux",
+            "architecture": "amd64",
+        }
+        return status
+
+    def heartbeat(self, name: str) -> None:
+        """Renew the node's Lease and post its Ready condition (the node-lifecycle controller reads either)."""
+        now = _micro_now()
+        lease = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"
+        renewed = self.api("PATCH", lease, {"spec": {"renewTime": now, "holderIdentity": name}}, patch=True)
+        if renewed.status_code == 404:
+            body = {
+                "metadata": {"name": name},
+                "spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now},
+            }
+            self.api("POST", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", body)
+        current = self.api("GET", f"/api/v1/nodes/{name}")
+        status = self.node_status(name)
+        if current.ok:
+            before = next(
+                (c for c in current.json().get("status", {}).get("conditions") or [] if c["type"] == "Ready"), None
+            )
+            if before and before.get("status") == "True":
+                status["conditions"][0]["lastTransitionTime"] = before["lastTransitionTime"]
+        self.api("PATCH", f"/api/v1/nodes/{name}/status", {"status": status}, patch=True)
+
+    def heartbeats(self) -> None:
+        while not self.stopped.wait(HEARTBEAT_SECONDS):
+            for name in list(self.nodes):
+                if name not in self.silent:
+                    with contextlib.suppress(requests.RequestException):
+                        self.heartbeat(name)
+
+    # -- pods ---------------------------------------------------------------------------------------------
+
+    def watch_pods(self) -> None:
+        """List, then watch from the list's resourceVersion; a watch that ends or expires lists again."""
+        while not self.stopped.is_set():
+            try:
+                listed = self.api("GET", "/api/v1/pods")
+                listed.raise_for_status()
+                body = listed.json()
+                seen = {p["metadata"]["uid"]: p for p in body["items"]}
+                with self.lock:
+                    for uid in [u for u in self.pods if u not in seen]:
+                        self.gone(self.pods.pop(uid))
+                for pod in seen.values():
+                    self.sync(pod)
+                self.stream(body["metadata"]["resourceVersion"])
+            except (requests.RequestException, ValueError):
+                time.sleep(0.5)
+
+    def stream(self, version: str) -> None:
+        response = self.session.get(
+            self.state.server + "/api/v1/pods",
+            params={"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true", "timeoutSeconds": "300"},
+            stream=True,
+            timeout=(10, 330),
+            verify=str(self.state.ca),
+        )
+        with response:
+            for line in response.iter_lines():
+                if self.stopped.is_set():
+                    return
+                event = json.loads(line)
+                if event["type"] == "ERROR":
+                    return  # 410 Expired: list again
+                if event["type"] == "BOOKMARK":
+                    continue
+                pod = event["object"]
+                if event["type"] == "DELETED":
+                    with self.lock:
+                        if (known := self.pods.pop(pod["metadata"]["uid"], None)) is not None:
+                            self.gone(known)
+                else:
+                    self.sync(pod)
+
+    def sync(self, pod: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        if spec.get("nodeName") not in self.nodes:
+            return
+        uid = meta["uid"]
+        with self.lock:
+            self.pods[uid] = pod
+            running = self.running.get(uid)
+            if spec["nodeName"] in self.silent:
+                return
+            if meta.get("deletionTimestamp"):
+                if running is None:
+                    self.confirm_deletion(pod)
+                elif not running.stopping:
+                    self.terminate(running, pod)
+                return
+            if running is None and uid not in self.finished:
+                self.start(pod)
+        self.write_hosts_files()
+
+    def gone(self, pod: dict[str, Any]) -> None:
+        """A pod object deleted outright (grace 0, or its node deleted): its processes are killed."""
+        running = self.running.get(pod["metadata"]["uid"])
+        if running is not None:
+            self.signal(running, signal.SIGKILL)
+
+    def confirm_deletion(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+        self.api("DELETE", path, {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
+
+    # -- starting -----------------------------------------------------------------------------------------
+
+    def address(self, uid: str) -> str:
+        if uid not in self.addresses:
+            n = len(self.addresses)
+            self.addresses[uid] = f"127.0.{1 + n // 250}.{2 + n % 250}"
+        return self.addresses[uid]
+
+    def hosts(self, namespace: str) -> str:
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        for pod in self.pods.values():
+            meta, spec = pod["metadata"], pod.get("spec") or {}
+            if meta.get("namespace") != namespace:
+                continue
+            hostname = spec.get("hostname") or meta["name"]
+            names = [hostname]
+            if spec.get("subdomain"):
+                sub = f"{hostname}.{spec['subdomain']}"
+                names = [f"{sub}.{namespace}.svc.cluster.local", f"{sub}.{namespace}.svc", sub, hostname]
+            lines.append(f"{self.address(meta['uid'])}\t{' '.join(names)}")
+        return "\n".join(lines) + "\n"
+
+    def write_hosts_files(self) -> None:
+        with self.lock:
+            for running in self.running.values():
+                hosts, text = running.folder / "hosts", self.hosts(running.namespace)
+                if hosts.read_text() != text:
+                    with hosts.open("r+") as out:  # in place: the pod's bind mount keeps the same file
+                        out.seek(0)
+                        out.write(text)
+                        out.truncate()
+
+    def field_values(self, pod: dict[str, Any]) -> dict[str, str]:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        fields = {
+            "metadata.name": meta["name"],
+            "metadata.namespace": meta.get("namespace") or "",
+            "metadata.uid": meta["uid"],
+            "spec.nodeName": spec.get("nodeName") or "",
+            "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
+            "status.podIP": self.address(meta["uid"]),
+            "status.hostIP": "127.0.0.1",
+        }
+        for kind in ("labels", "annotations"):
+            for name, value in (meta.get(kind) or {}).items():
+                fields[f"metadata.{kind}['{name}']"] = value
+        return fields
+
+    def env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        fields = self.field_values(pod)
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/root",
+            "HOSTNAME": spec.get("hostname") or meta["name"],
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(self.state.apiserver_port),
+        }
+        for item in container.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+            elif ref := ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath"):
+                env[item["name"]] = fields.get(ref, "")
+        return env
+
+    def config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+        response = self.api("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+        return dict(response.json().get("data") or {}) if response.ok else None
+
+    def token(self, pod: dict[str, Any], source: dict[str, Any]) -> str:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        account = spec.get("serviceAccountName") or "default"
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [source["audience"]] if source.get("audience") else None,
+                "expirationSeconds": int(source.get("expirationSeconds") or 3607),
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]},
+            },
+        }
+        path = f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{account}/token"
+        response = self.api("POST", path, request)
+        response.raise_for_status()
+        return str(response.json()["status"]["token"])
+
+    def write_items(self, folder: Path, data: dict[str, str], items: list[dict[str, Any]] | None) -> None:
+        for item in items or [{"key": key, "path": key} for key in data]:
+            target = folder / item["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(data.get(item["key"], ""))
+
+    def projected(self, pod: dict[str, Any], folder: Path, volume: dict[str, Any]) -> bool:
+        namespace = pod["metadata"]["namespace"]
+        for source in volume["projected"].get("sources") or []:
+            if "serviceAccountToken" in source:
+                (folder / source["serviceAccountToken"]["path"]).write_text(
+                    self.token(pod, source["serviceAccountToken"])
+                )
+            elif "configMap" in source:
+                data = self.config_map(namespace, source["configMap"]["name"])
+                if data is None:
+                    return False
+                self.write_items(folder, data, source["configMap"].get("items"))
+            elif "downwardAPI" in source:
+                fields = self.field_values(pod)
+                for item in source["downwardAPI"].get("items") or []:
+                    (folder / item["path"]).write_text(fields.get(item["fieldRef"]["fieldPath"], ""))
+        return True
+
+    def volume_folder(self, pod: dict[str, Any], folder: Path, volume: dict[str, Any]) -> Path | None:
+        namespace = pod["metadata"]["namespace"]
+        path = folder / "volumes" / volume["name"]
+        if "configMap" in volume:
+            data = self.config_map(namespace, volume["configMap"]["name"])
+            if data is None:
+                return None
+            path.mkdir(parents=True, exist_ok=True)
+            self.write_items(path, data, volume["configMap"].get("items"))
+            return path
+        if "projected" in volume:
+            path.mkdir(parents=True, exist_ok=True)
+            return path if self.projected(pod, path, volume) else None
+        if "persistentVolumeClaim" in volume:
+            path = self.root / "pvc" / namespace / volume["persistentVolumeClaim"]["claimName"]
+        elif "hostPath" in volume:
+            path = self.root / "host" / volume["hostPath"]["path"].lstrip("/")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def mounts(self, pod: dict[str, Any], container: dict[str, Any], folder: Path) -> list[dict[str, Any]] | None:
+        volumes = {}
+        for volume in (pod.get("spec") or {}).get("volumes") or []:
+            made = self.volume_folder(pod, folder, volume)
+            if made is None:
+                return None
+            volumes[volume["name"]] = made
+        mounts = [
+            {
+                "source": str(volumes[m["name"]] / m.get("subPath", "")),
+                "target": m["mountPath"],
+                "readOnly": bool(m.get("readOnly")),
+            }
+            for m in container.get("volumeMounts") or []
+        ]
+        if not any(m["target"] == "/dev/shm" for m in mounts):
+            (folder / "shm").mkdir(exist_ok=True)
+            mounts.append({"source": str(folder / "shm"), "target": "/dev/shm"})
+        termination = container.get("terminationMessagePath") or "/dev/termination-log"
+        (folder / "termination-log").touch()
+        mounts.append({"source": str(folder / "termination-log"), "target": termination})
+        mounts.append({"source": str(folder / "hosts"), "target": "/etc/hosts"})
+        return mounts
+
+    def start(self, pod: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        container = (spec.get("containers") or [{}])[0]
+        folder = self.root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts").write_text(self.hosts(meta["namespace"]))
+        try:
+            mounts = self.mounts(pod, container, folder)
+        except requests.RequestException as error:
+            mounts, why = None, str(error)
+        else:
+            why = "a ConfigMap that a volume names is missing"
+        if mounts is None:
+            self.report_waiting(pod, container, "CreateContainerConfigError", why)
+            return
+        sandbox = {
+            "root": str(folder / "root"),
+            "hostname": spec.get("hostname") or meta["name"],
+            "mounts": mounts,
+            "keep": sorted({str(controlplane.REPO), sys.prefix, sys.base_prefix}),
+            "workingDir": container.get("workingDir") or "/",
+            "command": container_command(container),
+            "env": self.env(pod, container),
+        }
+        (folder / "sandbox.json").write_text(json.dumps(sandbox, indent=1))
+        with (folder / "container.log").open("ab") as log:
+            process = subprocess.Popen(
+                ["unshare", "--mount", "--uts", "--propagation", "private",
+                 sys.executable, "-m", "tests.cluster.sandbox", str(folder / "sandbox.json")],
+                cwd=controlplane.REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        (folder / "pid").write_text(f"{process.pid}\n")  # its process group, for a person who wants to kill it
+        running = Running(
+            meta["namespace"], meta["name"], meta["uid"], spec["nodeName"], process, folder, container, timestamps.now()
+        )
+        self.running[meta["uid"]] = running
+        threading.Thread(target=self.wait, args=(running,), daemon=True).start()
+        self.report_running(pod, running)
+
+    # -- reporting ----------------------------------------------------------------------------------------
+
+    def conditions(self, pod: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
+        """The pod's conditions; one whose status is unchanged keeps its lastTransitionTime (PodScheduled's is
+        the scheduler's), as the real kubelet's do."""
+        now, value = timestamps.now(), "True" if ready else "False"
+        before = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
+        wanted = {"PodScheduled": "True", "Initialized": "True", "ContainersReady": value, "Ready": value}
+        return [
+            {"type": kind, "status": status, "lastTransitionTime": now}
+            if (before.get(kind) or {}).get("status") != status or not before[kind].get("lastTransitionTime")
+            else {"type": kind, "status": status, "lastTransitionTime": before[kind]["lastTransitionTime"]}
+            for kind, status in wanted.items()
+        ]
+
+    def write_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+        with contextlib.suppress(requests.RequestException):
+            # The uid precondition keeps a report about a deleted pod off its namesake.
+            self.api("PATCH", path, {"metadata": {"uid": meta["uid"]}, "status": status}, patch=True)
+
+    def container_status(self, container: dict[str, Any], state: dict[str, Any], *, ready: bool) -> dict[str, Any]:
+        return {
+            "name": container.get("name", ""),
+            "image": container.get("image", ""),
+            "imageID": "",
+            "ready": ready,
+            "started": "running" in state,
+            "restartCount": 0,
+            "state": state,
+        }
+
+    def report_running(self, pod: dict[str, Any], running: Running) -> None:
+        state = {"running": {"startedAt": running.started_at}}
+        status = {
+            "phase": "Running",
+            "podIP": self.address(running.uid),
+            "podIPs": [{"ip": self.address(running.uid)}],
+            "hostIP": "127.0.0.1",
+            "startTime": running.started_at,
+            "conditions": self.conditions(pod, True),
+            "containerStatuses": [self.container_status(running.container, state, ready=True)],
+        }
+        self.write_status(pod, status)
+
+    def report_waiting(self, pod: dict[str, Any], container: dict[str, Any], reason: str, message: str) -> None:
+        state = {"waiting": {"reason": reason, "message": message}}
+        status = {
+            "phase": "Pending",
+            "conditions": self.conditions(pod, False),
+            "containerStatuses": [self.container_status(container, state, ready=False)],
+        }
+        self.write_status(pod, status)
+
+    def wait(self, running: Running) -> None:
+        code = running.process.wait()
+        with self.lock:
+            self.running.pop(running.uid, None)
+            self.finished.add(running.uid)
+            pod = self.pods.get(running.uid)
+            if running.node in self.silent or pod is None:
+                return  # a lost node reports nothing
+            exit_code = 128 - code if code < 0 else code  # killed by a signal: 128 + its number
+            terminated = {
+                "exitCode": exit_code,
+                "reason": "Completed" if exit_code == 0 else "Error",
+                "startedAt": running.started_at,
+                "finishedAt": timestamps.now(),
+            }
+            message = (running.folder / "termination-log").read_bytes()[:TERMINATION_MESSAGE_LIMIT]
+            if message:
+                terminated["message"] = message.decode(errors="replace")
+            status = {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "conditions": self.conditions(pod, False),
+                "containerStatuses": [
+                    self.container_status(running.container, {"terminated": terminated}, ready=False)
+                ],
+            }
+            self.write_status(pod, status)
+            if pod["metadata"].get("deletionTimestamp"):
+                self.confirm_deletion(pod)
+
+    # -- stopping -----------------------------------------------------------------------------------------
+
+    def signal(self, running: Running, signum: int) -> None:
+        """SIGTERM to the container's process group (torchrun passes it on to its ranks); SIGKILL to every
+        process the container started, as a runtime kills a container's cgroup."""
+        family = []
+        if signum == signal.SIGKILL:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                family = psutil.Process(running.process.pid).children(recursive=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(running.process.pid, signum)
+        for process in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+
+    def terminate(self, running: Running, pod: dict[str, Any]) -> None:
+        """Graceful deletion: SIGTERM now, SIGKILL when the grace period (at most GRACE_CAP_SECONDS) has passed."""
+        running.stopping = True
+        grace = float(pod["metadata"].get("deletionGracePeriodSeconds") or 30)
+        self.signal(running, signal.SIGTERM)
+        timer = threading.Timer(min(grace, GRACE_CAP_SECONDS), self.signal, (running, signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        with self.lock:
+            for running in list(self.running.values()):
+                self.signal(running, signal.SIGKILL)
+
+    # -- faults -------------------------------------------------------------------------------------------
+
+    def fault(self, kind: str, node: str = "", namespace: str = "", pod: str = "") -> None:
+        with self.lock:
+            if kind == "silence":  # the node's kubelet stops: no heartbeats, no reports
+                self.silent.add(node)
+            elif kind == "resume":
+                self.silent.discard(node)
+            elif kind == "kill-node":  # the machine is gone: its processes die, and it reports nothing
+                self.silent.add(node)
+                for running in list(self.running.values()):
+                    if running.node == node:
+                        self.signal(running, signal.SIGKILL)
+            elif kind == "kill-container":  # what the OOM killer or a crash does to a pod's main process
+                for running in list(self.running.values()):
+                    if (running.namespace, running.name) == (namespace, pod):
+                        self.signal(running, signal.SIGKILL)
+            else:
+                raise ValueError(f"unknown fault {kind!r}")
+
+
+def _micro_now() -> str:
+    """A MicroTime, as Leases hold their renewTime."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+
+
+class Faults(http.server.ThreadingHTTPServer):
+    """POST /faults/<kind>?node=&namespace=&pod= on loopback: the kubelet's fault switch for tests."""
+
+    def __init__(self, kubelet: Kubelet) -> None:
+        self.kubelet = kubelet
+        super().__init__(("127.0.0.1", 0), FaultHandler)
+
+
+class FaultHandler(http.server.BaseHTTPRequestHandler):
+    server: Faults
+
+    def do_POST(self) -> None:
+        url = urllib.parse.urlparse(self.path)
+        params = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
+        try:
+            self.server.kubelet.fault(url.path.removeprefix("/faults/"), **params)
+        except (ValueError, TypeError) as error:
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(str(error).encode())
+            return
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        return None
+
+
+def main(folder: Path) -> None:
+    state = controlplane.State.load(folder)
+    nodes = json.loads((folder / "nodes.json").read_text())
+    kubelet = Kubelet(state, nodes, folder / "kubelet")
+    kubelet.register()
+    faults = Faults(kubelet)
+    (folder / "kubelet-faults-port").write_text(str(faults.server_address[1]))
+    signal.signal(signal.SIGTERM, lambda *_: (kubelet.stop(), os._exit(0)))
+    threading.Thread(target=faults.serve_forever, daemon=True).start()
+    threading.Thread(target=kubelet.heartbeats, daemon=True).start()
+    kubelet.watch_pods()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,125 @@
+"""The test cluster itself, as `scripts/local_cluster.py` gives it to a user: the process kubelet registers Ready
+GPU nodes with the real API server, runs a pod with the projected ServiceAccount token the API server's
+admission added, reports its exit and termination message, honours graceful deletion, and a node that stops
+heartbeating is marked NotReady and tainted by the real node-lifecycle controller, and Ready again when it resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.upstream import cluster as upstream_cluster
+from tests.upstream import controlplane
+from tests.upstream.conftest import REPO, Api
+
+SCRIPT = REPO / "scripts" / "local_cluster.py"
+PODS = "/api/v1/namespaces/default/pods"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[upstream_cluster.Cluster]:
+    """Two 8-GPU nodes, started and stopped with the script a user runs."""
+    folder = tmp_path_factory.mktemp("small")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "up", str(folder), "--nodes", "2", "--gpus-per-node", "8"],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(folder.resolve() / "kubeconfig")
+    try:
+        yield upstream_cluster.attach(folder)
+    finally:
+        subprocess.run([sys.executable, str(SCRIPT), "down", str(folder)], timeout=120, check=True)
+        state = controlplane.State.load(folder.resolve())
+        assert state.pids == {}, "down stops everything up started"
+
+
+@pytest.fixture(scope="module")
+def api(small: upstream_cluster.Cluster) -> Api:
+    return Api(small.state, small.state.tokens["admin"])
+
+
+def node_view(api: Api, name: str) -> tuple[str, set[str]]:
+    node = api.ok(api.send("GET", f"/api/v1/nodes/{name}"))
+    ready = next(c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready")
+    return ready, {t["key"] for t in node["spec"].get("taints") or []}
+
+
+def pod(name: str, script: str, **spec: Any) -> dict[str, Any]:
+    container = {"name": "main", "image": "python", "command": [sys.executable, "-c", script]}
+    return {"metadata": {"name": name}, "spec": {"restartPolicy": "Never", "containers": [container], **spec}}
+
+
+def wait_for_pod(api: Api, name: str, condition: Any, timeout: float = 60) -> dict[str, Any]:
+    def seen() -> dict[str, Any] | None:
+        response = api.send("GET", f"{PODS}/{name}")
+        return response.json() if response.ok and condition(response.json()) else None
+
+    return dict(upstream_cluster.wait_for(seen, timeout, f"pod {name}"))
+
+
+def test_the_nodes_are_ready_gpu_nodes(api: Api) -> None:
+    nodes = api.ok(api.send("GET", "/api/v1/nodes"))["items"]
+    assert sorted(n["metadata"]["name"] for n in nodes) == ["gpu-0", "gpu-1"]
+    for node in nodes:
+        assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+        assert node_view(api, node["metadata"]["name"]) == ("True", set())
+
+
+def test_a_pod_runs_with_its_projected_token_and_reports_its_termination_message(api: Api) -> None:
+    script = (
+        "import json, os, urllib.request, ssl\n"
+        "sa = '/var/run/secrets/kubernetes.io/serviceaccount'\n"
+        "token, namespace = open(sa + '/token').read(), open(sa + '/namespace').read()\n"
+        "host = os.environ['KUBERNETES_SERVICE_HOST'] + ':' + os.environ['KUBERNETES_SERVICE_PORT']\n"
+        "request = urllib.request.Request(f'https://{host}/apis/authentication.k8s.io/v1/selfsubjectreviews',\n"
+        "    data=b'{}', method='POST', headers={'Authorization': 'Bearer ' + token, 'Content-Type': 'application/json'})\n"
+        "context = ssl.create_default_context(cafile=sa + '/ca.crt')\n"
+        "user = json.load(urllib.request.urlopen(request, context=context))['status']['userInfo']\n"
+        "open('/dev/termination-log', 'w').write(user['username'] + ' ' + namespace)\n"
+        "raise SystemExit(3)\n"
+    )
+    api.create(PODS, pod("whoami", script))
+    done = wait_for_pod(api, "whoami", lambda p: p["status"].get("phase") == "Failed")
+    terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 3
+    # The pod authenticated as its ServiceAccount with the token the API server's admission projected into it.
+    assert terminated["message"] == "system:serviceaccount:default:default default"
+    assert {c["type"]: c["status"] for c in done["status"]["conditions"]}["PodScheduled"] == "True"
+
+
+def test_a_deleted_pod_gets_sigterm_and_goes_when_its_process_exits(api: Api, small: upstream_cluster.Cluster) -> None:
+    script = "import signal, time\nsignal.signal(signal.SIGTERM, lambda *_: print('SIGTERM', flush=True) or exit(0))\ntime.sleep(600)\n"
+    api.create(PODS, pod("sleeper", script, terminationGracePeriodSeconds=30))
+    wait_for_pod(api, "sleeper", lambda p: p["status"].get("phase") == "Running")
+    api.ok(api.send("DELETE", f"{PODS}/sleeper"))
+    upstream_cluster.wait_for(lambda: api.send("GET", f"{PODS}/sleeper").status_code == 404, 30, "the pod to go")
+    folder = next(f for f in small.container_folders() if f.name.startswith("default_sleeper_"))
+    assert "SIGTERM" in (folder / "container.log").read_text()
+
+
+def test_a_silent_node_goes_not_ready_and_tainted_and_comes_back(api: Api, small: upstream_cluster.Cluster) -> None:
+    small.fault("silence", node="gpu-1")
+    unreachable = {"node.kubernetes.io/unreachable"}
+    upstream_cluster.wait_for(lambda: node_view(api, "gpu-1") == ("Unknown", unreachable), 60, "gpu-1 NotReady")
+    assert node_view(api, "gpu-0") == ("True", set())
+    small.fault("resume", node="gpu-1")
+    upstream_cluster.wait_for(lambda: node_view(api, "gpu-1") == ("True", set()), 60, "gpu-1 Ready again")
+
+
+def test_the_state_file_names_every_process(small: upstream_cluster.Cluster) -> None:
+    state = json.loads((small.folder / "state.json").read_text())
+    assert set(state["pids"]) == {"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet"}
+
+
+def test_a_missing_binary_is_named_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controlplane, "BIN", tmp_path)
+    with pytest.raises(controlplane.ControlPlaneError, match="run `make tools`"):
+        controlplane.up(tmp_path / "cluster")
