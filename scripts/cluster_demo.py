@@ -1,10 +1,11 @@
-"""`make cluster-demo`: the operator and the bundled trainer on a simulated control plane, on this machine.
+"""`make cluster-demo`: the operator and the bundled trainer on a Kubernetes cluster on this machine.
 
-Starts the strict test cluster of tests/cluster (an API server that enforces RBAC, the CRD's schema and CEL
-rules; a scheduler; a kubelet that runs pods as local processes) with a few fake GPU nodes, applies the chart's
-CRD and RBAC from `helm template` with kubectl, runs the operator as the chart's ServiceAccount, applies the
-quickstart (with a checkpoint PVC and synthetic data, which a cluster needs), and shows `kubectl get pj -w`.
-The kubeconfig is printed so you can run kubectl yourself; Ctrl-C stops everything.
+Starts the upstream control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, built by
+`make tools`) with the process kubelet and a few fake 4-GPU nodes (tests/upstream), installs the chart with
+`helm install` (the operator runs as its Deployment's pod), fills the quickstart's corpus claim with this
+repository's Python sources, applies examples/quickstart-volumes.yaml and examples/quickstart-on-a-cluster.yaml
+with kubectl, and shows `kubectl get pj -w`: the loss falls as in `paralleljob run`. The kubeconfig is printed
+so you can run kubectl yourself; Ctrl-C stops everything.
 
     .venv/bin/python scripts/cluster_demo.py [--nodes 4] [--steps 60] [--workdir runs/cluster-demo]
 """
@@ -22,8 +23,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.chart.conftest import tool  # noqa: E402
-from tests.cluster.product import Product, cluster_quickstart  # noqa: E402
+from tests.upstream.product import Product  # noqa: E402
 
 
 def main() -> int:
@@ -34,19 +34,22 @@ def main() -> int:
     args = parser.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
-    product = Product(args.workdir, nodes=args.nodes).start()
+    product = Product(args.workdir, nodes=args.nodes)
     try:
-        job = args.workdir / "quickstart.yaml"
-        job.write_text(yaml.safe_dump(cluster_quickstart(steps=args.steps, checkpoint_every=10)))
-        product.kubectl("apply", "--validate=false", "-f", str(job))
-        kubeconfig = product.cluster.kubeconfig
-        print(f"simulated cluster up: {args.nodes} fake GPU nodes, the operator running as the chart's account")
-        print(f"  export KUBECONFIG={kubeconfig}")
-        print(f"  {tool('kubectl')} get pj,pods   # in another shell; pod logs: {args.workdir}/kubelet/pods/*/")
-        pid = f"{args.workdir}/kubelet/pods/default_quickstart-1_*/pid"
-        print(f"  kill a pod's processes: kill -9 -- -$(cat {pid})   (the gang restarts from the last checkpoint)")
+        product.install()
+        product.fill_corpus()
+        job = yaml.safe_load((REPO / "examples" / "quickstart-on-a-cluster.yaml").read_text())
+        job["spec"]["training"]["steps"] = args.steps
+        (args.workdir / "quickstart.yaml").write_text(yaml.safe_dump(job))
+        product.kubectl("apply", "-f", str(REPO / "examples" / "quickstart-volumes.yaml"))
+        product.kubectl("apply", "-f", str(args.workdir / "quickstart.yaml"))
+        cluster = product.cluster
+        print(f"cluster up: {args.nodes} fake GPU nodes, the operator installed by helm and running as a pod")
+        print(f"  export KUBECONFIG={cluster.kubeconfig}")
+        print(f"  {product.kubectl.path} get pj,pods   # in another shell; pod logs: {cluster.folder}/kubelet/pods/*/")
+        print(f"  kill a pod's processes: python scripts/local_cluster.py fault {cluster.folder} kill-container --pod quickstart-1")
         print("watching the job (Ctrl-C to stop the cluster):", flush=True)
-        subprocess.run([tool("kubectl"), "--kubeconfig", str(kubeconfig), "get", "pj", "-w"], check=False)
+        subprocess.run([product.kubectl.path, "--kubeconfig", str(cluster.kubeconfig), "get", "pj", "-w"], check=False)
     except KeyboardInterrupt:
         pass
     finally:

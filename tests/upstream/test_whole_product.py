@@ -1,7 +1,8 @@
 """The whole product on the upstream control plane, installed as a user installs it: `helm install` of the chart
 (CRD, RBAC, the operator's Deployment), which the real controller-manager turns into a ReplicaSet and a pod, the
 real scheduler binds, and the process kubelet runs with its ServiceAccount token through the in-cluster
-configuration. The quickstart job is applied with kubectl (no `--validate=false`); its pods run the unmodified
+configuration. examples/quickstart-on-a-cluster.yaml is applied with kubectl as written (no `--validate=false`),
+with its corpus claim filled with the text `paralleljob run` trains the quickstart on; its pods run the unmodified
 bundled trainer (torchrun, DeepSpeed on gloo); rank 0 reports progress through its own token, which RBAC limits
 to its progress ConfigMap. One pod's process is killed, the gang restarts from the checkpoint, the job
 Succeeds, and its losses are those of the single-process reference trained on the job file the pods read.
@@ -20,64 +21,15 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
-from tests.cluster.product import CHECKPOINT_EVERY, CLAIM, JOB, PVC, TOTAL_STEPS, cluster_quickstart
+from tests.cluster.product import CHECKPOINT_EVERY, JOB, TOTAL_STEPS
 from tests.cluster.test_whole_product import checkpoint_saved, losses
 from tests.trainer.reference import train_reference
 from tests.upstream import cluster as upstream_cluster
-from tests.upstream import controlplane
-from tests.upstream.conftest import CHART, RELEASE, RELEASE_NAMESPACE, Api, Tool
+from tests.upstream.conftest import REPO, Api
+from tests.upstream.product import Product
 
 pytestmark = pytest.mark.slow
-
-
-class Product:
-    """A cluster of its own (two 4-GPU nodes) with the chart installed by helm, in `folder`."""
-
-    def __init__(self, folder: Path) -> None:
-        self.cluster = upstream_cluster.up(folder / "cluster", nodes=2, gpus_per_node=4)
-        self.kubectl = Tool("kubectl", self.cluster.kubeconfig)
-        self.helm = Tool("helm", self.cluster.kubeconfig)
-        self.admin = Api(self.cluster.state, self.cluster.state.tokens["admin"])
-
-    def install(self) -> None:
-        # Pods of the process kubelet share the machine's network, where another test's operator may hold the
-        # chart's default ports: this one gets free ports (on a cluster each pod has its own network).
-        ports = [f"operator.healthPort={controlplane.free_port()}", f"metrics.port={controlplane.free_port()}"]
-        self.helm(
-            "install", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--create-namespace", "--set", ",".join(ports)
-        )
-        self.kubectl(
-            "rollout", "status", "-n", RELEASE_NAMESPACE, f"deployment/{RELEASE}-paralleljob-operator", "--timeout=120s"
-        )
-
-    def job_row(self) -> dict[str, str]:
-        """`kubectl get pj` as a user reads it: header -> cell, cut at the header's columns."""
-        header, row = self.kubectl("get", "pj", JOB).splitlines()
-        starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 1] == " ")]
-        return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)}
-
-    def pod_folder(self, namespace: str, prefix: str) -> Path:
-        found = [f for f in self.cluster.container_folders() if f.name.startswith(f"{namespace}_{prefix}")]
-        assert found, f"no pod folder {namespace}_{prefix}*"
-        return found[-1]
-
-    def checkpoints(self) -> Path:
-        """The job's own folder inside the claim's folder (the kubelet's folder for the claim)."""
-        return self.cluster.folder / "kubelet" / "pvc" / "default" / CLAIM / "default" / JOB
-
-    def operator_log(self) -> str:
-        return (self.pod_folder(RELEASE_NAMESPACE, f"{RELEASE}-paralleljob-operator") / "container.log").read_text()
-
-    def what_was_seen(self) -> str:
-        tails = [
-            f"--- {f.name}:\n{(f / 'container.log').read_text(errors='replace')[-1500:]}"
-            for f in self.cluster.container_folders()
-            if (f / "container.log").exists()
-        ]
-        return "\n".join([self.kubectl("get", "pj,pods", "-A", "-o", "wide"), *tails])
-
-    def stop(self) -> None:
-        upstream_cluster.down(self.cluster.folder)
+EXAMPLE = REPO / "examples" / "quickstart-on-a-cluster.yaml"
 
 
 @pytest.fixture
@@ -122,8 +74,12 @@ def check_rank0_rights(product: Product) -> None:
 
 def test_the_quickstart_survives_a_killed_pod_on_the_upstream_control_plane(product: Product, tmp_path: Path) -> None:
     product.install()
-    job = cluster_quickstart()
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump_all([PVC, job]))
+    corpus = product.fill_corpus()
+    # The example as written, but 24 steps with a checkpoint every 8 instead of 60 and 20 (CI's time).
+    job = yaml.safe_load(EXAMPLE.read_text())
+    job["spec"]["training"]["steps"], job["spec"]["checkpoint"]["intervalSteps"] = TOTAL_STEPS, CHECKPOINT_EVERY
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    product.kubectl("apply", "-f", str(REPO / "examples" / "quickstart-volumes.yaml"))
     product.kubectl("apply", "-f", str(tmp_path / "job.yaml"))
     rows: list[dict[str, str]] = []
 
@@ -155,7 +111,11 @@ def test_the_quickstart_survives_a_killed_pod_on_the_upstream_control_plane(prod
     log = product.operator_log()
     assert "(403)" not in log and "Forbidden" not in log, "the chart's RBAC refused the operator something"
 
-    reference = train_reference(jobfile.parse_job_config(json.loads(config["data"][jobfile.FILE_NAME])))
+    # The reference reads the corpus where this machine has it; the pods read it at the example's mount path.
+    trained = json.loads(config["data"][jobfile.FILE_NAME])
+    assert trained["spec"]["training"]["data"]["path"] == "/data/corpus"
+    trained["spec"]["training"]["data"]["path"] = str(corpus)
+    reference = train_reference(jobfile.parse_job_config(trained))
     on_cluster = losses(product.checkpoints() / "metrics" / "metrics.jsonl")
     assert max(on_cluster) == TOTAL_STEPS
     assert on_cluster == pytest.approx({step: reference[step].loss for step in on_cluster}, abs=1e-5)

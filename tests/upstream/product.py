@@ -1,0 +1,76 @@
+"""The product installed on the upstream test cluster as a user installs it: a cluster of its own
+(`tests.upstream.cluster`) with the chart installed by `helm install`, whose operator Deployment the real
+controller-manager and scheduler turn into a pod that the process kubelet runs.
+
+Used by the whole-product test (tests/upstream/test_whole_product.py) and by `make cluster-demo`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tests.cluster.product import CLAIM, JOB
+from tests.upstream import cluster as upstream_cluster
+from tests.upstream import controlplane
+from tests.upstream.conftest import CHART, RELEASE, RELEASE_NAMESPACE, REPO, Api, Tool
+
+CORPUS_CLAIM = "quickstart-corpus"
+
+
+class Product:
+    """A cluster of its own (two 4-GPU nodes) with the chart installed by helm, in `folder`."""
+
+    def __init__(self, folder: Path, nodes: int = 2) -> None:
+        self.cluster = upstream_cluster.up(folder / "cluster", nodes=nodes, gpus_per_node=4)
+        self.kubectl = Tool("kubectl", self.cluster.kubeconfig)
+        self.helm = Tool("helm", self.cluster.kubeconfig)
+        self.admin = Api(self.cluster.state, self.cluster.state.tokens["admin"])
+
+    def install(self) -> None:
+        # Pods of the process kubelet share the machine's network, where another test's operator may hold the
+        # chart's default ports: this one gets free ports (on a cluster each pod has its own network).
+        ports = [f"operator.healthPort={controlplane.free_port()}", f"metrics.port={controlplane.free_port()}"]
+        self.helm(
+            "install", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--create-namespace", "--set", ",".join(ports)
+        )
+        self.kubectl(
+            "rollout", "status", "-n", RELEASE_NAMESPACE, f"deployment/{RELEASE}-paralleljob-operator", "--timeout=120s"
+        )
+
+    def job_row(self) -> dict[str, str]:
+        """`kubectl get pj` as a user reads it: header -> cell, cut at the header's columns."""
+        header, row = self.kubectl("get", "pj", JOB).splitlines()
+        starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 1] == " ")]
+        return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)}
+
+    def pod_folder(self, namespace: str, prefix: str) -> Path:
+        found = [f for f in self.cluster.container_folders() if f.name.startswith(f"{namespace}_{prefix}")]
+        assert found, f"no pod folder {namespace}_{prefix}*"
+        return found[-1]
+
+    def fill_corpus(self, namespace: str = "default") -> Path:
+        """Put this repository's Python sources (the corpus `paralleljob run` reads for the quickstart) in the
+        corpus claim's folder, as a user copies a data set onto a shared volume."""
+        folder = self.cluster.folder / "kubelet" / "pvc" / namespace / CORPUS_CLAIM
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(REPO / "operator" / "paralleljob", folder, ignore=shutil.ignore_patterns("__pycache__"))
+        return folder
+
+    def checkpoints(self) -> Path:
+        """The job's own folder inside the claim's folder (the kubelet's folder for the claim)."""
+        return self.cluster.folder / "kubelet" / "pvc" / "default" / CLAIM / "default" / JOB
+
+    def operator_log(self) -> str:
+        return (self.pod_folder(RELEASE_NAMESPACE, f"{RELEASE}-paralleljob-operator") / "container.log").read_text()
+
+    def what_was_seen(self) -> str:
+        tails = [
+            f"--- {f.name}:\n{(f / 'container.log').read_text(errors='replace')[-1500:]}"
+            for f in self.cluster.container_folders()
+            if (f / "container.log").exists()
+        ]
+        return "\n".join([self.kubectl("get", "pj,pods", "-A", "-o", "wide"), *tails])
+
+    def stop(self) -> None:
+        upstream_cluster.down(self.cluster.folder)
