@@ -47,7 +47,9 @@ def main() -> int:
         print(f"cluster up: {args.nodes} fake GPU nodes, the operator installed by helm and running as a pod")
         print(f"  export KUBECONFIG={cluster.kubeconfig}")
         print(f"  {product.kubectl.path} get pj,pods   # in another shell; pod logs: {cluster.folder}/kubelet/pods/*/")
-        print(f"  kill a pod's processes: python scripts/local_cluster.py fault {cluster.folder} kill-container --pod quickstart-1")
+        print(
+            f"  kill a pod's processes: python scripts/local_cluster.py fault {cluster.folder} kill-container --pod quickstart-1"
+        )
         print("watching the job (Ctrl-C to stop the cluster):", flush=True)
         subprocess.run([product.kubectl.path, "--kubeconfig", str(cluster.kubeconfig), "get", "pj", "-w"], check=False)
     except KeyboardInterrupt:

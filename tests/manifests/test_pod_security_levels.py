@@ -19,7 +19,13 @@ from paralleljob.planning.inventory import build_cluster
 from tests.manifests import pod_security_standard as pss
 
 EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
-JOB_EXAMPLES = ["quickstart.yaml", "quickstart-on-a-cluster.yaml", "gpt-small-8gpu.yaml", "gpt-13b-fragmented.yaml", "gpt-175b-64xa100.yaml"]
+JOB_EXAMPLES = [
+    "quickstart.yaml",
+    "quickstart-on-a-cluster.yaml",
+    "gpt-small-8gpu.yaml",
+    "gpt-13b-fragmented.yaml",
+    "gpt-175b-64xa100.yaml",
+]
 RDMA = {"fabric": "infiniband", "rdmaResource": {"name": "rdma/ib"}}
 
 

@@ -219,7 +219,7 @@ def _scheduler_args(folder: Path, state: State, port: int) -> list[str]:
     ]
 
 
-def _controller_manager_args(state: State, keys: pki.Keys, port: int) -> list[str]:
+def _controller_manager_args(state: State, keys: pki.Keys, port: int, controllers: str) -> list[str]:
     return [
         str(binary("kube-controller-manager")),
         f"--kubeconfig={state.kubeconfig}",
@@ -228,7 +228,7 @@ def _controller_manager_args(state: State, keys: pki.Keys, port: int) -> list[st
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
         f"--secure-port={port}",
-        "--controllers=*",
+        f"--controllers={controllers}",
         f"--root-ca-file={keys.ca}",
         f"--service-account-private-key-file={keys.service_account_key}",
         f"--cluster-signing-cert-file={keys.ca}",
@@ -310,9 +310,12 @@ def _etcd_ready(port: int) -> bool:
         return b'"health":"true"' in response.read()
 
 
-def up(folder: Path) -> State:
+def up(folder: Path, controllers: str = "*") -> State:
     """Start etcd, the API server, the scheduler and the controller-manager; return once the API server is ready
-    and the controller-manager has published the root CA to the default namespace (its controllers run)."""
+    and the controller-manager has published the root CA to the default namespace (its controllers run).
+
+    `controllers` is the controller-manager's `--controllers`: a benchmark whose nodes are written once, with no
+    kubelet to renew them, turns off `node-lifecycle-controller` so that they stay Ready."""
     folder = folder.resolve()
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     keys = pki.make_keys(folder / "pki")
@@ -331,7 +334,7 @@ def up(folder: Path) -> State:
         wait_until(state, "kube-apiserver", lambda: get(state, "/readyz")[0] == 200)
         state.pids["kube-scheduler"] = _start(folder, "kube-scheduler", _scheduler_args(folder, state, free_port()))
         state.pids["kube-controller-manager"] = _start(
-            folder, "kube-controller-manager", _controller_manager_args(state, keys, free_port())
+            folder, "kube-controller-manager", _controller_manager_args(state, keys, free_port(), controllers)
         )
         state.save()
         wait_until(
