@@ -1,0 +1,187 @@
+"""Faults the real API server does not offer, injected from outside it: a TLS proxy on loopback in front of
+kube-apiserver that forwards every request as it is (the client's own bearer token, so authentication and
+RBAC stay the server's) and streams every answer back, watches included, unless a fault says otherwise.
+
+Faults (attributes of `FaultProxy`, safe to set from the test's thread):
+- `outage_after`: after this many more requests from a user agent starting with `outage_agent` (the operator's,
+  `paralleljob-operator`, by default), every further one is answered 503, as for an operator killed mid-pass;
+  with `lose_last_answer`, the last request before the outage is carried out and its answer lost (503): the
+  process died awaiting the reply to a write that took effect;
+- `held`: (method, resource) pairs, e.g. ("POST", "configmaps"), whose requests wait until the pair is removed:
+  an API server that stalls;
+- `muted`: resources whose watch streams carry no events (the connection stays open): a watch that lost events;
+- `clock_offset`: seconds added to every answer's `Date` header: a server whose clock is skewed.
+
+Every request is recorded in `calls` as (method, resource, namespace, user agent, status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import email.utils
+import re
+import ssl
+import threading
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import aiohttp
+import aiohttp.web
+
+from tests.upstream import controlplane, pki
+
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
+PATH = re.compile(r"^/(?:api/v1|apis/[^/]+/[^/]+)(?:/namespaces/(?P<namespace>[^/]+))?/(?P<resource>[^/]+)")
+
+
+class Call(NamedTuple):
+    method: str
+    resource: str
+    namespace: str
+    agent: str
+    status: int
+
+
+def resource_of(path: str) -> tuple[str, str]:
+    """(resource, namespace) of an API path; `/api/v1/namespaces/x` is the namespace x itself."""
+    match = PATH.match(path)
+    if match is None:
+        return "", ""
+    namespace, resource = match.group("namespace") or "", match.group("resource")
+    if resource == "namespaces" or (namespace and path.rstrip("/").endswith(f"/namespaces/{namespace}")):
+        return "namespaces", ""
+    return resource, namespace
+
+
+class FaultProxy:
+    def __init__(self, state: controlplane.State) -> None:
+        self.state = state
+        self.calls: list[Call] = []
+        self.outage_after: int | None = None
+        self.outage_agent = "paralleljob-operator"
+        self.lose_last_answer = False
+        self.held: set[tuple[str, str]] = set()
+        self.muted: set[str] = set()
+        self.clock_offset = 0.0
+        self.port = 0
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._runner: aiohttp.web.AppRunner | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the fault proxy did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(10)
+            asyncio.run_coroutine_threadsafe(self._upstream.close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+    def kubeconfig_for(self, user: str, folder: Path) -> Path:
+        """A kubeconfig of one of the cluster's users, through the proxy."""
+        import yaml
+
+        token = self.state.tokens[user]
+        server = f"https://127.0.0.1:{self.port}"
+        path = folder / f"kubeconfig-proxy-{user}"
+        path.write_text(yaml.safe_dump(controlplane.kubeconfig_document(server, self.state.ca, user, token)))
+        return path
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve())
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _serve(self) -> None:
+        keys = pki.Keys(self.state.folder / "pki")
+        serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        serving.load_cert_chain(keys.serving_certificate, keys.serving_key)
+        self._upstream = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=str(keys.ca)), limit=200),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            auto_decompress=False,
+        )
+        app = aiohttp.web.Application(client_max_size=8 * 2**20)
+        app.router.add_route("*", "/{path:.*}", self._forward)
+        self._runner = aiohttp.web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = aiohttp.web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=serving)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    # -- forwarding ---------------------------------------------------------------------------------------
+
+    def _date(self) -> str:
+        moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=self.clock_offset)
+        return email.utils.format_datetime(moment, usegmt=True)
+
+    def _refusal(self, message: str) -> aiohttp.web.Response:
+        body = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": message,
+            "reason": "ServiceUnavailable",
+            "code": 503,
+        }
+        return aiohttp.web.json_response(body, status=503, headers={"Date": self._date()})
+
+    def _outage(self, agent: str) -> tuple[bool, bool]:
+        """(refuse now, this is the last request and its answer is lost)."""
+        if self.outage_after is None or not agent.startswith(self.outage_agent):
+            return False, False
+        if self.outage_after <= 0:
+            return True, False
+        self.outage_after -= 1
+        return False, self.outage_after == 0 and self.lose_last_answer
+
+    async def _forward(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        agent = request.headers.get("User-Agent", "")
+        resource, namespace = resource_of(request.path)
+        refuse, lose_answer = self._outage(agent)
+        if refuse:
+            self.calls.append(Call(request.method, resource, namespace, agent, 503))
+            return self._refusal("the operator was killed here")
+        while (request.method, resource) in self.held:
+            await asyncio.sleep(0.05)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        body = await request.read()
+        url = self.state.server + request.path_qs
+        # Only the client's own headers: aiohttp would add a Content-Type of its own to a body without one.
+        forwarded = self._upstream.request(
+            request.method, url, headers=headers, data=body or None, skip_auto_headers=("Content-Type",)
+        )
+        async with forwarded as upstream:
+            self.calls.append(Call(request.method, resource, namespace, agent, upstream.status))
+            if lose_answer:
+                await upstream.read()
+                return self._refusal("the operator was killed awaiting this answer")
+            answer_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+            answer_headers["Date"] = self._date()
+            response = aiohttp.web.StreamResponse(status=upstream.status, headers=answer_headers)
+            await response.prepare(request)
+            watching = request.query.get("watch") in ("1", "true")
+            async for chunk in self._chunks(upstream, watching):
+                if watching and resource in self.muted:
+                    continue  # the stream stays open and carries nothing
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    async def _chunks(self, upstream: aiohttp.ClientResponse, by_line: bool) -> Any:
+        """The answer's body as it arrives; a watch's one event (line) at a time, so muting drops whole events."""
+        if by_line:
+            while line := await upstream.content.readline():
+                yield line
+        else:
+            async for chunk in upstream.content.iter_any():
+                yield chunk
