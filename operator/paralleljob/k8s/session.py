@@ -47,6 +47,9 @@ class ServerClock:
         return datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=self.offset)
 
 
+CONNECTIONS = 32
+
+
 @dataclasses.dataclass(frozen=True)
 class Session:
     """The API objects of one connection."""
@@ -105,6 +108,9 @@ def connect(
 def from_configuration(
     configuration: kubernetes.client.Configuration, timeout: tuple[float, float] = REQUEST_TIMEOUT
 ) -> Session:
+    # Room for every request `writes.create_all` has in flight, and the watches beside them: urllib3 would open
+    # the extra connections anyway, only to discard each after one request.
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, CONNECTIONS)
     client = kubernetes.client.ApiClient(configuration)
     client.user_agent = USER_AGENT  # so audit logs (and the tests' call record) tell our calls apart
     return Session(
