@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import aiohttp
 import aiohttp.web
+import yaml
 
 from tests.upstream import controlplane, pki
 
@@ -87,8 +88,6 @@ class FaultProxy:
 
     def kubeconfig_for(self, user: str, folder: Path) -> Path:
         """A kubeconfig of one of the cluster's users, through the proxy."""
-        import yaml
-
         token = self.state.tokens[user]
         server = f"https://127.0.0.1:{self.port}"
         path = folder / f"kubeconfig-proxy-{user}"

@@ -3,6 +3,7 @@ slow-start batches that stop at the first refusal, so a quota that refuses them 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,8 @@ import pytest
 
 from paralleljob.k8s import session as k8s_session
 from paralleljob.k8s import writes
-from tests.upstream import controlplane
 from tests.api.jobs import job
+from tests.upstream import controlplane
 from tests.upstream.conftest import Api
 from tests.upstream.proxy import FaultProxy
 
@@ -76,17 +77,15 @@ def test_a_quota_that_refuses_them_all_stops_the_batches(
     # The namespace holds kube-root-ca.crt: room for one child more.
     quota = {"metadata": {"name": "configmaps"}, "spec": {"hard": {"configmaps": "2"}}}
     admin_api.create(f"/api/v1/namespaces/{namespace}/resourcequotas", quota)
-    controlplane_wait_for_quota(admin_api, namespace)
+    wait_for_quota(admin_api, namespace)
     with pytest.raises(writes.Rejected, match="exceeded quota"):
         writes.create_all(session, bodies)
     # A batch of 1 (created), then a batch of 2 (both refused), and no more.
     assert posts(proxy, namespace) == 3
 
 
-def controlplane_wait_for_quota(admin: Api, namespace: str) -> None:
+def wait_for_quota(admin: Api, namespace: str) -> None:
     """The quota controller fills `status.hard` before the quota admission enforces it."""
-    import time
-
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         quota = admin.ok(admin.send("GET", f"/api/v1/namespaces/{namespace}/resourcequotas/configmaps"))
