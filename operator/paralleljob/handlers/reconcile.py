@@ -24,7 +24,9 @@ takes the first step that applies:
    gang holds its old nodes, less the one blamed, for `restart_hold_seconds` (status.heldNodes/heldUntil),
    so the GPUs it frees are not handed to another job mid-restart.
 
-A create the API refuses for good (4xx) fails the attempt like a broken gang (reason CreateFailed). Each
+A create the API refuses for good (4xx) fails the attempt like a broken gang (reason CreateFailed). A job
+deleted during the pass ends it where a write finds the object gone (404, `writes.Gone`): the garbage
+collector removes the rest, so that is an ordinary end, logged at debug level, not a failure to retry. Each
 step ends with at most one status patch, skipped when nothing changed, so a quiet cluster sees no writes.
 The `Outcome` tells the scheduler whether GPUs may have been freed (wake the waiting jobs) and when to look
 at this job again without a watch event (a start timeout or a stuck deletion falling due).
@@ -249,7 +251,14 @@ def reconcile(
     job.setdefault("metadata", {}).setdefault("namespace", namespace)
     owned = found is not None and labels.owned_by(found, str(job["metadata"].get("uid")))
     record = records.record_of(found) if owned else None
-    outcome = _step(Pass(session, settings, job, nodes, admit, record, fence=fence))
+    try:
+        outcome = _step(Pass(session, settings, job, nodes, admit, record, fence=fence))
+    except writes.Gone as gone:
+        if not _deleted(session, namespace, name):
+            raise  # only its ConfigMap was deleted: an ordinary failure, retried
+        log.debug("%s/%s was deleted during the pass (%s is gone); nothing is left to do", namespace, name, gone)
+        m.observe_phase(namespace, name, None)
+        return Outcome("gone")
     m.RECONCILES.labels(outcome=outcome.step).inc()
     if outcome.requeue_after is None and outcome.admission is None and outcome.step not in RESTING_STEPS:
         # The resync: a watch event missed while a watch restarted cannot strand an unfinished job.
@@ -257,6 +266,12 @@ def reconcile(
     if outcome.admission is None:  # a job handed to the admission queue is judged by its admission pass
         _reconciled_again(session, job)
     return outcome
+
+
+def _deleted(session: Session, namespace: str, name: str) -> bool:
+    """Whether the job is gone or being deleted (its children go with it)."""
+    job = reads.get_job(session, namespace, name)
+    return job is None or bool(job["metadata"].get("deletionTimestamp"))
 
 
 def _reconciled_again(session: Session, before: Mapping[str, Any]) -> None:

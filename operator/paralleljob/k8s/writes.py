@@ -7,7 +7,9 @@ garbage collector has not removed yet, and adopting them would run the new job w
 (`HeldByAnother`: wait for the collector); any other holder of the name is a `NameConflict` that no waiting
 resolves, for the handlers to report. A refusal
 that retrying cannot fix (a 4xx other than 409 Conflict and 429 Too Many Requests: an invalid volume, a
-quota, a missing permission) is raised as `Rejected` with the API's message, for the handlers to report.
+quota, a missing permission) is raised as `Rejected` with the API's message, for the handlers to report. A
+patch of an object that is gone (404: its job was deleted during the pass, and the garbage collector took the
+ConfigMap with it) is raised as `Gone`, for the pass to end on.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ class NameConflict(Exception):
         """(kind, name) of the conflict a message of this class describes, or None."""
         found = cls.PATTERN.match(message or "")
         return (found["kind"], found["name"]) if found and found["kind"] in READERS else None
+
+
+class Gone(Exception):
+    """A patch found its object gone (404), as when the job was deleted during the pass."""
 
 
 class Rejected(Exception):
@@ -147,11 +153,20 @@ def delete_config_map(session: Session, namespace: str, name: str) -> bool:
 
 
 def patch_config_map_data(session: Session, namespace: str, name: str, data: Mapping[str, str]) -> None:
-    """One merge patch of a ConfigMap's data (the keys given replaced, the others kept)."""
-    session.send(session.core.patch_namespaced_config_map, name, namespace, {"data": dict(data)})
+    """One merge patch of a ConfigMap's data (the keys given replaced, the others kept); `Gone` when it is gone."""
+    reply = session.send(
+        session.core.patch_namespaced_config_map, name, namespace, {"data": dict(data)}, tolerate={404}
+    )
+    if reply.status == 404:
+        raise Gone(f"ConfigMap {namespace}/{name}")
 
 
 def patch_job_status(session: Session, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-    """One JSON merge patch of the status subresource (None values delete keys)."""
+    """One JSON merge patch of the status subresource (None values delete keys); `Gone` when the job is gone."""
     call = session.custom.patch_namespaced_custom_object_status
-    session.send(call, api_types.GROUP, api_types.VERSION, namespace, api_types.PLURAL, name, {"status": dict(status)})
+    body = {"status": dict(status)}
+    reply = session.send(
+        call, api_types.GROUP, api_types.VERSION, namespace, api_types.PLURAL, name, body, tolerate={404}
+    )
+    if reply.status == 404:
+        raise Gone(f"ParallelJob {namespace}/{name}")
