@@ -131,3 +131,52 @@ def test_a_gang_restart_with_an_invalid_spec_stops_at_pending_and_releases_the_r
     assert "placement" not in status and "heldNodes" not in status
     wait_for(lambda: cluster.pods() == [], what="the old generation gone")
     assert "invalid spec" in cluster.status()["message"]
+
+
+def _edit_spec(cluster, patch):
+    cluster.custom.patch_namespaced_custom_object(
+        "paralleljob.io", "v1alpha1", "research", "paralleljobs", "gpt", patch
+    )
+
+
+def _valid(cluster):
+    return {c["type"]: c for c in cluster.status().get("conditions", [])}.get("Valid", {})
+
+
+def _succeed(cluster):
+    cluster.set_pod_phase("gpt-0", "Succeeded")
+    wait_for(lambda: [e for e in cluster.events() if e["reason"] == "Completed"], what="the Completed Event")
+
+
+def test_a_job_that_succeeded_while_its_spec_was_invalid_stays_succeeded_and_a_fix_clears_valid_false(
+    cluster, operator
+):
+    cluster.add_nodes(16)
+    cluster.apply(job_doc())
+    cluster.start_running()
+    _edit_into_invalid(cluster)
+    _succeed(cluster)
+    finish_operator_passes(cluster)  # every pass after the completion, the one its own status write caused too
+    status = cluster.status()
+    assert (status["phase"], _valid(cluster).get("status")) == ("Succeeded", "False"), status.get("message")
+    assert "invalid spec" not in status["message"]
+    assert len([e for e in cluster.events() if e["reason"] == "InvalidSpec"]) == 1  # the edit's, none after the end
+    _edit_spec(cluster, {"spec": {"template": {"env": None}}})
+    finish_operator_passes(cluster)
+    assert (cluster.status()["phase"], _valid(cluster).get("status")) == ("Succeeded", "True")
+
+
+def test_an_invalid_edit_after_success_changes_nothing_but_valid(cluster, operator):
+    cluster.add_nodes(16)
+    cluster.apply(job_doc())
+    cluster.start_running()
+    _succeed(cluster)
+    finish_operator_passes(cluster)
+    before = cluster.status()
+    _edit_spec(cluster, {"spec": {"template": {"env": [{"name": "PARALLELJOB_NODE_RANK", "value": "3"}]}}})
+    finish_operator_passes(cluster)
+    after = cluster.status()
+    assert _valid(cluster)["status"] == "False"
+    unchanged = ("phase", "message", "completionTime", "startTime", "restarts")
+    assert {key: after.get(key) for key in unchanged} == {key: before.get(key) for key in unchanged}
+    assert [c["type"] for c in after["conditions"] if c not in before["conditions"]] == ["Valid"]

@@ -5,9 +5,10 @@ The pass reads the job and its pods from the API (only pods whose ownerReference
 count: a deleted job of the same name may leave children the garbage collector has not removed yet), then
 takes the first step that applies:
 
-1. invalid spec (the API's rules, no `spec.template.env` name the operator sets, and the administrator's
+1. finished (Succeeded/Failed, as the attempt record says): delete the pods still running. Finished is final:
+   an edit afterwards changes only the Valid condition, whatever the spec says now;
+2. invalid spec (the API's rules, no `spec.template.env` name the operator sets, and the administrator's
    admission policy, `api.policy`): Valid=False, an Event, no children;
-2. finished (Succeeded/Failed): delete the pods still running;
 3. pods of an older attempt exist: delete them gracefully, force-deleting only those stuck Terminating on a
    lost node, and wait until every one is gone (two generations never run at once);
 4. a deleted job's children still hold our names: wait for the garbage collector; a name held by anyone else
@@ -288,6 +289,8 @@ def _reconciled_again(session: Session, before: Mapping[str, Any]) -> None:
 
 
 def _step(p: Pass) -> Outcome:
+    if p.finished:
+        return _rest(p)
     current, problems = _current_spec(p)
     live = p.live
     if current is None and live is None:
@@ -295,9 +298,6 @@ def _step(p: Pass) -> Outcome:
     m.observe_phase(p.namespace, p.name, p.status.get("phase"))
     labelled = reads.list_job_pods(p.session, p.namespace, p.name)
     pods = [pod for pod in labelled if labels.owned_by(pod, p.uid)]
-    if p.finished:
-        _finished(p, pods)
-        return Outcome("finished")
     stale = [pod for pod in pods if _attempt_of(pod) != p.attempt]
     if stale:
         return _drain(p, stale)
@@ -582,6 +582,22 @@ def _invalid_while_running(p: Pass) -> None:
     gang_message = str(p.status.get("message") or "").split(INVALID_NOTE)[0] or "supervising the running attempt"
     if write_status(p, {"message": gang_message, "conditions": cond}):
         p.event("Warning", "InvalidSpec", f"{p.spec_problem}{RUNNING_CONTINUES}")
+
+
+def _rest(p: Pass) -> Outcome:
+    """A finished job, first of all: its end stands whatever its spec says now. An edit afterwards changes only
+    the Valid condition (False while the spec is invalid, True again once it is fixed), and the pods still
+    holding GPUs are deleted."""
+    current, problems = _current_spec(p)
+    if current is None:
+        cond = p.condition("Valid", "False", "InvalidSpec", problems)
+    else:
+        cond = p.condition("Valid", "True", "Validated", "the spec is valid")
+    write_status(p, {"conditions": cond})
+    m.observe_phase(p.namespace, p.name, p.status.get("phase"))
+    pods = [pod for pod in reads.list_job_pods(p.session, p.namespace, p.name) if labels.owned_by(pod, p.uid)]
+    _finished(p, pods)
+    return Outcome("finished")
 
 
 def _finished(p: Pass, pods: Sequence[Mapping[str, Any]], phase: str | None = None) -> None:
@@ -891,7 +907,9 @@ def _end(
     live record, and the next pass judges the same pods and ends the job again), the remaining pods deleted,
     waiting jobs woken."""
     patch = {"phase": phase, "message": message, "conditions": cond, "podsReady": 0}
-    if write_status(p, {**patch, "completionTime": timestamps.now()}):
+    # An invalid edit no longer gates anything once the job has ended: the Valid condition alone says so.
+    ended = dataclasses.replace(p, spec_problem="")
+    if write_status(ended, {**patch, "completionTime": timestamps.now()}):
         p.event(event[0], event[1], message)
     if p.live is not None:
         _write_record(p, p.live.with_outcome(phase))
