@@ -9,6 +9,10 @@ of failures in a row, so a pass that keeps failing is reported on the job, not o
 GPU wakes the waiting jobs) and ask to be run again after a delay (a starting gang whose start timeout
 falls due): one timer per key, the latest pass's wish replacing earlier ones. Only this scheduling lives in
 memory: every pass reads the job and its pods from the API afresh.
+
+A pass run elsewhere (the admission queue's worker) keeps the same rule through `claim()` and `release()`: a
+key claimed runs no pass here until released, and one that is running here cannot be claimed. Requests that
+arrive meanwhile, and a refused claim, mark the key dirty, so one more pass follows here, after the other.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class Next:
 @dataclasses.dataclass
 class _Worker:
     dirty: bool = True
+    claimed: bool = False  # a pass over the key runs outside the coalescer: none here until it is released
 
 
 class Coalescer:
@@ -63,6 +68,29 @@ class Coalescer:
             worker.dirty = True
             return
         self._workers[key] = _Worker()
+        self._start(key)
+
+    def claim(self, key: Hashable) -> bool:
+        """Take `key` for a pass run outside the coalescer (on the event loop). False while a pass over it runs
+        (or waits to retry) here: that one is then followed by another, which sees what the refused one would
+        have done."""
+        worker = self._workers.get(key)
+        if worker is not None:
+            worker.dirty = True
+            return False
+        self._workers[key] = _Worker(dirty=False, claimed=True)
+        return True
+
+    def release(self, key: Hashable) -> None:
+        """The claimed pass is over (on the event loop): the passes requested meanwhile run now, as one."""
+        worker = self._workers[key]
+        if not worker.dirty:
+            del self._workers[key]
+            return
+        worker.claimed = False
+        self._start(key)
+
+    def _start(self, key: Hashable) -> None:
         task = asyncio.get_running_loop().create_task(self._run(key))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -9,7 +9,8 @@ the usage index. Whenever GPUs may have been freed
 (a Node changed, a bound pod ended or went away, a job was deleted, finished or restarted) the `RECHECK` pass
 offers every unplaced job to the admission queue and requests a pass over every placed one. Supervision
 passes run on the coalescer's threads; admissions on the admission queue's one worker, in its order, so a
-restart never waits behind them. No handler stores progress in annotations and none adds a finalizer, so
+restart never waits behind them; an admission pass first claims its job's key in the coalescer, so a job never
+has two passes at once, whoever runs them (watch events, timers, resyncs, the admission worker). No handler stores progress in annotations and none adds a finalizer, so
 deleting a job never waits for the operator, and a quiet cluster sees no writes. `configure()` must be
 called before kopf starts.
 
@@ -62,6 +63,8 @@ WATCH_SERVER_SECONDS = 300
 WATCH_CLIENT_SECONDS = 330
 CONNECT_SECONDS = 10
 REQUEST_SECONDS = 60
+# How long a thread waits for the event loop to answer (it answers in microseconds unless it is stopping).
+LOOP_ANSWER_SECONDS = 30
 
 
 @dataclasses.dataclass
@@ -206,8 +209,21 @@ def _offer(namespace: str, name: str, request: reconcile.AdmissionRequest) -> No
 
 @fenced()
 def _admission_pass(key: Hashable, view: reconcile.NodeView) -> Judged | None:
-    """An admission pass (the admission worker's thread); what it asks of the scheduler goes to the loop.
-    Returns what a job that did not fit was judged against, so that it keeps its place in the queue."""
+    """An admission pass (the admission worker's thread), never beside a supervision pass over the same job: it
+    claims the job's key in the coalescer first. Returns what a job that did not fit was judged against, so
+    that it keeps its place in the queue."""
+    if not _on_loop_wait(lambda: _coalescer().claim(key)):
+        # Its supervision pass is running: another follows it, and offers the job again if it still waits.
+        log.debug("admission of %s waits for the pass over it that is running", key)
+        return None
+    try:
+        return _admit_claimed(key, view)
+    finally:
+        _on_loop(lambda: _coalescer().release(key))
+
+
+def _admit_claimed(key: Hashable, view: reconcile.NodeView) -> Judged | None:
+    """The admission pass over a claimed key; what it asks of the scheduler goes to the loop."""
     assert RUNTIME.session is not None
     namespace, name = typing.cast(tuple[str, str], key)
     started = time.perf_counter()
@@ -267,6 +283,19 @@ def _coalescer() -> Coalescer:
 def _on_loop(callback: typing.Callable[[], None]) -> None:
     assert RUNTIME.loop is not None
     RUNTIME.loop.call_soon_threadsafe(callback)
+
+
+Result = typing.TypeVar("Result")
+
+
+def _on_loop_wait(callback: typing.Callable[[], Result]) -> Result:
+    """Run `callback` on the event loop and return its result (from another thread)."""
+    assert RUNTIME.loop is not None
+
+    async def run() -> Result:
+        return callback()
+
+    return asyncio.run_coroutine_threadsafe(run(), RUNTIME.loop).result(LOOP_ANSWER_SECONDS)
 
 
 def _jobs_to_recheck(session: Session) -> list[tuple[str, str]]:
