@@ -39,6 +39,11 @@ def test_non_default_arguments_parse_and_carry_the_values() -> None:
     assert args.trainer_image == "registry.example.com/ml/trainer:2026.11"
 
 
+def test_the_charts_default_admission_lock_is_the_binarys_default() -> None:
+    binary = cli.build_parser().parse_args(["operator"])
+    assert parse_rendered_args({}).admission_lock == binary.admission_lock == operator_command.DEFAULT_ADMISSION_LOCK
+
+
 def test_default_nccl_env_reaches_the_operator() -> None:
     args = parse_rendered_args(NON_DEFAULT_VALUES)
     assert args.default_nccl_env == [("NCCL_DEBUG", "INFO"), ("NCCL_IB_HCA", "=mlx5_0,mlx5_1")]

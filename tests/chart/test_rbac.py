@@ -138,8 +138,7 @@ def test_without_leader_election_and_admission_lock_there_is_no_lease_permission
 @pytest.mark.parametrize("case", CASES)
 def test_the_admission_lock_is_one_lease_in_its_namespace_named_in_the_operators_flag(case: str) -> None:
     objects = render(CASES[case])
-    lock = {"namespace": RELEASE_NAMESPACE, "name": "paralleljob-admission", **(CASES[case].get("admissionLock") or {})}
-    lock["namespace"] = lock["namespace"] or RELEASE_NAMESPACE
+    lock = {"namespace": "kube-system", "name": "paralleljob-admission", **(CASES[case].get("admissionLock") or {})}
     role, binding = only(objects, "Role", "-admission-lock"), only(objects, "RoleBinding", "-admission-lock")
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == lock["namespace"]
     assert role["rules"] == [
@@ -155,11 +154,21 @@ def test_the_admission_lock_is_one_lease_in_its_namespace_named_in_the_operators
     assert f"--admission-lock={lock['namespace']}/{lock['name']}" in args
 
 
-def test_without_the_admission_lock_there_is_no_flag_and_no_role() -> None:
+def test_without_the_admission_lock_the_flag_says_none_and_there_is_no_role() -> None:
     objects = render({"admissionLock": {"enabled": False}})
     assert [o for o in objects if o["metadata"]["name"].endswith("-admission-lock")] == []
     args = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert not any(a.startswith("--admission-lock") for a in args)
+    assert [a for a in args if a.startswith("--admission-lock")] == ["--admission-lock=none"]
+
+
+def test_releases_in_two_namespaces_at_their_defaults_share_one_admission_lock() -> None:
+    locks = set()
+    for team in ("team-a", "team-b"):
+        objects = render({"fullnameOverride": f"{team}-pj", "watchNamespaces": [team]}, f"{team}-ops")
+        args = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        role = only(objects, "Role", "-admission-lock")
+        locks.add((*(a for a in args if a.startswith("--admission-lock")), role["metadata"]["namespace"]))
+    assert locks == {("--admission-lock=kube-system/paralleljob-admission", "kube-system")}
 
 
 def test_every_binding_names_the_operator_service_account() -> None:

@@ -42,12 +42,14 @@ RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
 
 
 def chart_rbac(
-    watch_namespaces: tuple[str, ...] = (), values: dict[str, Any] | None = None
+    watch_namespaces: tuple[str, ...] = (),
+    values: dict[str, Any] | None = None,
+    release_namespace: str = RELEASE_NAMESPACE,
 ) -> tuple[dict[str, Any], ...]:
     """The operator's ServiceAccount and RBAC as `helm template` renders them with the chart's defaults (and
-    these `watchNamespaces` and other values)."""
+    these `watchNamespaces` and other values) for a release in `release_namespace`."""
     merged = {**({"watchNamespaces": list(watch_namespaces)} if watch_namespaces else {}), **(values or {})}
-    return tuple(o for o in render(merged or None) if o["kind"] in RBAC_KINDS)
+    return tuple(o for o in render(merged or None, release_namespace) if o["kind"] in RBAC_KINDS)
 
 
 def install_operator_rbac(
@@ -55,14 +57,15 @@ def install_operator_rbac(
     client: kubernetes.client.ApiClient,
     watch_namespaces: tuple[str, ...] = (),
     values: dict[str, Any] | None = None,
+    release_namespace: str = RELEASE_NAMESPACE,
 ) -> Path:
     """Apply the chart's ServiceAccount and RBAC (as the admin), with the namespaces they go in, and return a
     kubeconfig for that account."""
-    objects = chart_rbac(watch_namespaces, values)
+    objects = chart_rbac(watch_namespaces, values, release_namespace)
     core = kubernetes.client.CoreV1Api(client)
     existing = {n.metadata.name for n in core.list_namespace().items}
     for namespace in sorted(
-        {RELEASE_NAMESPACE, *(o["metadata"].get("namespace") or RELEASE_NAMESPACE for o in objects)}
+        {release_namespace, *(o["metadata"].get("namespace") or release_namespace for o in objects)}
     ):
         if namespace not in existing:
             core.create_namespace({"metadata": {"name": namespace}})

@@ -6,6 +6,7 @@ late release that leaves a new holder alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections.abc import Iterator
@@ -14,9 +15,9 @@ from pathlib import Path
 import kubernetes
 import pytest
 
+from paralleljob.commands import operator as operator_command
 from paralleljob.k8s import admission_lock
 from paralleljob.k8s import session as k8s_session
-from tests.chart.conftest import RELEASE_NAMESPACE
 from tests.cluster.apiserver import ClusterThread
 from tests.operator.conftest import install_operator_rbac
 
@@ -37,14 +38,18 @@ def session(emulator: ClusterThread, cluster) -> k8s_session.Session:
     return k8s_session.connect(str(install_operator_rbac(emulator, cluster.client)))
 
 
+# The Lease every operator takes by default, as the chart's RBAC grants it.
+DEFAULT = admission_lock.LockSettings.parse(operator_command.DEFAULT_ADMISSION_LOCK)
+
+
 def lock(session: k8s_session.Session, holder: str, hold_seconds: int = 30, wait: float = 1.0):
-    settings = admission_lock.LockSettings(RELEASE_NAMESPACE, hold_seconds=hold_seconds, wait_seconds=wait)
+    settings = dataclasses.replace(DEFAULT, hold_seconds=hold_seconds, wait_seconds=wait)
     return admission_lock.AdmissionLock(session, settings, holder)
 
 
 def lease_holder(cluster) -> str | None:
     api = kubernetes.client.CoordinationV1Api(cluster.client)
-    return api.read_namespaced_lease(admission_lock.DEFAULT_NAME, RELEASE_NAMESPACE).spec.holder_identity
+    return api.read_namespaced_lease(DEFAULT.name, DEFAULT.namespace).spec.holder_identity
 
 
 def test_one_holder_at_a_time_and_the_next_one_takes_it_once_released(session, cluster):
@@ -89,6 +94,6 @@ def test_a_late_release_leaves_the_next_holder_alone(session, cluster):
 def test_the_lease_is_written_in_the_servers_time_even_when_the_first_answer_was_a_refusal(session, cluster):
     lock(session, "operator-a")._take()  # the Lease's first read is a 404: the session learns the clock from it
     api = kubernetes.client.CoordinationV1Api(cluster.client)
-    acquired = api.read_namespaced_lease(admission_lock.DEFAULT_NAME, RELEASE_NAMESPACE).spec.acquire_time
+    acquired = api.read_namespaced_lease(DEFAULT.name, DEFAULT.namespace).spec.acquire_time
     server_now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=AN_HOUR)
     assert abs((acquired - server_now).total_seconds()) < 5

@@ -1,9 +1,15 @@
 """Reservations see every job of the cluster: two operators installed per namespace (the chart's
 `watchNamespaces`, with the RBAC it renders) never place their jobs on the same nodes, one after the other or
-at the same moment (the shared admission lock, `--admission-lock`)."""
+at the same moment (the shared admission lock, `--admission-lock`), also when each release is left at its
+defaults."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from tests.chart.conftest import only, render
 from tests.cluster.apiserver import ClusterThread
 from tests.operator.conftest import (
     OPERATOR_AGENTS,
@@ -48,6 +54,11 @@ def scheduled_reason(cluster: Cluster, name: str, namespace: str) -> str | None:
 LOCK_NAMESPACE = "paralleljob-locks"  # only the admission Lease lives here, so its calls are told apart
 LOCK_FLAG = f"--admission-lock={LOCK_NAMESPACE}/paralleljob-admission"
 VERDICTS = ("Admitted", "Placed", "Unschedulable")  # a job's Scheduled reason once its admission is decided
+# Where every release's admission Lease is by default (the chart's admissionLock.namespace, the binary's
+# --admission-lock): a namespace every cluster has, so that releases left at their defaults share it.
+DEFAULT_LOCK_NAMESPACE = "kube-system"
+# The Deployment's flags that the test's Operator sets itself (ports, logging, the trainer image).
+FLAGS_THE_TEST_SETS = ("--liveness", "--metrics-port", "--log-format", "--log-level", "--trainer-image")
 
 
 def operator_calls_since(emulator: ClusterThread, mark: int, verb: str, plural: str, namespace: str) -> int:
@@ -69,6 +80,44 @@ def test_two_operators_admitting_at_the_same_moment_take_turns_on_the_admission_
         )
         for team in ("team-a", "team-b")
     ]
+    admit_at_the_same_moment(cluster, emulator, operators, LOCK_NAMESPACE)
+
+
+def release_at_defaults(team: str) -> tuple[dict[str, Any], str]:
+    """The values of a team's release left at the chart's defaults (but for its name and watched namespace),
+    and the namespace it is installed in."""
+    return {"fullnameOverride": f"{team}-pj", "watchNamespaces": [team]}, f"{team}-ops"
+
+
+def deployment_flags(values: dict[str, Any], namespace: str) -> list[str]:
+    """The flags the release's Deployment runs the operator with, less those the test's Operator sets."""
+    deployment = only(render(values, namespace), "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return [arg for arg in args if arg.split("=", 1)[0] not in FLAGS_THE_TEST_SETS]
+
+
+@pytest.mark.parametrize(
+    "flags", ["the-charts", "the-binarys"], ids=["with-the-charts-flags", "with-the-binarys-defaults"]
+)
+def test_two_releases_at_their_defaults_in_two_namespaces_never_place_two_jobs_on_the_same_nodes(
+    cluster, emulator, tmp_path, flags
+):
+    cluster.add_nodes(2)
+    operators = []
+    for team in ("team-a", "team-b"):
+        cluster.core.create_namespace({"metadata": {"name": team}})
+        values, namespace = release_at_defaults(team)
+        kubeconfig = install_operator_rbac(emulator, cluster.client, values=values, release_namespace=namespace)
+        args = deployment_flags(values, namespace) if flags == "the-charts" else ["--namespace", team]
+        operators.append(Operator(emulator, tmp_path / f"operator-{team}.log", kubeconfig, [*Operator.ARGS, *args]))
+    admit_at_the_same_moment(cluster, emulator, operators, DEFAULT_LOCK_NAMESPACE)
+
+
+def admit_at_the_same_moment(
+    cluster: Cluster, emulator: ClusterThread, operators: list[Operator], lock_namespace: str
+) -> None:
+    """Start the two operators, create a two-node job for each at the same moment on a two-node cluster, and
+    check that only one of them was placed."""
     for each in operators:
         each.start()
     server = emulator.server
@@ -90,7 +139,7 @@ def test_two_operators_admitting_at_the_same_moment_take_turns_on_the_admission_
         wait_for(
             lambda: (
                 sum(1 for c in server.calls[mark:] if c[:3] == ("create", "", "configmaps")) == 2
-                or operator_calls_since(emulator, first_create + 1, "get", "leases", LOCK_NAMESPACE) >= 2
+                or operator_calls_since(emulator, first_create + 1, "get", "leases", lock_namespace) >= 2
             ),
             what="the second operator's admission",
         )

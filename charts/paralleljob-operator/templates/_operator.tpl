@@ -38,12 +38,10 @@ its arguments. tests/chart/test_operator_args.py parses them with the operator's
 - --lease-seconds={{ .Values.leaderElection.leaseSeconds }}
 {{- end }}
 {{- if .Values.admissionLock.enabled }}
-- --admission-lock={{ include "paralleljob-operator.admissionLockNamespace" . }}/{{ .Values.admissionLock.name }}
+- --admission-lock={{ .Values.admissionLock.namespace }}/{{ .Values.admissionLock.name }}
+{{- else }}
+- --admission-lock=none
 {{- end }}
-{{- end }}
-
-{{- define "paralleljob-operator.admissionLockNamespace" -}}
-{{- .Values.admissionLock.namespace | default .Release.Namespace -}}
 {{- end }}
 
 {{- define "paralleljob-operator.leaseName" -}}

@@ -19,6 +19,12 @@ from paralleljob.manifests.nccl import FABRICS
 if TYPE_CHECKING:
     from paralleljob.k8s import admission_lock, leadership
 
+# Every operator shares one admission lock unless told otherwise, so that releases installed per team and left
+# at their defaults take turns (the chart's admissionLock defaults are the same). kube-system exists in every
+# cluster, so the default needs no namespace to be created first; only this Lease of ours is written there.
+DEFAULT_ADMISSION_LOCK = "kube-system/paralleljob-admission"
+NO_ADMISSION_LOCK = "none"
+
 DEFAULT_IMAGE = "ghcr.io/paralleljob/trainer:0.1.0"
 NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -146,11 +152,12 @@ def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--admission-lock",
-        default=None,
+        default=DEFAULT_ADMISSION_LOCK,
         metavar="NS[/NAME]",
-        help="take this coordination.k8s.io Lease (default name paralleljob-admission) around every admission, "
-        "so that operators installed per namespace never plan onto the same free GPUs at once; all of them must "
-        "name the same one",
+        help="take this coordination.k8s.io Lease (name default paralleljob-admission) around every admission, "
+        "so that operators installed per namespace never plan onto the same free GPUs at once; every operator of "
+        f"the cluster must name the same one (default: {DEFAULT_ADMISSION_LOCK}, as the chart's; "
+        f"'{NO_ADMISSION_LOCK}' for no lock)",
     )
     # kopf's peering pauses kopf's handlers only, not the operator's informers, timers and admission worker,
     # and pauses every replica when they share a priority: it never made several replicas safe.
@@ -172,8 +179,8 @@ def lease_settings(args: argparse.Namespace) -> leadership.LeaseSettings | None:
 
 
 def admission_lock_settings(args: argparse.Namespace) -> admission_lock.LockSettings | None:
-    """The Lease of `--admission-lock`; None without it."""
-    if not args.admission_lock:
+    """The Lease of `--admission-lock`; None with `--admission-lock=none`."""
+    if args.admission_lock.strip() == NO_ADMISSION_LOCK:
         return None
     from paralleljob.k8s import admission_lock  # imported here: other subcommands must not pay for the client
 
