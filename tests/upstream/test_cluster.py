@@ -96,13 +96,24 @@ def test_a_pod_runs_with_its_projected_token_and_reports_its_termination_message
 
 
 def test_a_deleted_pod_gets_sigterm_and_goes_when_its_process_exits(api: Api, small: upstream_cluster.Cluster) -> None:
-    script = "import signal, time\nsignal.signal(signal.SIGTERM, lambda *_: print('SIGTERM', flush=True) or exit(0))\ntime.sleep(600)\n"
+    script = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: print('SIGTERM', flush=True) or exit(0))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
     api.create(PODS, pod("sleeper", script, terminationGracePeriodSeconds=30))
     wait_for_pod(api, "sleeper", lambda p: p["status"].get("phase") == "Running")
+
+    def log() -> str:
+        folders = [f for f in small.container_folders() if f.name.startswith("default_sleeper_")]
+        return (folders[0] / "container.log").read_text() if folders else ""
+
+    # Running is reported once the process starts; its handler is in place once it says so.
+    upstream_cluster.wait_for(lambda: "ready" in log(), 60, "the handler installed")
     api.ok(api.send("DELETE", f"{PODS}/sleeper"))
     upstream_cluster.wait_for(lambda: api.send("GET", f"{PODS}/sleeper").status_code == 404, 30, "the pod to go")
-    folder = next(f for f in small.container_folders() if f.name.startswith("default_sleeper_"))
-    assert "SIGTERM" in (folder / "container.log").read_text()
+    assert "SIGTERM" in log()
 
 
 def test_a_silent_node_goes_not_ready_and_tainted_and_comes_back(api: Api, small: upstream_cluster.Cluster) -> None:
