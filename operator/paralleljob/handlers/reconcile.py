@@ -802,9 +802,7 @@ def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -
     existing = {pod["metadata"]["name"] for pod in pods}
     for obj in [built.service, built.progress, *built.rbac]:
         writes.create(p.session, obj)
-    for pod in built.pods:
-        if pod["metadata"]["name"] not in existing:
-            writes.create(p.session, pod)
+    writes.create_all(p.session, [pod for pod in built.pods if pod["metadata"]["name"] not in existing])
     if p.record is not None:
         _write_record(p, p.record.with_placed())
     message = f"{len(built.pods)} pods created on {len(nodes)} nodes; fabric {built.fabric}"
