@@ -29,6 +29,7 @@ from bench.upstream_scale import write_nodes  # noqa: E402
 from paralleljob.k8s import timestamps  # noqa: E402
 from tests.operator.conftest import Operator, job_doc  # noqa: E402
 from tests.upstream import controlplane  # noqa: E402
+from tests.upstream.cluster import wait_for  # noqa: E402
 from tests.upstream.conftest import Api  # noqa: E402
 
 NAMESPACE = "research"
@@ -39,15 +40,6 @@ PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 def gang(api: Api, attempt: int) -> list[dict]:  # type: ignore[type-arg]
     selector = f"paralleljob.io/job=gpt,paralleljob.io/attempt={attempt}"
     return list(api.ok(api.send("GET", PODS, labelSelector=selector))["items"])
-
-
-def wait_for(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def report(api: Api, pod: dict, phase: str) -> None:  # type: ignore[type-arg]

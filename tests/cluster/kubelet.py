@@ -20,19 +20,15 @@ Pods use restartPolicy Never semantics: a container that exits ends the pod.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import json
-import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from paralleljob.k8s import timestamps
-from tests.cluster import apiserver
+from tests.cluster import apiserver, containers
 
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 # The longest a test waits for a pod's processes to exit after SIGTERM (its own grace period may be longer).
@@ -59,7 +55,7 @@ class ProcessKubelet(apiserver.Controller):
         self.finished: set[str] = set()
         # Pods that cannot start, by uid: why (an image pull error stays; a missing ConfigMap is retried).
         self.blocked: dict[str, str] = {}
-        self.addresses: dict[str, str] = {}
+        self.address = containers.Addresses()
         # Faults: images that fail to pull, nodes whose kubelet stopped or whose machine is gone.
         self.pull_errors: set[str] = set()
         # Seconds between tries of a failing pull, doubled each time up to `pull_backoff_cap`, as the
@@ -107,65 +103,14 @@ class ProcessKubelet(apiserver.Controller):
 
     # -- starting --------------------------------------------------------------------------------------------
 
-    def _address(self, uid: str) -> str:
-        if uid not in self.addresses:
-            n = len(self.addresses)
-            self.addresses[uid] = f"127.0.{1 + n // 250}.{2 + n % 250}"
-        return self.addresses[uid]
-
-    def _hosts(self, namespace: str, pods: Any) -> str:
-        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-        for pod in pods:
-            meta, spec = pod["metadata"], pod.get("spec") or {}
-            if meta.get("namespace") != namespace:
-                continue
-            hostname = spec.get("hostname") or meta["name"]
-            names = [hostname]
-            if spec.get("subdomain"):
-                sub = f"{hostname}.{spec['subdomain']}"
-                names = [f"{sub}.{namespace}.svc.cluster.local", f"{sub}.{namespace}.svc", sub, hostname]
-            lines.append(f"{self._address(meta['uid'])}\t{' '.join(names)}")
-        return "\n".join(lines) + "\n"
-
     def _write_hosts_files(self, pods: Any) -> None:
         pods = list(pods)
         for running in self.running.values():
-            hosts = running.folder / "hosts"
-            namespace = running.key[1] or ""
-            text = self._hosts(namespace, pods)
-            if hosts.read_text() != text:
-                with hosts.open("r+") as out:  # in place: the pod's bind mount keeps the same file
-                    out.seek(0)
-                    out.write(text)
-                    out.truncate()
+            text = containers.hosts(running.key[1] or "", pods, self.address)
+            containers.rewrite_in_place(running.folder / "hosts", text)
 
     def _env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
-        meta, spec = pod["metadata"], pod.get("spec") or {}
-        fields = {
-            "metadata.name": meta["name"],
-            "metadata.namespace": meta.get("namespace") or "",
-            "metadata.uid": meta["uid"],
-            "spec.nodeName": spec.get("nodeName") or "",
-            "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
-            "status.podIP": self._address(meta["uid"]),
-            "status.hostIP": "127.0.0.1",
-        }
-        for kind in ("labels", "annotations"):
-            for name, value in (meta.get(kind) or {}).items():
-                fields[f"metadata.{kind}['{name}']"] = value
-        env = {
-            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": "/root",
-            "HOSTNAME": spec.get("hostname") or meta["name"],
-            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-            "KUBERNETES_SERVICE_PORT": str(self.server_port),
-        }
-        for item in container.get("env") or []:
-            if "value" in item:
-                env[item["name"]] = str(item["value"])
-            elif ref := ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath"):
-                env[item["name"]] = fields.get(ref, "")
-        return env
+        return containers.environment(pod, container, self.address(pod["metadata"]["uid"]), self.server_port)
 
     @property
     def server_port(self) -> int:
@@ -214,14 +159,7 @@ class ProcessKubelet(apiserver.Controller):
             if made is None:
                 return None
             volumes[volume["name"]] = made
-        mounts = [
-            {
-                "source": str(volumes[m["name"]] / m.get("subPath", "")),
-                "target": m["mountPath"],
-                "readOnly": bool(m.get("readOnly")),
-            }
-            for m in container.get("volumeMounts") or []
-        ]
+        mounts = containers.volume_mounts(container, volumes)
         if not any(m["target"] == "/dev/shm" for m in mounts):
             (folder / "shm").mkdir(exist_ok=True)
             mounts.append({"source": str(folder / "shm"), "target": "/dev/shm"})
@@ -245,7 +183,9 @@ class ProcessKubelet(apiserver.Controller):
             return
         folder = self.root / "pods" / f"{meta.get('namespace')}_{meta['name']}_{meta['uid'][:8]}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "hosts").write_text(self._hosts(meta.get("namespace") or "", self.server.live_objects("pods")))
+        (folder / "hosts").write_text(
+            containers.hosts(meta.get("namespace") or "", self.server.live_objects("pods"), self.address)
+        )
         mounts = self._mounts(pod, container, folder)
         if mounts is None:
             await self._waiting(
@@ -279,18 +219,7 @@ class ProcessKubelet(apiserver.Controller):
     # -- reporting ---------------------------------------------------------------------------------------
 
     def _conditions(self, pod: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
-        """The pod's conditions; one whose status is unchanged keeps its lastTransitionTime (PodScheduled's is
-        the binding's), as the real kubelet's do."""
-        now = self.server.now()
-        value = "True" if ready else "False"
-        before = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
-        wanted = {"PodScheduled": "True", "Initialized": "True", "ContainersReady": value, "Ready": value}
-        return [
-            {"type": kind, "status": status, "lastTransitionTime": now}
-            if (before.get(kind) or {}).get("status") != status or not before[kind].get("lastTransitionTime")
-            else {"type": kind, "status": status, "lastTransitionTime": before[kind]["lastTransitionTime"]}
-            for kind, status in wanted.items()
-        ]
+        return containers.conditions(pod, ready, self.server.now())
 
     async def _write_status(self, key: Any, pod: dict[str, Any], status: dict[str, Any]) -> None:
         current = self.server.lookup("pods", key[1] or "", key[2])
@@ -306,7 +235,7 @@ class ProcessKubelet(apiserver.Controller):
         state = {"running": {"startedAt": running.started_at}}
         status = {
             "phase": "Running",
-            "podIP": self._address(pod["metadata"]["uid"]),
+            "podIP": self.address(pod["metadata"]["uid"]),
             "hostIP": "127.0.0.1",
             "startTime": running.started_at,
             "conditions": self._conditions(pod, True),
@@ -315,15 +244,7 @@ class ProcessKubelet(apiserver.Controller):
         await self._write_status(key, pod, status)
 
     def _container_status(self, container: dict[str, Any], state: dict[str, Any], *, ready: bool) -> dict[str, Any]:
-        return {
-            "name": container.get("name", ""),
-            "image": container.get("image", ""),
-            "imageID": "",
-            "ready": ready,
-            "started": "running" in state,
-            "restartCount": 0,
-            "state": state,
-        }
+        return containers.container_status(container, state, ready=ready)
 
     async def _pull_failed(self, key: Any, pod: dict[str, Any], container: dict[str, Any]) -> None:
         """ErrImagePull now, ImagePullBackOff while waiting out the backoff, then another try."""
@@ -390,18 +311,7 @@ class ProcessKubelet(apiserver.Controller):
     # -- stopping ----------------------------------------------------------------------------------------
 
     def _signal(self, pod: PodProcess, signum: int) -> None:
-        """SIGTERM to the container's process group (torchrun passes it on to its ranks); SIGKILL to every
-        process the container started, as a runtime kills a container's cgroup (torchrun starts each rank in a
-        session of its own, out of the group's reach)."""
-        family = []
-        if signum == signal.SIGKILL:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                family = psutil.Process(pod.process.pid).children(recursive=True)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pod.process.pid, signum)
-        for process in family:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
+        containers.send_signal(pod.process.pid, signum)
 
     def _terminate(self, running: PodProcess, pod: dict[str, Any]) -> None:
         """Graceful deletion: SIGTERM now, SIGKILL when the grace period (at most `grace_cap`) has passed."""

@@ -39,10 +39,10 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-import psutil
 import requests
 
 from paralleljob.k8s import timestamps
+from tests.cluster import containers
 from tests.upstream import controlplane
 
 HEARTBEAT_SECONDS = controlplane.HEARTBEAT_SECONDS
@@ -105,7 +105,7 @@ class Kubelet:
         self.lock = threading.RLock()
         self.running: dict[str, Running] = {}
         self.finished: set[str] = set()
-        self.addresses: dict[str, str] = {}
+        self.address = containers.Addresses()
         self.pods: dict[str, dict[str, Any]] = {}  # every pod bound to one of our nodes, by uid
         self.silent: set[str] = set()
         self.stopped = threading.Event()
@@ -262,68 +262,19 @@ class Kubelet:
 
     # -- starting -----------------------------------------------------------------------------------------
 
-    def address(self, uid: str) -> str:
-        if uid not in self.addresses:
-            n = len(self.addresses)
-            self.addresses[uid] = f"127.0.{1 + n // 250}.{2 + n % 250}"
-        return self.addresses[uid]
-
     def hosts(self, namespace: str) -> str:
-        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-        for pod in self.pods.values():
-            meta, spec = pod["metadata"], pod.get("spec") or {}
-            if meta.get("namespace") != namespace:
-                continue
-            hostname = spec.get("hostname") or meta["name"]
-            names = [hostname]
-            if spec.get("subdomain"):
-                sub = f"{hostname}.{spec['subdomain']}"
-                names = [f"{sub}.{namespace}.svc.cluster.local", f"{sub}.{namespace}.svc", sub, hostname]
-            lines.append(f"{self.address(meta['uid'])}\t{' '.join(names)}")
-        return "\n".join(lines) + "\n"
+        return containers.hosts(namespace, self.pods.values(), self.address)
 
     def write_hosts_files(self) -> None:
         with self.lock:
             for running in self.running.values():
-                hosts, text = running.folder / "hosts", self.hosts(running.namespace)
-                if hosts.read_text() != text:
-                    with hosts.open("r+") as out:  # in place: the pod's bind mount keeps the same file
-                        out.seek(0)
-                        out.write(text)
-                        out.truncate()
+                containers.rewrite_in_place(running.folder / "hosts", self.hosts(running.namespace))
 
     def field_values(self, pod: dict[str, Any]) -> dict[str, str]:
-        meta, spec = pod["metadata"], pod.get("spec") or {}
-        fields = {
-            "metadata.name": meta["name"],
-            "metadata.namespace": meta.get("namespace") or "",
-            "metadata.uid": meta["uid"],
-            "spec.nodeName": spec.get("nodeName") or "",
-            "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
-            "status.podIP": self.address(meta["uid"]),
-            "status.hostIP": "127.0.0.1",
-        }
-        for kind in ("labels", "annotations"):
-            for name, value in (meta.get(kind) or {}).items():
-                fields[f"metadata.{kind}['{name}']"] = value
-        return fields
+        return containers.field_values(pod, self.address(pod["metadata"]["uid"]))
 
     def env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
-        meta, spec = pod["metadata"], pod.get("spec") or {}
-        fields = self.field_values(pod)
-        env = {
-            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": "/root",
-            "HOSTNAME": spec.get("hostname") or meta["name"],
-            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-            "KUBERNETES_SERVICE_PORT": str(self.state.apiserver_port),
-        }
-        for item in container.get("env") or []:
-            if "value" in item:
-                env[item["name"]] = str(item["value"])
-            elif ref := ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath"):
-                env[item["name"]] = fields.get(ref, "")
-        return env
+        return containers.environment(pod, container, self.address(pod["metadata"]["uid"]), self.state.apiserver_port)
 
     def config_map(self, namespace: str, name: str) -> dict[str, str] | None:
         response = self.api("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
@@ -397,14 +348,7 @@ class Kubelet:
             if made is None:
                 return None
             volumes[volume["name"]] = made
-        mounts = [
-            {
-                "source": str(volumes[m["name"]] / m.get("subPath", "")),
-                "target": m["mountPath"],
-                "readOnly": bool(m.get("readOnly")),
-            }
-            for m in container.get("volumeMounts") or []
-        ]
+        mounts = containers.volume_mounts(container, volumes)
         if not any(m["target"] == "/dev/shm" for m in mounts):
             (folder / "shm").mkdir(exist_ok=True)
             mounts.append({"source": str(folder / "shm"), "target": "/dev/shm"})
@@ -456,36 +400,12 @@ class Kubelet:
 
     # -- reporting ----------------------------------------------------------------------------------------
 
-    def conditions(self, pod: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
-        """The pod's conditions; one whose status is unchanged keeps its lastTransitionTime (PodScheduled's is
-        the scheduler's), as the real kubelet's do."""
-        now, value = timestamps.now(), "True" if ready else "False"
-        before = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
-        wanted = {"PodScheduled": "True", "Initialized": "True", "ContainersReady": value, "Ready": value}
-        return [
-            {"type": kind, "status": status, "lastTransitionTime": now}
-            if (before.get(kind) or {}).get("status") != status or not before[kind].get("lastTransitionTime")
-            else {"type": kind, "status": status, "lastTransitionTime": before[kind]["lastTransitionTime"]}
-            for kind, status in wanted.items()
-        ]
-
     def write_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
         meta = pod["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
         with contextlib.suppress(requests.RequestException):
             # The uid precondition keeps a report about a deleted pod off its namesake.
             self.api("PATCH", path, {"metadata": {"uid": meta["uid"]}, "status": status}, patch=True)
-
-    def container_status(self, container: dict[str, Any], state: dict[str, Any], *, ready: bool) -> dict[str, Any]:
-        return {
-            "name": container.get("name", ""),
-            "image": container.get("image", ""),
-            "imageID": "",
-            "ready": ready,
-            "started": "running" in state,
-            "restartCount": 0,
-            "state": state,
-        }
 
     def report_running(self, pod: dict[str, Any], running: Running) -> None:
         state = {"running": {"startedAt": running.started_at}}
@@ -495,8 +415,8 @@ class Kubelet:
             "podIPs": [{"ip": self.address(running.uid)}],
             "hostIP": "127.0.0.1",
             "startTime": running.started_at,
-            "conditions": self.conditions(pod, True),
-            "containerStatuses": [self.container_status(running.container, state, ready=True)],
+            "conditions": containers.conditions(pod, True),
+            "containerStatuses": [containers.container_status(running.container, state, ready=True)],
         }
         self.write_status(pod, status)
 
@@ -504,8 +424,8 @@ class Kubelet:
         state = {"waiting": {"reason": reason, "message": message}}
         status = {
             "phase": "Pending",
-            "conditions": self.conditions(pod, False),
-            "containerStatuses": [self.container_status(container, state, ready=False)],
+            "conditions": containers.conditions(pod, False),
+            "containerStatuses": [containers.container_status(container, state, ready=False)],
         }
         self.write_status(pod, status)
 
@@ -529,9 +449,9 @@ class Kubelet:
                 terminated["message"] = message.decode(errors="replace")
             status = {
                 "phase": "Succeeded" if exit_code == 0 else "Failed",
-                "conditions": self.conditions(pod, False),
+                "conditions": containers.conditions(pod, False),
                 "containerStatuses": [
-                    self.container_status(running.container, {"terminated": terminated}, ready=False)
+                    containers.container_status(running.container, {"terminated": terminated}, ready=False)
                 ],
             }
             self.write_status(pod, status)
@@ -541,17 +461,7 @@ class Kubelet:
     # -- stopping -----------------------------------------------------------------------------------------
 
     def signal(self, running: Running, signum: int) -> None:
-        """SIGTERM to the container's process group (torchrun passes it on to its ranks); SIGKILL to every
-        process the container started, as a runtime kills a container's cgroup."""
-        family = []
-        if signum == signal.SIGKILL:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                family = psutil.Process(running.process.pid).children(recursive=True)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(running.process.pid, signum)
-        for process in family:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
+        containers.send_signal(running.process.pid, signum)
 
     def terminate(self, running: Running, pod: dict[str, Any]) -> None:
         """Graceful deletion: SIGTERM now, SIGKILL when the grace period (at most GRACE_CAP_SECONDS) has passed."""

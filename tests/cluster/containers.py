@@ -1,0 +1,147 @@
+"""What a kubelet makes of a pod to run its container as local processes, shared by the strict cluster's
+`ProcessKubelet` and the upstream cluster's kubelet (tests/upstream/kubelet.py): the pod's loopback address
+and /etc/hosts, the downward API's field values, the container's environment, its volume mounts list, its
+conditions, and the signals a runtime sends a container."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from paralleljob.k8s import timestamps
+
+
+class Addresses:
+    """A loopback address of its own for each pod, by uid: 127.0.1.2, 127.0.1.3, ..."""
+
+    def __init__(self) -> None:
+        self._by_uid: dict[str, str] = {}
+
+    def __call__(self, uid: str) -> str:
+        if uid not in self._by_uid:
+            n = len(self._by_uid)
+            self._by_uid[uid] = f"127.0.{1 + n // 250}.{2 + n % 250}"
+        return self._by_uid[uid]
+
+
+def hosts(namespace: str, pods: Iterable[Mapping[str, Any]], address: Addresses) -> str:
+    """/etc/hosts of a pod in `namespace`: every pod's `<hostname>.<subdomain>` names, as cluster DNS has them."""
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    for pod in pods:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        if meta.get("namespace") != namespace:
+            continue
+        hostname = spec.get("hostname") or meta["name"]
+        names = [hostname]
+        if spec.get("subdomain"):
+            sub = f"{hostname}.{spec['subdomain']}"
+            names = [f"{sub}.{namespace}.svc.cluster.local", f"{sub}.{namespace}.svc", sub, hostname]
+        lines.append(f"{address(meta['uid'])}\t{' '.join(names)}")
+    return "\n".join(lines) + "\n"
+
+
+def rewrite_in_place(path: Path, text: str) -> None:
+    """Replace a file's text keeping its inode: a pod's bind mount of it sees the change."""
+    if path.read_text() != text:
+        with path.open("r+") as out:
+            out.seek(0)
+            out.write(text)
+            out.truncate()
+
+
+def field_values(pod: Mapping[str, Any], address: str) -> dict[str, str]:
+    """The downward API's fieldRef values of a pod."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    fields = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta.get("namespace") or "",
+        "metadata.uid": meta["uid"],
+        "spec.nodeName": spec.get("nodeName") or "",
+        "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
+        "status.podIP": address,
+        "status.hostIP": "127.0.0.1",
+    }
+    for kind in ("labels", "annotations"):
+        for name, value in (meta.get(kind) or {}).items():
+            fields[f"metadata.{kind}['{name}']"] = value
+    return fields
+
+
+def environment(pod: Mapping[str, Any], container: Mapping[str, Any], address: str, api_port: int) -> dict[str, str]:
+    """The container's environment: the project's venv first on PATH, the API server's address as the
+    `kubernetes` Service's, then the container's own values and fieldRefs."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    fields = field_values(pod, address)
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/root",
+        "HOSTNAME": spec.get("hostname") or meta["name"],
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(api_port),
+    }
+    for item in container.get("env") or []:
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif ref := ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath"):
+            env[item["name"]] = fields.get(ref, "")
+    return env
+
+
+def volume_mounts(container: Mapping[str, Any], volumes: Mapping[str, Path]) -> list[dict[str, Any]]:
+    """The container's volumeMounts as the sandbox takes them, from each volume's folder."""
+    return [
+        {
+            "source": str(volumes[m["name"]] / m.get("subPath", "")),
+            "target": m["mountPath"],
+            "readOnly": bool(m.get("readOnly")),
+        }
+        for m in container.get("volumeMounts") or []
+    ]
+
+
+def conditions(pod: Mapping[str, Any], ready: bool, now: str | None = None) -> list[dict[str, Any]]:
+    """The pod's conditions; one whose status is unchanged keeps its lastTransitionTime (PodScheduled's is the
+    binding's), as the real kubelet's do."""
+    now, value = now or timestamps.now(), "True" if ready else "False"
+    before = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
+    wanted = {"PodScheduled": "True", "Initialized": "True", "ContainersReady": value, "Ready": value}
+    return [
+        {"type": kind, "status": status, "lastTransitionTime": now}
+        if (before.get(kind) or {}).get("status") != status or not before[kind].get("lastTransitionTime")
+        else {"type": kind, "status": status, "lastTransitionTime": before[kind]["lastTransitionTime"]}
+        for kind, status in wanted.items()
+    ]
+
+
+def container_status(container: Mapping[str, Any], state: dict[str, Any], *, ready: bool) -> dict[str, Any]:
+    return {
+        "name": container.get("name", ""),
+        "image": container.get("image", ""),
+        "imageID": "",
+        "ready": ready,
+        "started": "running" in state,
+        "restartCount": 0,
+        "state": state,
+    }
+
+
+def send_signal(pid: int, signum: int) -> None:
+    """SIGTERM to the container's process group (torchrun passes it on to its ranks); SIGKILL to every process
+    the container started, as a runtime kills a container's cgroup (torchrun starts each rank in a session of
+    its own, out of the group's reach)."""
+    family = []
+    if signum == signal.SIGKILL:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            family = psutil.Process(pid).children(recursive=True)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signum)
+    for process in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
