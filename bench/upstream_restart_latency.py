@@ -77,6 +77,20 @@ def main() -> int:
         subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds")], check=True, capture_output=True)
         api.ok(api.send("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}))
         write_nodes(api, 16, gpus=4)
+        # The job's checkpoint claim, bound to a volume: the real scheduler leaves a pod whose claim is missing
+        # or unbound Pending.
+        volume = {
+            "metadata": {"name": "ckpt"},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                     "hostPath": {"path": "/tmp/ckpt"}},
+        }  # fmt: skip
+        api.ok(api.send("POST", "/api/v1/persistentvolumes", volume))
+        claim = {
+            "metadata": {"name": "ckpt"},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": "ckpt",
+                     "resources": {"requests": {"storage": "1Gi"}}},
+        }  # fmt: skip
+        api.ok(api.send("POST", f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims", claim))
         operator = Operator(None, workdir / "operator.log", state.kubeconfig).start()  # type: ignore[arg-type]
         api.ok(api.send("POST", JOBS, job_doc(failurePolicy={"backoffLimit": args.repeat + 1})))
         for i in range(args.pending):
