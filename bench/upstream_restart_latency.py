@@ -93,6 +93,8 @@ def main() -> int:
         api.ok(api.send("POST", f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims", claim))
         operator = Operator(None, workdir / "operator.log", state.kubeconfig).start()  # type: ignore[arg-type]
         api.ok(api.send("POST", JOBS, job_doc(failurePolicy={"backoffLimit": args.repeat + 1})))
+        # The gang is placed before the others are created, so that it is the one that runs.
+        wait_for(lambda: len(gang(api, 0)) == 16, 300, "the gang's pods")
         for i in range(args.pending):
             api.ok(api.send("POST", JOBS, job_doc(f"waiting-{i}")))
 
