@@ -42,6 +42,10 @@ from paralleljob.k8s import timestamps
 from paralleljob.k8s.session import Session
 
 log = logging.getLogger(__name__)
+# The client's elector logs every renewal of a held Lease ("leader ... has successfully acquired lease") and
+# every retry of a standby at info: a line every second or two in the operator's pod log. Its warnings and
+# errors stay; who leads, and when that changes, is logged here once.
+logging.getLogger(leaderelection.logger.name).setLevel(logging.WARNING)
 
 LOST_LEASE_EXIT = 3
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
