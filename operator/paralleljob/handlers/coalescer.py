@@ -33,10 +33,13 @@ THREADS = 8
 
 @dataclasses.dataclass(frozen=True)
 class Next:
-    """What a pass asks for: these keys requested now, and its own key again after `after` seconds."""
+    """What a pass asks for: these keys requested now, its own key again after `after` seconds, and `then`
+    called (on the event loop) once the key is free, unless another pass over it follows, which decides
+    again: a hand-off to a pass run elsewhere (the admission queue) that must not find the key still taken."""
 
     keys: tuple[Hashable, ...] = ()
     after: float | None = None
+    then: Callable[[], None] | None = None
 
 
 @dataclasses.dataclass
@@ -109,12 +112,13 @@ class Coalescer:
     async def _run(self, key: Hashable) -> None:
         worker = self._workers[key]
         delay, failures = FIRST_RETRY_SECONDS, 0
+        then: Callable[[], None] | None = None
         try:
             while worker.dirty:
-                worker.dirty = False
+                worker.dirty, then = False, None
                 try:
                     wanted = await asyncio.get_running_loop().run_in_executor(self._pool, self._action, key)
-                    delay, failures = FIRST_RETRY_SECONDS, 0
+                    delay, failures, then = FIRST_RETRY_SECONDS, 0, wanted.then
                     for follow_up in wanted.keys:
                         self.request(follow_up)
                     self._schedule(key, wanted.after)
@@ -127,6 +131,8 @@ class Coalescer:
                     worker.dirty = True
         finally:
             del self._workers[key]
+        if then is not None:
+            then()
 
     async def _report(self, key: Hashable, error: Exception, failures: int) -> None:
         """Hand a failure to `on_failure`; a report that fails itself (the API is down) is only logged."""

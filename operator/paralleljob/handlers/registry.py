@@ -191,15 +191,23 @@ def _pass(key: Hashable) -> Next:
         return Next()
     namespace, name = typing.cast(tuple[str, str], key)
     outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, _view())
-    if outcome.admission is not None:
-        _offer(namespace, name, outcome.admission)
-    return Next(keys=(RECHECK,) if outcome.wake_others else (), after=outcome.requeue_after)
+    offer = _offer_later(namespace, name, outcome.admission) if outcome.admission is not None else None
+    return Next(keys=(RECHECK,) if outcome.wake_others else (), after=outcome.requeue_after, then=offer)
 
 
 def _order(namespace: str, name: str, request: reconcile.AdmissionRequest) -> Order:
     assert RUNTIME.priorities is not None
     priority = RUNTIME.priorities.value(request.priority_class)
     return Order.of(namespace, name, restarting=request.restarting, priority=priority, created=request.created)
+
+
+def _offer_later(namespace: str, name: str, request: reconcile.AdmissionRequest) -> Callable[[], None]:
+    """The offer a supervision pass makes once it is over (an admission pass would find the job's key still
+    taken by it); its order is read now, in the pass's thread (a PriorityClass may be read from the API)."""
+    order = _order(namespace, name, request)
+    assert RUNTIME.admissions is not None
+    admissions = RUNTIME.admissions
+    return lambda: admissions.offer((namespace, name), order)
 
 
 def _offer(namespace: str, name: str, request: reconcile.AdmissionRequest) -> None:
