@@ -102,8 +102,8 @@ def test_listed_namespaces_get_a_role_and_binding_each_and_no_cluster_wide_job_a
     }
     cluster_wide = {g for g in grants(objects, {"ClusterRole"}) if g[1] in namespaced_resources}
     # Outside the watched namespaces the operator only reads which pods hold GPUs (list, watch) and which nodes
-    # other ParallelJobs reserve (list), so that it plans no GPU twice.
-    assert cluster_wide == {("", "pods", "list"), ("", "pods", "watch"), ("paralleljob.io", "paralleljobs", "list")}
+    # other ParallelJobs' attempt records reserve (list, label-selected ConfigMaps), so that it plans no GPU twice.
+    assert cluster_wide == {("", "pods", "list"), ("", "pods", "watch"), ("", "configmaps", "list")}
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -24,6 +24,7 @@ from tests.operator.conftest import (
     install_operator_rbac,
     job_doc,
     operator_calls,
+    operator_requests,
     wait_for,
 )
 
@@ -182,8 +183,9 @@ def cluster_wide_pod_lists(emulator: Any) -> int:
     return sum(1 for call in operator_calls(emulator) if call == ("list", "", "pods", ""))
 
 
-def cluster_wide_job_lists(emulator: Any) -> int:
-    return sum(1 for call in operator_calls(emulator) if call == ("list", "paralleljob.io", "paralleljobs", ""))
+def cluster_wide_record_lists(emulator: Any) -> int:
+    """The operator's cluster-wide reads of the attempt records that reserve nodes (label-selected ConfigMaps)."""
+    return sum(1 for call in operator_requests(emulator) if call == ("list", "", "configmaps", ""))
 
 
 def quiet(count: Callable[[], int], seconds: float = 1.5) -> int:
@@ -250,23 +252,23 @@ def test_freed_gpus_go_to_the_first_job_in_order_and_no_admission_lists_every_po
     for name in waiting:
         wait_for(lambda n=name: scheduled(cluster, n).get("reason") == "Unschedulable", what=f"{name} waiting")
 
-    pod_lists, job_lists = cluster_wide_pod_lists(emulator), cluster_wide_job_lists(emulator)
-    # A label change wakes every waiting job: a recheck lists the jobs once, then each waiting job's admission
-    # pass lists them (reservations), and none lists the pods of the cluster.
+    pod_lists, record_lists = cluster_wide_pod_lists(emulator), cluster_wide_record_lists(emulator)
+    # A label change wakes every waiting job: a recheck lists the reserving records once, then each waiting
+    # job's admission pass lists them (reservations), and none lists the pods of the cluster.
     cluster.core.patch_node("gpu-000", {"metadata": {"labels": {"example.com/relabelled": "true"}}})
-    wait_for(lambda: cluster_wide_job_lists(emulator) >= job_lists + 1 + len(waiting), what="admission passes")
+    wait_for(lambda: cluster_wide_record_lists(emulator) >= record_lists + 1 + len(waiting), what="admission passes")
     assert cluster_wide_pod_lists(emulator) == pod_lists
 
     # With no more room than the waiting jobs were judged against, a job offered alone costs one round: the
     # round's read of the reservations and its own pass's; the jobs ahead of it are not tried again.
-    job_lists = quiet(lambda: cluster_wide_job_lists(emulator))
+    record_lists = quiet(lambda: cluster_wide_record_lists(emulator))
     touch_job(cluster, "a-default-oldest", "1")
-    assert quiet(lambda: cluster_wide_job_lists(emulator)) == job_lists + 2
+    assert quiet(lambda: cluster_wide_record_lists(emulator)) == record_lists + 2
 
-    # From here every list of the jobs takes 3 s, so that the recheck that the holder's end requests offers
+    # From here every list of the records takes 3 s, so that the recheck that the holder's end requests offers
     # the waiting jobs late; meanwhile the last job in order is offered alone (any change of it brings a pass)
     # and its admission pass sees the freed GPUs. They must still go to the first job in order.
-    emulator.emulator.latency[("list", "paralleljobs")] = 3.0
+    emulator.emulator.latency[("list", "configmaps")] = 3.0
     cluster.set_pod_phase("holder-0", "Succeeded")
     wait_for(lambda: cluster.status("holder").get("phase") == "Succeeded", what="the holder's end")
     finished = lambda: all(pod["status"].get("phase") == "Succeeded" for pod in cluster.pods("holder"))  # noqa: E731
@@ -292,9 +294,9 @@ def test_a_released_reservation_goes_to_the_first_job_in_order(cluster, operator
         time.sleep(1.05)  # creation times have whole seconds
     for name in waiting:
         wait_for(lambda n=name: scheduled(cluster, n).get("reason") == "Unschedulable", what=f"{name} waiting")
-    quiet(lambda: cluster_wide_job_lists(emulator))
+    quiet(lambda: cluster_wide_record_lists(emulator))
 
-    emulator.emulator.latency[("list", "paralleljobs")] = 3.0  # the recheck the deletion requests comes late
+    emulator.emulator.latency[("list", "configmaps")] = 3.0  # the recheck the deletion requests comes late
     cluster.custom.delete_namespaced_custom_object("paralleljob.io", "v1alpha1", "research", "paralleljobs", "holder")
     wait_for(lambda: job_gone(cluster, "holder"), what="the holder gone")
     touch_job(cluster, "second", "1")
@@ -323,12 +325,12 @@ def test_a_gang_restart_does_not_wait_behind_admissions(cluster, operator, emula
     run_holder(cluster)
     # From here every admission pass hangs for half a minute on its read of the other jobs' reservations;
     # a restart reads none, so it must go through while the admissions queue up.
-    emulator.emulator.latency[("list", "paralleljobs")] = 30.0
-    job_lists = cluster_wide_job_lists(emulator)
+    emulator.emulator.latency[("list", "configmaps")] = 30.0
+    record_lists = cluster_wide_record_lists(emulator)
     waiting = [f"waiting-{i}" for i in range(8)]  # more than asyncio's default thread pool has threads
     for name in waiting:
         cluster.apply(job_doc(name, parallelism=TWO_NODES))
-    wait_for(lambda: cluster_wide_job_lists(emulator) > job_lists, what="an admission under way")
+    wait_for(lambda: cluster_wide_record_lists(emulator) > record_lists, what="an admission under way")
     nodes = {pod["metadata"]["name"]: pod["spec"]["nodeName"] for pod in cluster.pods("holder")}
     cluster.set_pod_phase("holder-1", "Failed", reason="Error")
 

@@ -74,11 +74,8 @@ def test_sixteen_node_job_gets_its_children_and_status(cluster, operator):
     status = wait_for(lambda: cluster.status().get("phase") == "Running" and cluster.status(), what="Running")
     assert status["podsReady"] == 16
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
-    # Rank 0's progress hook reports the final checkpoint before the trainer exits.
-    final = {"status": {"lastCheckpointStep": 100}}
-    cluster.custom.patch_namespaced_custom_object_status(
-        "paralleljob.io", "v1alpha1", "research", "paralleljobs", "gpt", final
-    )
+    # Rank 0's progress hook reports the final checkpoint before the trainer exits (a patch of its ConfigMap).
+    cluster.core.patch_namespaced_config_map("gpt-progress", "research", {"data": {"lastCheckpointStep": "100"}})
     cluster.set_pod_phase("gpt-0", "Succeeded")
     wait_for(lambda: cluster.status().get("phase") == "Succeeded", what="Succeeded")
     wait_for(lambda: [p["metadata"]["name"] for p in cluster.pods()] == ["gpt-0"], what="cleanup")

@@ -29,10 +29,11 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
   resources: [pods]
   verbs: [list, watch]
 # Application: reservations. An admission plans around the nodes every ParallelJob of the cluster holds, in
-# every namespace, also those this operator does not manage (another team's operator placed them), so the
-# list is cluster-wide even when watchNamespaces limits what it manages.
-- apiGroups: [paralleljob.io]
-  resources: [paralleljobs]
+# every namespace, also those this operator does not manage (another team's operator placed them): it lists
+# the jobs' attempt records, the `-config` ConfigMaps labelled paralleljob.io/reserving=true (selected
+# server-side), so the list is cluster-wide even when watchNamespaces limits what it manages.
+- apiGroups: [""]
+  resources: [configmaps]
   verbs: [list]
 # Application: the admission order reads the value of the PriorityClass a job's pods name.
 - apiGroups: [scheduling.k8s.io]
@@ -106,13 +107,14 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
 - apiGroups: [""]
   resources: [services]
   verbs: [get, create]
-# Application: the job's ConfigMap (job.json, DeepSpeed config, plan, network), replaced on each attempt, and
-# rank 0's progress ConfigMap, watched (list, watch: only those labelled paralleljob.io/progress) and copied into
-# status. `patch` is never called: each job's progress Role grants it on that job's progress ConfigMap, and
-# Kubernetes lets the operator grant only what it holds.
+# Application: the job's ConfigMap (job.json, DeepSpeed config, plan, network and the attempt record the
+# operator decides from), created at the first admission and patched with each decision and each new attempt,
+# and rank 0's progress ConfigMap, read and watched (list, watch: only those labelled paralleljob.io/progress)
+# and copied into status. Each job's progress Role also grants `patch` on that job's progress ConfigMap, which
+# Kubernetes lets the operator grant only because it holds it.
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, list, watch, create, delete, patch]
+  verbs: [get, list, watch, create, patch]
 # Application: the per-job progress account: rank 0 patches its own progress ConfigMap through a
 # ServiceAccount whose Role allows exactly that (resourceNames). `get` as for the Service.
 - apiGroups: [""]

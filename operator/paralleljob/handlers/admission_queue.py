@@ -123,6 +123,14 @@ class AdmissionQueue(Generic[Snapshot, Judgment]):
             self._waiting.update(offers)
             self._changed.notify()
 
+    def offer_kept(self) -> None:
+        """Offer every job keeping its place again, for the next round (GPUs may have been freed)."""
+        with self._changed:
+            for key, (order, _) in self._kept.items():
+                self._waiting.setdefault(key, order)
+            if self._waiting:
+                self._changed.notify()
+
     def forget(self, key: Hashable) -> None:
         """The job is gone: it leaves the queue (a job kept last in order would never be tried again)."""
         with self._changed:

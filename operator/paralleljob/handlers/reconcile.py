@@ -1,9 +1,10 @@
 """One reconcile pass over one ParallelJob: read the cluster, decide, act, write status once.
 
 Level-triggered and idempotent, so the operator can die at any moment and converge after a restart.
-The pass reads the job and its pods from the API (only pods whose ownerReference carries this job's uid
-count: a deleted job of the same name may leave children the garbage collector has not removed yet), then
-takes the first step that applies:
+The pass reads the job's attempt record (`manifests.records`, in its `-config` ConfigMap), the job and its pods
+from the API (only pods whose ownerReference carries this job's uid count: a deleted job of the same name may
+leave children the garbage collector has not removed yet), and decides from the record, the spec and the
+cluster, never from the job's status, which it only writes; then it takes the first step that applies:
 
 1. finished (Succeeded/Failed, as the attempt record says): delete the pods still running. Finished is final:
    an edit afterwards changes only the Valid condition, whatever the spec says now;
@@ -17,13 +18,13 @@ takes the first step that applies:
 5. no placement: a supervision pass hands the job to the admission queue (`handlers.admission_queue`) and
    stops; the admission pass (`admit=True`, only ever run by the queue's one worker) plans with gang
    admission from the watches' node records and usage index (no cluster-wide pod or node LIST), choosing the
-   layout first for a job that gives a GPU budget (once: status.layoutChoice);
-   unschedulable -> Pending + Scheduled=False; else write the ConfigMap (the plan and network of this
-   attempt) and the placement (which reserves the GPUs) -> Admitted;
+   layout first for a job that gives a GPU budget (once: the record keeps the choice), around the
+   reservations in every job's record; unschedulable -> Pending + Scheduled=False; else write the ConfigMap
+   (the plan and network of this attempt, and its record, whose placement reserves the GPUs) -> Admitted;
 6. admitted: create the Service, the progress RBAC and every missing pod from the ConfigMap -> Placed;
 7. placed: judge the gang (`handlers.gang`): Running, Succeeded, or a gang restart / Failed. A restarting
-   gang holds its old nodes, less the one blamed, for `restart_hold_seconds` (status.heldNodes/heldUntil),
-   so the GPUs it frees are not handed to another job mid-restart.
+   gang holds its old nodes, less the one blamed, for `restart_hold_seconds` (the record's heldNodes and
+   heldUntil), so the GPUs it frees are not handed to another job mid-restart.
 
 A create the API refuses for good (4xx) fails the attempt like a broken gang (reason CreateFailed). A job
 deleted during the pass ends it where a write finds the object gone (404, `writes.Gone`): the garbage
@@ -54,7 +55,7 @@ from paralleljob.manifests import children as child_objects
 from paralleljob.manifests import configmap, labels, records, security
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.manifests import progress as progress_channel
-from paralleljob.planning.inventory import TERMINAL_POD_PHASES, ClusterBuilder, held_until
+from paralleljob.planning.inventory import TERMINAL_POD_PHASES, ClusterBuilder
 from paralleljob.planning.usage import NodeUsage, UsageSnapshot
 from paralleljob_contract.network import NetworkFailure
 
@@ -155,9 +156,11 @@ class Pass:
     job: Mapping[str, Any]
     nodes: NodeView
     admit: bool = False
-    # The latest attempt's record (`manifests.records`), from the job's ConfigMap; None before the first
-    # admission or when the ConfigMap is gone (then the status the operator wrote is the fallback).
+    # The latest attempt's record (`manifests.records`), from the job's ConfigMap: what every decision comes
+    # from. None before the first admission (or when someone deleted the ConfigMap: the job has no attempt).
     record: records.AttemptRecord | None = None
+    # The job's `-config` ConfigMap when another owner holds the name (a name conflict before any attempt).
+    foreign_config: Mapping[str, Any] | None = None
     # Why the current spec is invalid while its running attempt is still supervised from its record.
     spec_problem: str = ""
     # Called right before an admission writes its attempt and placement: raises when the cluster-wide
@@ -187,16 +190,12 @@ class Pass:
 
     @property
     def attempt(self) -> int:
-        """The attempt the job is on (its restart count against backoffLimit): the record's, else the status's."""
-        if self.record is not None:
-            return self.record.next_attempt
-        return int(self.status.get("restarts") or 0)
+        """The attempt the job is on (its restart count against backoffLimit), as its record says."""
+        return self.record.next_attempt if self.record is not None else 0
 
     @property
     def excluded(self) -> list[str]:
-        if self.record is not None:
-            return list(self.record.excluded_nodes)
-        return list(self.status.get("excludedNodes") or [])
+        return list(self.record.excluded_nodes) if self.record is not None else []
 
     @property
     def live(self) -> records.AttemptRecord | None:
@@ -205,21 +204,18 @@ class Pass:
 
     @property
     def finished(self) -> bool:
-        """Succeeded or Failed: as the record says, the status only for a job without one."""
-        if self.record is not None:
-            return self.record.outcome in TERMINAL
-        return self.status.get("phase") in TERMINAL
+        """Succeeded or Failed, as the record says."""
+        return self.record is not None and self.record.outcome in TERMINAL
 
     @property
     def placed_nodes(self) -> list[str]:
-        """The node of each node rank of the live attempt: the record's, else status.placement's (the record
-        of a job whose ConfigMap is gone); empty when no attempt is admitted."""
-        if self.record is not None:
-            return list(self.record.nodes) if self.record.live else []
-        entries = sorted(self.status.get("placement") or [], key=lambda entry: int(entry.get("nodeRank", -1)))
-        if [int(entry.get("nodeRank", -1)) for entry in entries] != list(range(len(entries))):
-            return []
-        return [str(entry.get("node")) for entry in entries]
+        """The node of each node rank of the live attempt, from its record; empty when none is admitted."""
+        return list(self.live.nodes) if self.live is not None else []
+
+    @property
+    def idle_phase(self) -> str:
+        """The phase of a job between attempts: Restarting once it has restarted, else Pending."""
+        return "Restarting" if self.attempt else "Pending"
 
     def condition(self, kind: str, status: str, reason: str, message: str, base: Any = None) -> list[dict[str, Any]]:
         current = self.status.get("conditions") if base is None else base
@@ -250,10 +246,11 @@ def reconcile(
         m.observe_phase(namespace, name, None)
         return Outcome("gone")
     job.setdefault("metadata", {}).setdefault("namespace", namespace)
-    owned = found is not None and labels.owned_by(found, str(job["metadata"].get("uid")))
-    record = records.record_of(found) if owned else None
+    claim = labels.claim_of(found, name, str(job["metadata"].get("uid"))) if found is not None else None
+    record = records.record_of(found) if claim == "own" else None
+    foreign = found if claim == "foreign" else None
     try:
-        outcome = _step(Pass(session, settings, job, nodes, admit, record, fence=fence))
+        outcome = _step(Pass(session, settings, job, nodes, admit, record, foreign_config=foreign, fence=fence))
     except writes.Gone as gone:
         if not _deleted(session, namespace, name):
             raise  # only its ConfigMap was deleted: an ordinary failure, retried
@@ -311,17 +308,21 @@ def _step(p: Pass) -> Outcome:
     try:
         if not p.placed_nodes:
             assert current is not None  # no live attempt: an invalid spec returned above
+            if p.foreign_config is not None:  # nothing can be admitted while someone else holds the ConfigMap
+                name = labels.config_map_name(p.name)
+                raise writes.NameConflict("ConfigMap", name, labels.holder_of(p.foreign_config))
             if _waits_on_conflict(p, pods):
                 return Outcome("name-conflict", requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
             if not p.admit:
                 return _awaiting_admission(p)
             view = _cluster_view(p, labelled)
+            choice = p.record.layout_choice if p.record is not None else None
             if current.needs_layout:
                 chosen = _choose_layout(p, current, view)
                 if isinstance(chosen, Outcome):
                     return chosen
-                current = chosen
-            return _admit(p, current, view)
+                current, choice = chosen
+            return _admit(p, current, view, choice)
         if p.admit:
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.
             return Outcome("placed", requeue_after=0.0)
@@ -352,9 +353,10 @@ def _current_spec(p: Pass) -> tuple[ResolvedJob | None, str]:
     if result.resolved is None or problems:
         return None, "; ".join(problems)
     resolved = result.resolved
-    if resolved.needs_layout and p.status.get("layoutChoice"):
-        # Chosen once, at first admission: restarts re-place this layout, they never search again.
-        resolved, layout_problems = placement.chosen_job(resolved, p.status["layoutChoice"])
+    choice = p.record.layout_choice if p.record is not None else None
+    if resolved.needs_layout and choice:
+        # Chosen once, at first admission, and recorded: restarts re-place this layout, they never search again.
+        resolved, layout_problems = placement.chosen_job(resolved, choice)
         if resolved is None:
             return None, "; ".join(problem.render() for problem in layout_problems)
     return resolved, ""
@@ -388,11 +390,12 @@ class ClusterView:
 
 
 def _cluster_view(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> ClusterView:
-    # Every ParallelJob of the cluster, whatever namespaces this operator manages: a job another operator
-    # placed (one per team, each watching its own namespaces) holds its nodes all the same.
-    jobs = reads.list_jobs(p.session)
+    # Every job's record of the cluster, whatever namespaces this operator manages: a job another operator
+    # placed (one per team, each watching its own namespaces) holds its nodes all the same. Read from the API
+    # under the admission lock, so the placement another operator wrote just before is in it.
+    found = reads.list_reserving_config_maps(p.session)
     usage = p.nodes.usage.without(_own_pods_gone(p, labelled))
-    held = planning.job_reservations(jobs, exclude=(p.namespace, p.name), bound=usage.bound)
+    held = records.reservations_of(found, exclude=(p.namespace, p.name), bound=usage.bound)
     if p.nodes.round_held is not None:
         holder = f"{p.namespace}/{p.name}"
         earlier = sorted((r for r in p.nodes.round_held if r.holder != holder), key=lambda r: (r.node, r.holder))
@@ -400,9 +403,12 @@ def _cluster_view(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> ClusterView
     return ClusterView(p.nodes.snapshot, usage.usage, held, p.nodes.builder)
 
 
-def _choose_layout(p: Pass, template: ResolvedJob, view: ClusterView) -> ResolvedJob | Outcome:
-    """First admission of a job that gives a GPU budget: choose the layout on the free nodes, once, and record
-    it (status.layoutChoice, the LayoutChosen condition and an Event) before placing it."""
+def _choose_layout(
+    p: Pass, template: ResolvedJob, view: ClusterView
+) -> tuple[ResolvedJob, Mapping[str, Any]] | Outcome:
+    """First admission of a job that gives a GPU budget: choose the layout on the free nodes, and say so
+    (status.layoutChoice, the LayoutChosen condition and an Event) before placing it; returns the job and the
+    choice, which the attempt record keeps, so that restarts place the same layout."""
     try:
         found = placement.choose_layout(template, view.nodes, view.usage, view.held, view.builder)
     except Exception as error:
@@ -414,12 +420,9 @@ def _choose_layout(p: Pass, template: ResolvedJob, view: ClusterView) -> Resolve
             p.event("Warning", "NoLayout", found.message)
         return Outcome("no-layout", requeue_after=UNSCHEDULABLE_RECHECK_SECONDS)
     cond = p.condition("LayoutChosen", "True", "LayoutChosen", found.message)
-    patch = {"layoutChoice": found.record, "layout": found.job.layout, "conditions": cond}
-    write_status(p, patch)
+    write_status(p, {"layoutChoice": found.record, "layout": found.job.layout, "conditions": cond})
     p.event("Normal", "LayoutChosen", found.message)
-    if isinstance(p.job, dict):  # the admission below builds on this status in the same pass
-        p.job.setdefault("status", {}).update(patch)
-    return found.job
+    return found.job, found.record
 
 
 def _attempt_of(pod: Mapping[str, Any]) -> int:
@@ -461,7 +464,8 @@ def _wait_for_previous_job(p: Pass, previous: Sequence[Mapping[str, Any]]) -> Ou
     how = "stuck Terminating" if stuck else "still there"
     message = f"waiting for {len(previous)} pods of a deleted job of the same name to go ({how}): {names}{more}"
     said = str(p.status.get("message") or "").startswith("waiting for")
-    if write_status(p, {"phase": p.status.get("phase") or "Pending", "message": message}) and not said:
+    patch = {"message": message} if p.live is not None else {"phase": p.idle_phase, "message": message}
+    if write_status(p, patch) and not said:
         p.event("Normal", "WaitingForPreviousJob", message)
     recheck = min(waiting.requeue_after or PREVIOUS_JOB_RECHECK_SECONDS, PREVIOUS_JOB_RECHECK_SECONDS)
     return Outcome("waiting-for-previous-job", requeue_after=recheck)
@@ -557,16 +561,20 @@ def write_status(p: Pass, patch: Mapping[str, Any]) -> bool:
 
 def _invalid(p: Pass, message: str) -> Outcome:
     """Valid=False with no admitted attempt (never admitted, or a gang restart into an invalid spec): Pending,
-    holding no reservation (no placement, no hold), the old generation's pods deleted; an Event."""
+    holding no reservation (a restart's hold is released from its record), the old generation's pods deleted;
+    an Event."""
+    released = p.record is not None and p.record.reserving
     if p.record is not None:  # between attempts: the old generation may still be going
         pods = [pod for pod in reads.list_job_pods(p.session, p.namespace, p.name) if labels.owned_by(pod, p.uid)]
         if stale := [pod for pod in pods if _attempt_of(pod) != p.attempt]:
             _drain(p, stale)
+        if released:
+            _write_record(p, p.record.without_hold())
     cond = p.condition("Valid", "False", "InvalidSpec", message)
     patch = {"phase": "Pending", "message": f"invalid spec: {message}", "conditions": cond, "placement": None}
     if write_status(p, {**patch, "heldNodes": None, "heldUntil": None}):
         p.event("Warning", "InvalidSpec", message)
-    return Outcome("invalid", wake_others=bool(p.status.get("placement") or p.status.get("heldNodes")))
+    return Outcome("invalid", wake_others=released)
 
 
 RUNNING_CONTINUES = "; the running attempt continues, and nothing new starts until the spec is fixed"
@@ -602,35 +610,41 @@ def _rest(p: Pass) -> Outcome:
 
 def _finished(p: Pass, pods: Sequence[Mapping[str, Any]], phase: str | None = None) -> None:
     """Delete the pods still holding GPUs; a finished job keeps its Succeeded pods for their logs."""
-    keep = {"Succeeded"} if (phase or p.status.get("phase")) == "Succeeded" else set()
+    ended = phase or (p.record.outcome if p.record is not None else None)
+    keep = {"Succeeded"} if ended == "Succeeded" else set()
     _delete(p, [pod for pod in pods if (pod.get("status") or {}).get("phase") not in {"Failed", *keep}])
 
 
-def admission_request(job: Mapping[str, Any]) -> AdmissionRequest:
-    """What places a ParallelJob dict in the admission queue."""
-    template = (job.get("spec") or {}).get("template") or {}
+def admission_request(p: Pass) -> AdmissionRequest:
+    """What places the job in the admission queue: whether its record says it restarted, its PriorityClass,
+    its creation time."""
+    template = (p.job.get("spec") or {}).get("template") or {}
     return AdmissionRequest(
-        restarting=int((job.get("status") or {}).get("restarts") or 0) > 0,
+        restarting=p.attempt > 0,
         priority_class=template.get("priorityClassName") if isinstance(template, Mapping) else None,
-        created=str(job["metadata"].get("creationTimestamp") or ""),
+        created=str(p.job["metadata"].get("creationTimestamp") or ""),
     )
 
 
 def _awaiting_admission(p: Pass) -> Outcome:
-    """Hand the job to the admission queue; a restarting gang whose hold ran out lets the others in."""
-    request = admission_request(p.job)
+    """Hand the job to the admission queue; a restarting gang whose hold ran out lets the others in (its record
+    no longer holds the old nodes)."""
+    request = admission_request(p)
     remaining = _hold_remaining(p)
-    if remaining is None and p.status.get("heldNodes"):
+    if remaining is None and p.record is not None and p.record.held_nodes:
+        _write_record(p, p.record.without_hold())
         write_status(p, {"heldNodes": None, "heldUntil": None})
         return Outcome("awaiting-admission", wake_others=True, admission=request)
     return Outcome("awaiting-admission", requeue_after=remaining, admission=request)
 
 
 def _hold_remaining(p: Pass) -> float | None:
-    """Seconds until a restarting gang's hold on its old nodes ends; None when it holds none."""
-    if not p.status.get("heldNodes"):
+    """Seconds until a restarting gang's hold on its old nodes ends, as its record says; None when it holds
+    none."""
+    ends = p.record.hold_ends() if p.record is not None else None
+    if ends is None:
         return None
-    left = (held_until(p.status) - datetime.datetime.now(datetime.UTC)).total_seconds()
+    left = (ends - datetime.datetime.now(datetime.UTC)).total_seconds()
     return left + 0.5 if left > 0 else None
 
 
@@ -646,7 +660,10 @@ def _own_pods_gone(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> list[tuple
     ]
 
 
-def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
+def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView, choice: Mapping[str, Any] | None) -> Outcome:
+    """Plan the attempt on the cluster's free GPUs and write its ConfigMap with its record (the placement that
+    reserves them: `choice` is the layout search's, for a job that gave a GPU budget), replacing the previous
+    attempt's in one write."""
     try:
         outcome = placement.plan(resolved, view.nodes, view.usage, view.held, p.excluded, view.builder)
     except Exception as error:
@@ -656,19 +673,19 @@ def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
         return dataclasses.replace(_unschedulable(p, outcome.reason), held=tuple(view.held))
     name = labels.config_map_name(p.name)
     previous = reads.get_config_map(p.session, p.namespace, name)
-    if previous is not None:
-        claim = labels.claim_of(previous, p.name, p.uid)
-        if claim == "foreign":
-            raise writes.NameConflict("ConfigMap", name, labels.holder_of(previous))
-        if claim == "namesake":
-            return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
-        writes.delete_config_map(p.session, p.namespace, name)
+    claim = labels.claim_of(previous, p.name, p.uid) if previous is not None else None
+    if claim == "foreign":
+        raise writes.NameConflict("ConfigMap", name, labels.holder_of(previous or {}))
+    if claim == "namesake":
+        return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
     record = records.AttemptRecord(
         attempt=p.attempt,
         spec=api_types.spec_to_dict(resolved.spec),
         image=p.settings.image,
         nodes=tuple(entry["node"] for entry in sorted(outcome.plan["nodes"], key=lambda e: int(e["nodeRank"]))),
         excluded_nodes=tuple(p.excluded),
+        gpus_per_node=int(outcome.plan["ranksPerNode"]),
+        layout_choice=choice,
     )
     attempt = child_objects.build_attempt(
         p.job,
@@ -681,10 +698,12 @@ def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
         record=record,
     )
     if refusal := attempt.refusal(resolved):
+        # The job ends before any pod: its record says so first, so that no later pass plans it again.
+        _write_attempt(p, previous, records.stamp(attempt.config_map, record.with_outcome("Failed")))
         return _refused_network(p, refusal)
     if p.fence is not None:
         p.fence()  # the reservations read above are still the cluster's: no other operator has planned since
-    writes.create(p.session, attempt.config_map)
+    _write_attempt(p, previous, attempt.config_map)
     if write_status(p, _admitted_status(p, resolved, outcome.plan, attempt)):
         # What the RDMA request could not know (an unknown plugin kind, no RDMA resource on the nodes).
         for note in attempt.network.get("warnings") or ():
@@ -692,16 +711,25 @@ def _admit(p: Pass, resolved: ResolvedJob, view: ClusterView) -> Outcome:
     return Outcome("admitted")
 
 
+def _write_attempt(p: Pass, previous: Mapping[str, Any] | None, config_map: Mapping[str, Any]) -> None:
+    """Write the attempt's ConfigMap: created, or the previous attempt's replaced in one write, so that the job
+    always has a record once it had one (a pass killed between a delete and a create would forget its
+    restarts)."""
+    if previous is None:
+        writes.create(p.session, config_map)
+    else:
+        writes.replace_config_map(p.session, previous, config_map)
+
+
 def _waits_on_conflict(p: Pass, pods: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether a job that reported a name conflict still waits: until the pods it had created are gone, and
-    while the object named in the conflict is still someone else's."""
-    scheduled = conditions.find(p.status.get("conditions"), "Scheduled")
-    if not scheduled or scheduled.get("reason") != NAME_CONFLICT:
+    """Whether a job whose record says a name conflict released its attempt still waits: until the pods it had
+    created are gone, and while the object named in the conflict is still someone else's."""
+    if p.record is None or not p.record.conflict:
         return False
     if pods:
         _delete(p, pods)
         return True
-    named = writes.NameConflict.named_in(str(scheduled.get("message")))
+    named = writes.NameConflict.named_in(p.record.conflict)
     if named is None:
         return False
     held = writes.read(p.session, named[0], named[1], p.namespace)
@@ -709,12 +737,13 @@ def _waits_on_conflict(p: Pass, pods: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def _name_conflict(p: Pass, conflict: writes.NameConflict) -> Outcome:
-    """A child name is taken by someone else's object: release the reservation (this attempt's pods and its
-    placement), say which object in Scheduled=False and a Warning Event, and look again later."""
+    """A child name is taken by someone else's object: release the reservation (the record says so first, then
+    this attempt's pods go), say which object in Scheduled=False and a Warning Event, and look again later."""
     message = str(conflict)
+    if p.live is not None:
+        _write_record(p, p.live.with_conflict(message))
     cond = p.condition("Scheduled", "False", NAME_CONFLICT, message)
-    phase = "Restarting" if p.attempt else "Pending"
-    patch = {"phase": phase, "message": message, "conditions": cond, "placement": None, "podsReady": 0}
+    patch = {"phase": p.idle_phase, "message": message, "conditions": cond, "placement": None, "podsReady": 0}
     if write_status(p, patch):
         p.event("Warning", NAME_CONFLICT, message)
     # This pass may have created some of the pods already: list them again.
@@ -725,8 +754,7 @@ def _name_conflict(p: Pass, conflict: writes.NameConflict) -> Outcome:
 def _unschedulable(p: Pass, reason: str) -> Outcome:
     cond = p.condition("Valid", "True", "Validated", "the spec is valid")
     cond = p.condition("Scheduled", "False", "Unschedulable", reason, base=cond)
-    phase = "Restarting" if p.attempt else "Pending"
-    if write_status(p, {"phase": phase, "message": reason, "conditions": cond, "placement": None}):
+    if write_status(p, {"phase": p.idle_phase, "message": reason, "conditions": cond, "placement": None}):
         p.event("Warning", "Unschedulable", reason)
     # A restarting gang's pass when its hold runs out lets the jobs waiting behind it in.
     recheck = min(UNSCHEDULABLE_RECHECK_SECONDS, _hold_remaining(p) or UNSCHEDULABLE_RECHECK_SECONDS)
@@ -757,7 +785,7 @@ def _admitted_status(
     message = f"placed {len(plan['nodes'])} node ranks; creating pods"
     cond = p.condition("Scheduled", "True", ADMITTED, message, base=cond)
     return {
-        "phase": "Restarting" if p.attempt else "Pending",
+        "phase": p.idle_phase,
         "message": message,
         "conditions": cond,
         "layout": resolved.layout,
@@ -776,11 +804,8 @@ def _admitted_status(
 
 
 def _creating(p: Pass) -> bool:
-    """Whether the live attempt's pods are still to be created: its record says so (the Scheduled=Admitted
-    condition only for a job without a record)."""
-    if p.record is not None:
-        return not p.record.placed
-    return conditions.is_true(p.status.get("conditions"), "Scheduled", ADMITTED)
+    """Whether the live attempt's pods are still to be created, as its record says."""
+    return p.live is not None and not p.live.placed
 
 
 def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
@@ -795,7 +820,7 @@ def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -
     if len(nodes) != configmap.plan_of(found).nodes:
         write_status(p, {"placement": None})
         return Outcome("replanning")
-    image = p.record.image if p.record is not None else p.settings.image
+    image = p.live.image if p.live is not None else p.settings.image
     built = child_objects.build_children(
         p.job, resolved, found, nodes, image=image, pod_security=p.settings.pod_security
     )
@@ -815,9 +840,10 @@ def _create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -
 
 
 def _write_record(p: Pass, record: records.AttemptRecord) -> None:
-    """Replace the attempt record in the job's ConfigMap: the first write of every decision it holds."""
-    name = labels.config_map_name(p.name)
-    writes.patch_config_map_data(p.session, p.namespace, name, {records.RECORD_FILE: record.to_json()})
+    """Replace the attempt record in the job's ConfigMap, with the labels that go with it: the first write of
+    every decision it holds."""
+    name, data = labels.config_map_name(p.name), {records.RECORD_FILE: record.to_json()}
+    writes.patch_config_map(p.session, p.namespace, name, data, records.labels_of(record))
 
 
 def _watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
@@ -843,7 +869,7 @@ def _watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) ->
 
 def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
     message = f"training finished after {p.attempt} restarts"
-    step, folder = p.status.get("lastCheckpointStep"), pod_manifests.job_folder(resolved)
+    step, folder = _rank0_report(p, resolved).get("lastCheckpointStep"), pod_manifests.job_folder(resolved)
     if step is not None and folder is not None:
         # The trainer always saves the last step; the Event tells where the job's result lies.
         message += f"; last checkpoint step {step} in {folder}/global_step{step}"
@@ -922,13 +948,14 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
             excluded = [*excluded, node]
     restarts = p.attempt + 1
     message = f"gang restart {restarts}/{limit}: {state.reason}; resuming from the last checkpoint"
-    hold = _hold(p, state)
+    held, until = _hold(p, state)
     if p.live is not None:
-        _write_record(p, p.live.with_restart(state.reason, excluded, into=restarts))
+        _write_record(p, p.live.with_restart(state.reason, excluded, into=restarts, held=held, until=until))
     cond = p.condition("Ready", "False", state.cause, state.reason)
     cond = p.condition("Scheduled", "False", _scheduled_reason(state), message, base=cond)
     # The next attempt verifies its own network (it may run on other nodes).
     patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts, "network": None}
+    hold = {"heldNodes": held or None, "heldUntil": until if held else None}
     write_status(p, {**patch, "placement": None, "podsReady": 0, "excludedNodes": excluded or None, **hold})
     m.GANG_RESTARTS.inc()
     p.event("Warning", "Restarting", message)
@@ -936,45 +963,60 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
     return Outcome("restarting", wake_others=True)
 
 
-def _hold(p: Pass, state: gang.GangState) -> dict[str, Any]:
+def _hold(p: Pass, state: gang.GangState) -> tuple[list[str], str | None]:
     """The restarting gang's hold: its placed nodes less the one blamed, until restart_hold_seconds from now."""
     blamed = {state.node, *state.blamed}
     kept = [node for node in p.placed_nodes if node not in blamed]
     if not kept or p.settings.restart_hold_seconds <= 0:
-        return {"heldNodes": None, "heldUntil": None}
+        return [], None
     until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=p.settings.restart_hold_seconds)
-    return {"heldNodes": kept, "heldUntil": timestamps.format_time(until)}
+    return kept, timestamps.format_time(until)
 
 
 def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
+    """Every pod runs. The record says since when (the first pass to see it records the time, and rank 0's
+    network verdict once it has come), so Started is posted once per attempt and startTime never moves."""
+    live = p.live
+    assert live is not None  # a placed gang
+    watched = live.network_report is None or resolved.spec.failure_policy.progress_timeout_seconds is not None
+    reported = _rank0_report(p, resolved) if watched else {}
+    network = live.network_report or reported.get("network")
+    started = live.started_at or timestamps.now()
+    if live.started_at is None or network != live.network_report:
+        _write_record(p, live.with_started(started, network))
     message = f"all {state.ready} pods running"
-    cond = _network_conditions(p, p.condition("Ready", "True", "AllPodsRunning", message))
-    patch: dict[str, Any] = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
-    if p.status.get("phase") != "Running":
-        patch["startTime"] = timestamps.now()
+    cond = _network_conditions(p, p.condition("Ready", "True", "AllPodsRunning", message), network)
+    patch = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
     before = conditions.find(p.status.get("conditions"), "NetworkVerified")
-    if write_status(p, patch):
-        if "startTime" in patch:
-            p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
+    if write_status(p, {**patch, "startTime": started}):
         _network_event(p, cond, before)
-    verdict = _progress_verdict(p, resolved, str(patch.get("startTime") or p.status.get("startTime") or ""))
+    if live.started_at is None:
+        p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
+    verdict = _progress_verdict(p, resolved, started, reported.get("progress"))
     if verdict.hung:
         hung = gang.GangState("broken", state.ready, verdict.message, cause=watchdog.NO_PROGRESS)
         return _broken(p, resolved, pods, hung)
     return Outcome("running", requeue_after=_resync(p, verdict.recheck_in, state.recheck_in))
 
 
-def _progress_verdict(p: Pass, resolved: ResolvedJob, running_since: str) -> watchdog.Verdict:
-    """The watchdog's verdict from rank 0's progress ConfigMap (read only when the job sets a timeout), for the
-    gang Running since `running_since` (this attempt's startTime)."""
+def _rank0_report(p: Pass, resolved: ResolvedJob) -> dict[str, Any]:
+    """What rank 0 reported in its progress ConfigMap, validated (`manifests.progress.status_of`): progress,
+    lastCheckpointStep and the network verdict; empty without a ConfigMap of this job's."""
+    found = reads.get_config_map(p.session, p.namespace, labels.progress_config_map_name(p.name))
+    if found is None or not labels.owned_by(found, p.uid):
+        return {}
+    return progress_channel.status_of(found, resolved.spec.training.steps)
+
+
+def _progress_verdict(
+    p: Pass, resolved: ResolvedJob, running_since: str, reported: Mapping[str, Any] | None
+) -> watchdog.Verdict:
+    """The watchdog's verdict on rank 0's reported progress (only when the job sets a timeout), for the gang
+    running since `running_since` (this attempt's, from its record)."""
     timeout = resolved.spec.failure_policy.progress_timeout_seconds
     if timeout is None:
         return watchdog.Verdict(False)
-    found = reads.get_config_map(p.session, p.namespace, labels.progress_config_map_name(p.name))
-    reported = None
-    if found is not None and labels.owned_by(found, p.uid):
-        reported = progress_channel.status_of(found, resolved.spec.training.steps).get("progress")
-    return watchdog.judge_progress(reported, running_since or timestamps.now(), timeout, p.session.server_now())
+    return watchdog.judge_progress(reported, running_since, timeout, p.session.server_now())
 
 
 def _resync(p: Pass, *due: float | None) -> float:
@@ -985,10 +1027,9 @@ def _resync(p: Pass, *due: float | None) -> float:
 VERIFIED_STATUSES = ("True", "False", "Unknown")
 
 
-def _network_conditions(p: Pass, cond: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """NetworkReady and NetworkVerified from rank 0's report (status.network), once it has arrived: it is
-    sent after a warm-up collective over every rank, so every rank passed the preflight."""
-    report = p.status.get("network") or {}
+def _network_conditions(p: Pass, cond: list[dict[str, Any]], report: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """NetworkReady and NetworkVerified from rank 0's network verdict, once it has arrived: it is sent after a
+    warm-up collective over every rank, so every rank passed the preflight."""
     if not report:
         return cond
     ready = "every rank passed the network preflight and joined the process groups"

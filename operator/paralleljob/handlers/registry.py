@@ -7,7 +7,8 @@ API server, whereas kopf would list and watch every pod of the cluster and filte
 admission plans from: Nodes (readiness, capacity, labels) in `NodeWatch`, and every bound pod's requests in
 the usage index. Whenever GPUs may have been freed
 (a Node changed, a bound pod ended or went away, a job was deleted, finished or restarted) the `RECHECK` pass
-offers every unplaced job to the admission queue and requests a pass over every placed one. Supervision
+offers every job waiting in the admission queue again and requests a pass over every job whose attempt record
+is live (the `-config` ConfigMaps labelled as reserving nodes); it reads no job's status. Supervision
 passes run on the coalescer's threads; admissions on the admission queue's one worker, in its order, so a
 restart never waits behind them; an admission pass first claims its job's key in the coalescer, so a job never
 has two passes at once, whoever runs them (watch events, timers, resyncs, the admission worker). No handler stores progress in annotations and none adds a finalizer, so
@@ -18,7 +19,7 @@ Fencing (`--leader-elect`, `paralleljob.k8s.leadership`): `acting()` is the one 
 may act, and `@fenced` applies it to every kopf handler, every coalescer pass (its timers included), every
 admission pass and every request for one; a replica without the Lease keeps its watches (warm caches) and its
 liveness endpoint, and writes nothing. A new handler, worker or loop must be decorated with `@fenced` (or
-call `acting()` before each unit of work); once leading, a RECHECK looks at every unfinished job, since
+call `acting()` before each unit of work); once leading, it makes a pass over every job (`EVERY_JOB`), since
 events seen while standing by were dropped.
 
 The admission lock (`--admission-lock`, `paralleljob.k8s.admission_lock`): with it, every admission pass holds
@@ -51,11 +52,13 @@ from paralleljob.k8s import admission_lock, events, informer, leadership, reads
 from paralleljob.k8s.session import Session, connect
 from paralleljob.manifests import labels as child_labels
 from paralleljob.manifests import progress as progress_manifests
-from paralleljob.planning.inventory import ClusterBuilder, Reservation, job_reservations
+from paralleljob.manifests import records
+from paralleljob.planning.inventory import ClusterBuilder, Reservation
 from paralleljob.planning.usage import UsageIndex
 
 log = logging.getLogger(__name__)
 RECHECK = "recheck-unfinished-jobs"
+EVERY_JOB = "pass-over-every-job"
 RIVAL_OPERATOR = "RivalOperator"
 # kopf's own API calls: watches end server-side after WATCH_SERVER_SECONDS and are abandoned client-side a
 # little later, so a connection that died silently is noticed; other requests time out like ours.
@@ -146,13 +149,14 @@ def _view() -> reconcile.NodeView:
 
 def _admission_view() -> reconcile.NodeView:
     """What an admission round plans from: the node records, the usage and every job's reservations of one
-    moment (no reservations when they cannot be read: each pass reads its own, and every waiting job ahead is
-    tried again)."""
+    moment, from the records that reserve nodes (no reservations when they cannot be read: each pass reads its
+    own, and every waiting job ahead is tried again)."""
     snapshot, usage = RUNTIME.nodes.snapshot(), RUNTIME.usage.snapshot()
     held: frozenset[Reservation] | None = None
     try:
         assert RUNTIME.session is not None
-        held = frozenset(job_reservations(reads.list_jobs(RUNTIME.session), bound=usage.bound))
+        found = reads.list_reserving_config_maps(RUNTIME.session)
+        held = frozenset(records.reservations_of(found, bound=usage.bound))
     except Exception as error:  # the API is down: the passes will fail and be retried
         log.warning("an admission round could not read the reservations: %s: %s", type(error).__name__, error)
     return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage, RUNTIME.builder, round_held=held)
@@ -186,6 +190,8 @@ def _pass(key: Hashable) -> Next:
     assert RUNTIME.session is not None
     if key == RECHECK:
         return Next(keys=tuple(_jobs_to_recheck(RUNTIME.session)))
+    if key == EVERY_JOB:
+        return Next(keys=tuple(_every_job(RUNTIME.session)))
     if isinstance(key, progress.ProgressKey):
         progress.copy_progress(RUNTIME.session, key)
         return Next()
@@ -307,20 +313,34 @@ def _on_loop_wait(callback: typing.Callable[[], Result]) -> Result:
 
 
 def _jobs_to_recheck(session: Session) -> list[tuple[str, str]]:
-    """Unfinished jobs: an unplaced one is offered for admission (all of them before the worker picks, so the
-    order decides who gets freed GPUs first); a placed one may have lost its node, so it gets a pass."""
-    jobs = reads.list_jobs(session, RUNTIME.settings.namespaces)
-    unfinished = [j for j in jobs if (j.get("status") or {}).get("phase") not in reconcile.TERMINAL]
-    placed, waiting = [], []
-    for job in unfinished:
-        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        if (job.get("status") or {}).get("placement"):
-            placed.append((namespace, name))
-        else:
-            waiting.append(((namespace, name), _order(namespace, name, reconcile.admission_request(job))))
+    """GPUs may have been freed: every job waiting in the admission queue is tried again (all of them in one
+    round, so the order decides who gets freed GPUs first), and every job whose record has a live attempt,
+    which may have lost its node, gets a pass. Only jobs a pass has found waiting are in the queue, so an
+    invalid or finished job is never offered."""
+    found = reads.list_reserving_config_maps(session, RUNTIME.settings.namespaces)
+    placed = [key for key, record in _records_by_job(found) if record.live]
     assert RUNTIME.admissions is not None
-    RUNTIME.admissions.offer_all(waiting)
+    RUNTIME.admissions.offer_kept()
     return placed
+
+
+def _records_by_job(
+    config_maps: Iterable[Mapping[str, Any]],
+) -> Iterator[tuple[tuple[str, str], records.AttemptRecord]]:
+    """(namespace, job) and the attempt record of each job's `-config` ConfigMap that has one."""
+    for config_map in config_maps:
+        metadata = config_map.get("metadata") or {}
+        job = (metadata.get("labels") or {}).get(child_labels.JOB_LABEL)
+        record = records.record_of(config_map)
+        if job and record is not None:
+            yield (str(metadata.get("namespace")), str(job)), record
+
+
+def _every_job(session: Session) -> list[tuple[str, str]]:
+    """Every job this operator manages, for one pass each: when it starts to lead, the events it saw while
+    standing by were dropped, so the queue and the timers know none of the jobs."""
+    jobs = reads.list_jobs(session, RUNTIME.settings.namespaces)
+    return [(job["metadata"]["namespace"], job["metadata"]["name"]) for job in jobs]
 
 
 @fenced()
@@ -367,10 +387,10 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 def _now_leading() -> None:
-    """The Lease is ours (a leadership thread): look at every unfinished job, as events seen while standing
-    by were dropped."""
+    """The Lease is ours (a leadership thread): a pass over every job, as events seen while standing by were
+    dropped."""
     metrics.LEADER.set(1)
-    _on_loop(lambda: _request(RECHECK))
+    _on_loop(lambda: _request(EVERY_JOB))
 
 
 def _report_rivals(rivals: list[leadership.Rival]) -> None:

@@ -7,7 +7,7 @@ A missing object (404) is None, not an error.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from paralleljob.api import types as api_types
@@ -15,6 +15,8 @@ from paralleljob.k8s.session import Session
 from paralleljob.manifests import labels
 
 JOB_API = (api_types.GROUP, api_types.VERSION)
+# Objects per page of a list that may hold one object per job of the cluster.
+PAGE_SIZE = 500
 
 
 def get_job(session: Session, namespace: str, name: str) -> dict[str, Any] | None:
@@ -55,6 +57,34 @@ def list_job_pods(session: Session, namespace: str, job: str) -> list[dict[str, 
     that the garbage collector has not removed yet (`labels.owned_by` tells them apart)."""
     selector = f"{labels.JOB_LABEL}={job}"
     return _items(session.send(session.core.list_namespaced_pod, namespace, label_selector=selector).body)
+
+
+def list_reserving_config_maps(
+    session: Session, namespaces: Iterable[str] | None = None, page_size: int = PAGE_SIZE
+) -> Iterator[dict[str, Any]]:
+    """The jobs' `-config` ConfigMaps whose attempt record reserves nodes (labelled so, selected by the API
+    server), in these namespaces (None: all namespaces, as reservations are counted), page by page: a caller
+    that turns each into a few records never holds the ConfigMaps of thousands of jobs at once."""
+    selector = f"{labels.RESERVING_LABEL}=true"
+    if namespaces is None:
+        yield from _pages(session, session.core.list_config_map_for_all_namespaces, (), selector, page_size)
+        return
+    for namespace in namespaces:
+        yield from _pages(session, session.core.list_namespaced_config_map, (namespace,), selector, page_size)
+
+
+def _pages(
+    session: Session, call: Callable[..., Any], args: tuple[str, ...], selector: str, page_size: int
+) -> Iterator[dict[str, Any]]:
+    """Every object a label-selected list returns, asked for `page_size` at a time (limit and continue)."""
+    token: str | None = None
+    while True:
+        options = {"label_selector": selector, "limit": page_size, **({"_continue": token} if token else {})}
+        body = session.send(call, *args, **options).body or {}
+        yield from _items(body)
+        token = (body.get("metadata") or {}).get("continue")
+        if not token:
+            return
 
 
 def get_config_map(session: Session, namespace: str, name: str) -> dict[str, Any] | None:

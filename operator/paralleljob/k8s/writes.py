@@ -148,15 +148,37 @@ def delete_pod(session: Session, namespace: str, name: str, *, force: bool = Fal
     return session.send(session.core.delete_namespaced_pod, name, namespace, tolerate={404}, **grace).status == 200
 
 
-def delete_config_map(session: Session, namespace: str, name: str) -> bool:
-    return session.send(session.core.delete_namespaced_config_map, name, namespace, tolerate={404}).status == 200
-
-
-def patch_config_map_data(session: Session, namespace: str, name: str, data: Mapping[str, str]) -> None:
-    """One merge patch of a ConfigMap's data (the keys given replaced, the others kept); `Gone` when it is gone."""
+def replace_config_map(session: Session, current: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+    """Make the ConfigMap `current` (as read) into `body` with one merge patch at its resourceVersion: its data
+    and labels become exactly the new ones, so no moment passes without one of the two (a delete and a create
+    would leave none for a pass killed between them). A 409 (it changed since it was read) is raised."""
+    metadata = current["metadata"]
+    patch = {
+        "metadata": {
+            "resourceVersion": metadata.get("resourceVersion"),
+            "labels": _replacing(metadata.get("labels"), body["metadata"].get("labels")),
+        },
+        "data": _replacing(current.get("data"), body.get("data")),
+    }
     reply = session.send(
-        session.core.patch_namespaced_config_map, name, namespace, {"data": dict(data)}, tolerate={404}
+        session.core.patch_namespaced_config_map, metadata["name"], metadata["namespace"], patch, tolerate={404}
     )
+    if reply.status == 404:
+        raise Gone(f"ConfigMap {metadata['namespace']}/{metadata['name']}")
+
+
+def _replacing(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A merge patch's map that turns `old` into `new`: the keys `new` lacks set to None (removed)."""
+    return {**{key: None for key in old or {}}, **(new or {})}
+
+
+def patch_config_map(
+    session: Session, namespace: str, name: str, data: Mapping[str, str], marks: Mapping[str, str | None]
+) -> None:
+    """One merge patch of a ConfigMap's data and labels (`marks`): the keys given replaced, None removed, the
+    others kept; `Gone` when it is gone."""
+    body = {"metadata": {"labels": dict(marks)}, "data": dict(data)}
+    reply = session.send(session.core.patch_namespaced_config_map, name, namespace, body, tolerate={404})
     if reply.status == 404:
         raise Gone(f"ConfigMap {namespace}/{name}")
 

@@ -108,7 +108,7 @@ def build_attempt(
     job_file = trainer_config.build_trainer_config(resolved, plan, uid=owner["metadata"].get("uid"))
     config_map = configmap.build_config_map(owner, job_file, plan, network_record, attempt)
     if record is not None:
-        config_map["data"][records.RECORD_FILE] = record.to_json()
+        records.stamp(config_map, record)
     return Attempt(config_map, network_record)
 
 

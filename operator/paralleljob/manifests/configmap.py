@@ -22,6 +22,7 @@ from paralleljob_contract import environment, jobfile
 
 JOB_FILE = jobfile.FILE_NAME
 NETWORK_FILE = "network.json"
+PLAN_FILE = "plan.json"
 MOUNT_PATH = environment.MOUNT_PATH
 CONFIG_PATH = environment.DEFAULT_CONFIG_PATH
 
@@ -48,7 +49,7 @@ def build_config_map(
         "data": {
             JOB_FILE: _compact(trainer_config),
             "deepspeed.json": json.dumps(trainer_config["deepspeed"], indent=2, sort_keys=True),
-            "plan.json": _compact({key: value for key, value in plan.items() if key != "nodes"}),
+            PLAN_FILE: _compact({key: value for key, value in plan.items() if key != "nodes"}),
             "nccl.env": render_env_file(network["ncclEnv"]),
             NETWORK_FILE: _compact(network),
         },

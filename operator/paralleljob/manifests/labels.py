@@ -19,6 +19,9 @@ ATTEMPT_LABEL = "paralleljob.io/attempt"
 NODE_LABEL = "paralleljob.io/node"
 # The number of pods of the pod's gang: the only pod of a single-node gang is never force-deleted.
 GANG_SIZE_LABEL = "paralleljob.io/gang-size"
+# On a job's `-config` ConfigMap while its attempt record reserves nodes (`records.AttemptRecord.reserving`), so
+# that an admission reads every reservation of the cluster with one label-selected list.
+RESERVING_LABEL = "paralleljob.io/reserving"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "paralleljob-operator"
 CONTAINER_NAME = "trainer"

@@ -3,24 +3,30 @@
 Pure. `attempt.json` is written only by the operator (no pod's account may write the `-config` ConfigMap) and
 holds: the attempt number (the gang restart count against backoffLimit), the spec the attempt was admitted
 with as YAML (the chosen layout applied; so every pod of the attempt is built from it: image, command, env,
-volumes, resources, never from a later edit), the trainer image the operator resolved, the node of each node
-rank, the nodes excluded so far, and what became of the attempt: all its pods created (`placed`), a gang
-restart into the next attempt (`restartedAs`, with why), or the job's end (`outcome`).
+volumes, resources, never from a later edit), the layout search's choice for a job that gave a GPU budget, the
+trainer image the operator resolved, the node of each node rank and the GPUs each holds, the nodes excluded so
+far, when the gang first ran (`startedAt`) and rank 0's network verdict once it came, and what became of the attempt: all its pods created (`placed`), a
+gang restart into the next attempt (`restartedAs`, with why, and the old nodes it holds until `heldUntil`), a
+name held by someone else that released its nodes (`conflict`), or the job's end (`outcome`).
 
-The operator's decisions come from this record: which attempt is live, its placement, the restart count, the
-excluded nodes, whether the job has finished. The job's status is written from it for people and for the
-admission queue's order, and is believed only when the record is missing (a ConfigMap someone deleted, or a
-job between two attempts' ConfigMaps).
+Every decision of the operator comes from this record: which attempt is live, its placement, the restart count,
+the excluded nodes, the restart hold, whether and since when the gang runs, whether the job has finished, and
+the reservations every admission plans around (`reservations_of`, over every job's record in the cluster). The
+job's status is written from it for people, and never read back: a job without a record has no attempt. The
+ConfigMap carries RESERVING_LABEL while the record reserves nodes, so the admissions list only those records.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import types as api_types
+from paralleljob.manifests import configmap, labels
+from paralleljob.planning.inventory import Reservation
 
 RECORD_FILE = "attempt.json"
 RECORD_VERSION = 1
@@ -39,11 +45,25 @@ class AttemptRecord:
     restarted_as: int | None = None
     restart_reason: str = ""
     outcome: str | None = None
+    # GPUs each node rank's pod requests (0 in a record of an older operator: plan.json's ranksPerNode says).
+    gpus_per_node: int = 0
+    layout_choice: Mapping[str, Any] | None = None
+    started_at: str | None = None  # RFC 3339: when the gang was first seen running
+    held_nodes: tuple[str, ...] = ()  # a restart's old nodes, kept from other jobs until held_until
+    held_until: str | None = None
+    conflict: str = ""  # the name conflict that released the attempt's nodes
+    # Rank 0's network verdict (verified, reason, message), once it arrived, as `manifests.progress` reads it.
+    network_report: Mapping[str, str] | None = None
 
     @property
     def live(self) -> bool:
         """Its pods are (or are to be) the job's current gang."""
-        return self.restarted_as is None and self.outcome is None
+        return self.restarted_as is None and self.outcome is None and not self.conflict
+
+    @property
+    def reserving(self) -> bool:
+        """Whether it keeps nodes from other jobs: its live attempt's, or a restart's hold on the old ones."""
+        return self.live or (self.restarted_as is not None and bool(self.held_nodes))
 
     @property
     def next_attempt(self) -> int:
@@ -62,17 +82,51 @@ class AttemptRecord:
             "restartedAs": self.restarted_as,
             "restartReason": self.restart_reason,
             "outcome": self.outcome,
+            "gpusPerNode": self.gpus_per_node,
+            "layoutChoice": self.layout_choice,
+            "startedAt": self.started_at,
+            "heldNodes": list(self.held_nodes),
+            "heldUntil": self.held_until,
+            "conflict": self.conflict,
+            "networkReport": self.network_report,
         }
         return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
     def with_placed(self) -> AttemptRecord:
         return dataclasses.replace(self, placed=True)
 
-    def with_restart(self, reason: str, excluded: Sequence[str], *, into: int) -> AttemptRecord:
-        return dataclasses.replace(self, restarted_as=into, restart_reason=reason, excluded_nodes=tuple(excluded))
+    def with_started(self, at: str, network_report: Mapping[str, str] | None) -> AttemptRecord:
+        return dataclasses.replace(self, started_at=at, network_report=network_report)
+
+    def with_restart(
+        self, reason: str, excluded: Sequence[str], *, into: int, held: Sequence[str] = (), until: str | None = None
+    ) -> AttemptRecord:
+        return dataclasses.replace(
+            self,
+            restarted_as=into,
+            restart_reason=reason,
+            excluded_nodes=tuple(excluded),
+            held_nodes=tuple(held),
+            held_until=until if held else None,
+        )
+
+    def without_hold(self) -> AttemptRecord:
+        return dataclasses.replace(self, held_nodes=(), held_until=None)
+
+    def with_conflict(self, message: str) -> AttemptRecord:
+        return dataclasses.replace(self, conflict=message)
 
     def with_outcome(self, phase: str) -> AttemptRecord:
         return dataclasses.replace(self, outcome=phase)
+
+    def hold_ends(self) -> datetime.datetime | None:
+        """When a restart's hold on the old nodes ends; None without one (or with an unreadable time)."""
+        if not self.held_nodes or not self.held_until:
+            return None
+        try:
+            return datetime.datetime.fromisoformat(self.held_until.replace("Z", "+00:00"))
+        except ValueError:
+            return None
 
 
 def parse_record(text: str) -> AttemptRecord:
@@ -82,6 +136,7 @@ def parse_record(text: str) -> AttemptRecord:
         raise ValueError(f"{RECORD_FILE} is not a version {RECORD_VERSION} attempt record")
     restarted = body.get("restartedAs")
     outcome = body.get("outcome")
+    choice = body.get("layoutChoice")
     return AttemptRecord(
         attempt=int(body["attempt"]),
         spec=dict(body["spec"]),
@@ -92,7 +147,22 @@ def parse_record(text: str) -> AttemptRecord:
         restarted_as=int(restarted) if restarted is not None else None,
         restart_reason=str(body.get("restartReason") or ""),
         outcome=str(outcome) if outcome is not None else None,
+        gpus_per_node=int(body.get("gpusPerNode") or 0),
+        layout_choice=dict(choice) if isinstance(choice, dict) else None,
+        started_at=_text_or_none(body.get("startedAt")),
+        held_nodes=tuple(str(node) for node in body.get("heldNodes") or ()),
+        held_until=_text_or_none(body.get("heldUntil")),
+        conflict=str(body.get("conflict") or ""),
+        network_report=_texts_or_none(body.get("networkReport")),
     )
+
+
+def _text_or_none(value: Any) -> str | None:
+    return str(value) if value else None
+
+
+def _texts_or_none(value: Any) -> dict[str, str] | None:
+    return {str(key): str(text) for key, text in value.items()} if isinstance(value, dict) else None
 
 
 def record_of(config_map: Mapping[str, Any] | None) -> AttemptRecord | None:
@@ -104,6 +174,64 @@ def record_of(config_map: Mapping[str, Any] | None) -> AttemptRecord | None:
         return parse_record(text)
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def labels_of(record: AttemptRecord) -> dict[str, str | None]:
+    """The ConfigMap labels that go with the record (None: removed, in a merge patch)."""
+    return {labels.RESERVING_LABEL: "true" if record.reserving else None}
+
+
+def stamp(config_map: dict[str, Any], record: AttemptRecord) -> dict[str, Any]:
+    """Put the record, and the labels that go with it, into a ConfigMap being built; returns it."""
+    config_map.setdefault("data", {})[RECORD_FILE] = record.to_json()
+    found = config_map["metadata"].setdefault("labels", {})
+    for key, value in labels_of(record).items():
+        if value is None:
+            found.pop(key, None)
+        else:
+            found[key] = value
+    return config_map
+
+
+def reservations_of(
+    config_maps: Iterable[Mapping[str, Any]],
+    exclude: tuple[str, str] | None = None,
+    *,
+    bound: Collection[tuple[str, str]] = (),
+    now: datetime.datetime | None = None,
+) -> list[Reservation]:
+    """The GPUs jobs' records keep from other jobs, from their `-config` ConfigMaps: each node of a live attempt
+    whose pod is not bound yet (a bound pod counts through its own requests: `bound` names the (namespace, pod)
+    the usage index holds), and a restarting gang's old nodes until its hold ends. `exclude` is the
+    (namespace, job) being planned. A ConfigMap that no ParallelJob controls, or without a readable record, holds
+    nothing."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    found: list[Reservation] = []
+    for config_map in config_maps:
+        metadata = config_map.get("metadata") or {}
+        namespace, job = str(metadata.get("namespace")), str((metadata.get("labels") or {}).get(labels.JOB_LABEL))
+        record = record_of(config_map)
+        if record is None or labels.owner_uid(config_map) is None or (namespace, job) == exclude:
+            continue
+        gpus = record.gpus_per_node or _planned_gpus_per_node(config_map)
+        holder = f"{namespace}/{job}"
+        if record.live:
+            for rank, node in enumerate(record.nodes):
+                if (namespace, labels.pod_name(job, rank)) not in bound:
+                    found.append(Reservation(node, gpus, holder))
+        elif record.restarted_as is not None and (ends := record.hold_ends()) is not None and ends > now:
+            found += [Reservation(node, gpus, holder) for node in record.held_nodes]
+    return found
+
+
+def _planned_gpus_per_node(config_map: Mapping[str, Any]) -> int:
+    """plan.json's ranksPerNode (one GPU per rank), for a record written before it carried gpusPerNode."""
+    try:
+        return int(
+            json.loads(((config_map.get("data") or {}).get(configmap.PLAN_FILE)) or "{}").get("ranksPerNode") or 0
+        )
+    except (ValueError, TypeError, AttributeError):
+        return 0
 
 
 def same_spec(record: AttemptRecord, spec: Mapping[str, Any]) -> bool:

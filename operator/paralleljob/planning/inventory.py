@@ -224,7 +224,9 @@ def job_reservations(
     restarting gangs still hold on their old nodes during their grace period.
 
     Reads each ParallelJob dict's status (`placement[].node`, `placement[].pod`, `gpusPerNode`, `phase`,
-    `heldNodes`, `heldUntil`), as the operator writes it; `exclude` is the (namespace, name) of the job being
+    `heldNodes`, `heldUntil`), as the operator writes it for people: this is `paralleljob plan`'s estimate from
+    what anyone can read. The operator itself plans around the jobs' attempt records
+    (`manifests.records.reservations_of`), never their status; `exclude` is the (namespace, name) of the job being
     planned. A bound pod counts through its own GPU requests instead (the usage index subtracts it), so it
     reserves nothing here; `bound` names the (namespace, name) of the pods holding GPUs, else `pods` tells.
     """
