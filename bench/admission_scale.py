@@ -5,7 +5,8 @@ operator's memory once its watches hold that cluster.
 
 The cluster: 8-GPU nodes under 32-node leaves and 512-node blocks (`paralleljob cluster synth`); on every node
 four DaemonSet-like pods (CPU and memory only), on half of the nodes a GPU pod holding all 8 GPUs; plus
-`--pending` ParallelJobs waiting unplaced and 20 placed ones whose pods are not bound yet (reservations).
+`--pending` ParallelJobs waiting unplaced and 20 placed ones whose pods are not bound yet (reservations, in
+their attempt records).
 The job admitted: 8x8x16 (PP x TP x DP), 1,024 GPUs on 128 nodes.
 
 Prints:
@@ -13,10 +14,10 @@ Prints:
    round's snapshot, the reservations of the other jobs, the cluster assembled by the `ClusterBuilder` and the
    plan (best and median of --repeat, CPU time);
 2. one whole admission pass (`reconcile(..., admit=True)`) over HTTP against the emulator holding the jobs:
-   reading the job, its pods and every ParallelJob, planning, writing the ConfigMap and the status: wall time,
-   and CPU time of the thread running the pass (the emulator serves from another thread of this process, so
-   the wall time includes the API server's own work under the same GIL); and the read of every job's
-   reservations that each admission round makes once as it begins (wall time);
+   reading the job, its pods and every record that reserves nodes, planning, writing the ConfigMap and the
+   status: wall time, and CPU time of the thread running the pass (the emulator serves from another thread of
+   this process, so the wall time includes the API server's own work under the same GIL); and the read of
+   every job's reservations that each admission round makes once as it begins (wall time);
 3. with --rss: `paralleljob operator` started against the emulator, its resident memory once both informers
    have listed the cluster and watch it (VmRSS) and its peak (VmHWM), from /proc. kmock's store cannot serve
    a listing of 60,000 objects in pages within a request timeout, so in this run the emulator serves the Nodes
@@ -46,8 +47,9 @@ from paralleljob.handlers import reconcile
 from paralleljob.handlers.nodes import NodeWatch
 from paralleljob.k8s import reads
 from paralleljob.k8s import session as k8s_session
+from paralleljob.manifests import labels, records
 from paralleljob.planning import synth
-from paralleljob.planning.inventory import ClusterBuilder, job_reservations
+from paralleljob.planning.inventory import ClusterBuilder
 from paralleljob.planning.usage import UsageIndex
 from tests.cluster.apiserver import APIServer, ClusterThread, matches_fields, matches_selector
 from tests.operator.conftest import Cluster, Operator, install_operator_rbac, job_doc, wait_for
@@ -119,27 +121,31 @@ def synth_objects(nodes: int, pods_per_node: int) -> tuple[list[dict[str, Any]],
     return node_dicts, pods
 
 
-def other_jobs(node_dicts: list[dict[str, Any]], pending: int) -> list[dict[str, Any]]:
-    """`pending` waiting ParallelJobs and 20 placed ones (4 nodes each) whose pods are not bound yet."""
-    jobs = [job_doc(f"waiting-{i}", namespace="queue", **JOB, deepspeed=JOB_DEEPSPEED) for i in range(pending)]
+PLACED = 20
+
+
+def other_jobs(pending: int) -> list[dict[str, Any]]:
+    """`pending` waiting ParallelJobs and PLACED placed ones (their records: `placed_record`)."""
+    names = [f"waiting-{i}" for i in range(pending)] + [f"placed-{j}" for j in range(PLACED)]
+    return [job_doc(name, namespace="queue", **JOB, deepspeed=JOB_DEEPSPEED) for name in names]
+
+
+def placed_record(node_dicts: list[dict[str, Any]], job: dict[str, Any], index: int) -> dict[str, Any]:
+    """The `-config` ConfigMap of placed job `index` (4 nodes, pods not bound yet): its attempt record, which
+    reserves the nodes, owned by `job` (as created, with its uid)."""
     free = [n["metadata"]["name"] for i, n in enumerate(node_dicts) if not i % 2]
-    for j in range(20):
-        doc = job_doc(f"placed-{j}", namespace="queue", **JOB, deepspeed=JOB_DEEPSPEED)
-        entries = [
-            {"nodeRank": r, "node": free[-(4 * j + r + 1)], "pod": f"placed-{j}-{r}", "ranks": f"{8 * r}-{8 * r + 7}"}
-            for r in range(4)
-        ]
-        doc["status"] = {"phase": "Pending", "gpusPerNode": 8, "placement": entries}
-        jobs.append(doc)
-    return jobs
+    nodes = tuple(free[-(4 * index + r + 1)] for r in range(4))
+    record = records.AttemptRecord(0, job["spec"], "trainer:bench", nodes, gpus_per_node=8)
+    name = job["metadata"]["name"]
+    metadata = labels.child_metadata(job, labels.config_map_name(name))
+    return records.stamp({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {}}, record)
 
 
 def best_and_median(samples: list[float]) -> str:
     return f"best {min(samples) * 1e3:.1f} ms, median {statistics.median(samples) * 1e3:.1f} ms"
 
 
-def planning_in_process(view: reconcile.NodeView, jobs: list[dict[str, Any]], repeat: int) -> list[float]:
-    from paralleljob import planning
+def planning_in_process(view: reconcile.NodeView, config_maps: list[dict[str, Any]], repeat: int) -> list[float]:
     from paralleljob.api import validate_document
     from paralleljob.handlers import placement
 
@@ -149,7 +155,7 @@ def planning_in_process(view: reconcile.NodeView, jobs: list[dict[str, Any]], re
     for _ in range(repeat):
         started = time.process_time()
         usage = view.usage.without([])
-        held = planning.job_reservations(jobs, exclude=("research", "gpt"), bound=usage.bound)
+        held = records.reservations_of(config_maps, exclude=("research", "gpt"), bound=usage.bound)
         outcome = placement.plan(resolved, view.snapshot, usage.usage, held, (), view.builder)
         samples.append(time.process_time() - started)
         assert outcome.plan is not None, outcome.reason
@@ -205,19 +211,18 @@ def static_emulator(objects: dict[str, list[dict[str, Any]]]) -> type[StaticEmul
 
 
 def admission_over_http(
-    jobs: list[dict[str, Any]], view: reconcile.NodeView, repeat: int
+    jobs: list[dict[str, Any]], node_dicts: list[dict[str, Any]], view: reconcile.NodeView, repeat: int
 ) -> tuple[list[float], list[float], list[float]]:
     workdir = Path(tempfile.mkdtemp())
     emulator = ClusterThread(workdir).start()
     cluster = Cluster(emulator, namespaces=("research", "queue"))
     try:
+        placed = 0
         for job in jobs:
-            created = cluster.apply({k: v for k, v in job.items() if k != "status"})
-            if "status" in job:
-                name = created["metadata"]["name"]
-                cluster.custom.patch_namespaced_custom_object_status(
-                    "paralleljob.io", "v1alpha1", "queue", "paralleljobs", name, {"status": job["status"]}
-                )
+            created = cluster.apply(job)
+            if created["metadata"]["name"].startswith("placed-"):
+                cluster.core.create_namespaced_config_map("queue", placed_record(node_dicts, created, placed))
+                placed += 1
         api = k8s_session.connect(str(emulator.kubeconfig))
         wall, cpu, round_wall = [], [], []
         for attempt in range(repeat):
@@ -225,7 +230,7 @@ def admission_over_http(
             cluster.apply(job_doc(name, **JOB, deepspeed=JOB_DEEPSPEED))
             started = time.perf_counter()
             # What each admission round reads once as it begins (registry._admission_view).
-            held = frozenset(job_reservations(reads.list_jobs(api), bound=view.usage.bound))
+            held = frozenset(records.reservations_of(reads.list_reserving_config_maps(api), bound=view.usage.bound))
             round_wall.append(time.perf_counter() - started)
             in_round = dataclasses.replace(view, round_held=held)
             started, started_cpu = time.perf_counter(), time.thread_time()
@@ -298,10 +303,14 @@ def main() -> int:
     print(f"warming the caches from a listing: {time.process_time() - started:.2f} s CPU", flush=True)
     snapshot = nodes.snapshot()
     view = reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage.snapshot(), ClusterBuilder())
-    jobs = other_jobs(node_dicts, args.pending)
-    planning_in_process(view, jobs, 1)  # the first pass fills the builder's records; passes after it are warm
-    print(f"1. planning in an admission pass (warm): {best_and_median(planning_in_process(view, jobs, args.repeat))}")
-    wall, cpu, round_wall = admission_over_http(jobs, view, min(args.repeat, 5))
+    jobs = other_jobs(args.pending)
+    held = [
+        placed_record(node_dicts, {**job, "metadata": {**job["metadata"], "uid": f"uid-{i}"}}, i)
+        for i, job in enumerate(jobs[-PLACED:])
+    ]
+    planning_in_process(view, held, 1)  # the first pass fills the builder's records; passes after it are warm
+    print(f"1. planning in an admission pass (warm): {best_and_median(planning_in_process(view, held, args.repeat))}")
+    wall, cpu, round_wall = admission_over_http(jobs, node_dicts, view, min(args.repeat, 5))
     print(
         f"2. whole admission pass over HTTP, {args.pending} jobs pending: wall {best_and_median(wall)}; "
         f"CPU of the pass's thread {best_and_median(cpu)}; the round's own read of every job's reservations "
