@@ -152,7 +152,8 @@ def admit_at_the_same_moment(
 
         found = wait_for(verdicts, what="both jobs' verdicts")
         assert "Unschedulable" in found, f"both jobs were placed on the same two nodes: {found}"
-        placed = [job for job, team in jobs if cluster.pods(job, team)]
+        # The admitted one creates its pods next (a verdict of Admitted comes before them).
+        placed = wait_for(lambda: [job for job, team in jobs if cluster.pods(job, team)], what="the placed job's pods")
         assert len(placed) == 1, f"both jobs got pods on the same two nodes: {placed}"
         assert gpus_oversubscribed(emulator) == []
     finally:
