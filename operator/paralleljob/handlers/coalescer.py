@@ -27,6 +27,16 @@ log = logging.getLogger(__name__)
 
 FIRST_RETRY_SECONDS = 1.0
 MAX_RETRY_SECONDS = 60.0
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds before the next try after `failures` failed passes in a row: 1 s, doubling, at most 60 s. The
+    exponent is capped before the power is taken: 2 ** 1024 does not fit a float, and an admission pass that
+    had failed 1,024 times in a row raised OverflowError instead of waiting."""
+    doublings = min(max(failures - 1, 0), 32)
+    return min(FIRST_RETRY_SECONDS * 2**doublings, MAX_RETRY_SECONDS)
+
+
 # Passes that may run at once (each waits mostly on the API server).
 THREADS = 8
 

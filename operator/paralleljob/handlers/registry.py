@@ -44,9 +44,9 @@ from typing import Any
 import kopf
 
 from paralleljob.api import types as api_types
-from paralleljob.handlers import failures, metrics, progress, reconcile, start_failures
+from paralleljob.handlers import coalescer, failures, metrics, progress, reconcile, start_failures
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order, PriorityValues
-from paralleljob.handlers.coalescer import FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS, Coalescer, Next
+from paralleljob.handlers.coalescer import Coalescer, Next
 from paralleljob.handlers.nodes import NodeSnapshot, NodeWatch
 from paralleljob.k8s import admission_lock, events, informer, leadership, reads
 from paralleljob.k8s.session import Session, connect
@@ -249,7 +249,7 @@ def _admit_claimed(key: Hashable, view: reconcile.NodeView) -> Judged | None:
         log.info("admission pass of %s/%s: %s in %.3fs", namespace, name, outcome.step, time.perf_counter() - started)
     except Exception as error:
         failed = RUNTIME.admission_failures[key] = RUNTIME.admission_failures.get(key, 0) + 1
-        delay = min(FIRST_RETRY_SECONDS * 2 ** (failed - 1), MAX_RETRY_SECONDS)
+        delay = coalescer.retry_delay(failed)
         log.exception("admission of %s/%s failed (%d in a row); retrying in %.0fs", namespace, name, failed, delay)
         _report_failure(key, error, failed)
         _on_loop(lambda: _coalescer().request_later(key, delay))
