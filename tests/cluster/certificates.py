@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import shutil
 import ssl
-import subprocess
 import tempfile
 from pathlib import Path
 
-CURVE = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+from tests.upstream import pki
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,48 +25,8 @@ class ServingCertificates:
         return context
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        raise RuntimeError("the strict cluster needs the openssl command to make its TLS certificates")
-    subprocess.run([openssl, *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
 @functools.cache
 def serving_certificates() -> ServingCertificates:
-    folder = Path(tempfile.mkdtemp(prefix="strict-cluster-tls-"))
-    _openssl(
-        "req",
-        "-x509",
-        *CURVE,
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "7",
-        "-subj",
-        "/CN=strict-cluster-ca",
-        cwd=folder,
-    )
-    _openssl("req", *CURVE, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=kube-apiserver", cwd=folder)
-    (folder / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "7",
-        "-extfile",
-        "server.ext",
-        cwd=folder,
-    )
-    return ServingCertificates(folder / "ca.crt", folder / "server.crt", folder / "server.key")
+    """The upstream test cluster's CA and serving certificate (tests/upstream/pki.py), made once per process."""
+    keys = pki.make_keys(Path(tempfile.mkdtemp(prefix="strict-cluster-tls-")))
+    return ServingCertificates(keys.ca, keys.serving_certificate, keys.serving_key)

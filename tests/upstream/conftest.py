@@ -28,8 +28,8 @@ RELEASE, RELEASE_NAMESPACE = "paralleljob", "paralleljob-system"
 class Api:
     """HTTPS requests to the API server as one user (a bearer token), verifying its certificate."""
 
-    def __init__(self, state: controlplane.State, token: str) -> None:
-        self.state, self.token = state, token
+    def __init__(self, state: controlplane.State, token: str, server: str | None = None) -> None:
+        self.state, self.token, self.server = state, token, server or state.server
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {token}"
 
@@ -39,7 +39,7 @@ class Api:
         # `verify` per request: a session's own is overridden by $REQUESTS_CA_BUNDLE, which this machine sets.
         return self.session.request(
             method,
-            self.state.server + path,
+            self.server + path,
             data=data,
             params=params,
             headers=headers,

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import requests
 
 from tests.upstream import controlplane
 from tests.upstream.conftest import Api, Tool
@@ -30,22 +29,11 @@ def proxy(upstream: controlplane.State) -> Iterator[FaultProxy]:
 
 
 class ProxiedApi(Api):
-    def __init__(self, state: controlplane.State, proxy: FaultProxy, token: str, agent: str) -> None:
-        super().__init__(state, token)
-        self.proxy = proxy
-        self.session.headers["User-Agent"] = agent
+    """`Api` through the proxy, with a user agent of its own (the outage picks its victim by agent)."""
 
-    def send(self, method: str, path: str, body: Any = None, **params: str) -> requests.Response:
-        headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
-        return self.session.request(
-            method,
-            f"https://127.0.0.1:{self.proxy.port}{path}",
-            data=None if body is None else json.dumps(body),
-            params=params,
-            headers=headers,
-            timeout=30,
-            verify=str(self.state.ca),
-        )
+    def __init__(self, state: controlplane.State, proxy: FaultProxy, token: str, agent: str) -> None:
+        super().__init__(state, token, server=f"https://127.0.0.1:{proxy.port}")
+        self.session.headers["User-Agent"] = agent
 
 
 def config_map(name: str) -> dict[str, Any]:
