@@ -1,0 +1,227 @@
+"""Step 7, supervision: a placed gang. Judge it (`handlers.gang`): Running, Succeeded, or a gang restart /
+Failed. A restarting gang holds its old nodes, less the one blamed, for `restart_hold_seconds` (the record's
+heldNodes and heldUntil), so the GPUs it frees are not handed to another job mid-restart. A network that is not
+what the job planned fails it at once, and rank 0's progress is watched when the job sets a timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from paralleljob.api import ResolvedJob
+from paralleljob.handlers import conditions, gang, start_failures, watchdog
+from paralleljob.handlers import metrics as m
+from paralleljob.handlers.passes import (
+    Outcome,
+    Pass,
+    delete_pods,
+    end,
+    lost_nodes,
+    write_record,
+    write_status,
+)
+from paralleljob.k8s import reads, timestamps
+from paralleljob.manifests import labels
+from paralleljob.manifests import pods as pod_manifests
+from paralleljob.manifests import progress as progress_channel
+from paralleljob_contract.network import NetworkFailure
+
+VERIFIED_STATUSES = ("True", "False", "Unknown")
+
+
+def watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
+    placed = p.placed_nodes
+    nodes = [*placed, *(gang.node_of(pod) for pod in pods)]
+    planned = dict(enumerate(placed))
+    lost, due = _past_grace(p, lost_nodes(p, nodes))
+    limits = start_failures.Limits(
+        p.settings.start_timeout_seconds, p.settings.container_creating_timeout_seconds, p.settings.image_pull_retries
+    )
+    at, pulls = p.session.server_now(), p.nodes.pull_failures
+    state = gang.judge(pods, len(placed), lost, limits=limits, at=at, planned_nodes=planned, pull_failures=pulls)
+    if due is not None and state.verdict in ("running", "starting"):
+        state = dataclasses.replace(state, recheck_in=min(due, state.recheck_in if state.recheck_in else due))
+    handlers: dict[str, Callable[[Pass, ResolvedJob, Sequence[Mapping[str, Any]], gang.GangState], Outcome]] = {
+        "succeeded": _succeeded,
+        "broken": broken,
+        "running": _running,
+        "starting": _starting,
+    }
+    return handlers[state.verdict](p, resolved, pods, state)
+
+
+def _past_grace(p: Pass, lost: Mapping[str, str]) -> tuple[dict[str, str], float | None]:
+    """The lost nodes that break the gang now: deleted ones, and NotReady ones past the grace period (counted
+    from the Ready condition's transition as the API server reports it); with when the next one falls due."""
+    grace = p.settings.not_ready_grace_seconds
+    broken: dict[str, str] = {}
+    due: float | None = None
+    for node, why in lost.items():
+        if node not in p.nodes.not_ready:
+            broken[node] = why
+            continue
+        age = timestamps.seconds_since(p.nodes.snapshot.not_ready_since.get(node), p.session.server_now()) or 0.0
+        if age >= grace:
+            broken[node] = f"has been NotReady for {age:.0f}s (grace {grace:.0f}s)"
+        else:
+            due = min(due if due is not None else grace, grace - age + 0.5)
+    return broken, due
+
+
+def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
+    message = f"training finished after {p.attempt} restarts"
+    step, folder = _rank0_report(p, resolved).get("lastCheckpointStep"), pod_manifests.job_folder(resolved)
+    if step is not None and folder is not None:
+        # The trainer always saves the last step; the Event tells where the job's result lies.
+        message += f"; last checkpoint step {step} in {folder}/global_step{step}"
+    cond = p.condition("Ready", "False", "Finished", message)
+    cond = p.condition("Succeeded", "True", "TrainingFinished", message, base=cond)
+    return end(p, pods, "Succeeded", message, cond, ("Normal", "Completed"))
+
+
+def broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
+    if state.cause != gang.BROKEN:
+        p.event("Warning", state.cause, state.reason)
+    if state.network is not None:
+        return _network_failed(p, pods, state, state.network)
+    limit = resolved.spec.failure_policy.backoff_limit
+    if p.attempt >= limit:
+        return _fail(p, pods, state, limit)
+    return _restart(p, pods, state, limit)
+
+
+def _scheduled_reason(state: gang.GangState) -> str:
+    return gang.CREATE_FAILED if state.cause == gang.CREATE_FAILED else "GangRestart"
+
+
+def _fail(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int) -> Outcome:
+    message = f"{state.reason}; backoffLimit {limit} reached after {p.attempt} restarts"
+    cond = p.condition("Ready", "False", "GangFailed" if state.cause == gang.BROKEN else state.cause, state.reason)
+    if state.cause == gang.CREATE_FAILED:
+        cond = p.condition("Scheduled", "False", gang.CREATE_FAILED, state.reason, base=cond)
+    cond = p.condition("Failed", "True", "BackoffLimitExceeded", message, base=cond)
+    return end(p, pods, "Failed", message, cond, ("Warning", "Failed"))
+
+
+def _network_failed(
+    p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, network: NetworkFailure
+) -> Outcome:
+    """The network is not what the job planned: Failed at once, with the reason in its condition. Not a gang
+    restart: the same spec on the same nodes fails the same way, so the restarts are kept for real faults."""
+    message = f"{state.reason}; not restarted: fix spec.network or the nodes, then create the job again"
+    cond = p.condition(network.condition, "False", network.reason, network.message)
+    cond = p.condition("Ready", "False", gang.NETWORK, state.reason, base=cond)
+    cond = p.condition("Failed", "True", gang.NETWORK, message, base=cond)
+    return end(p, pods, "Failed", message, cond, ("Warning", "Failed"))
+
+
+def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int) -> Outcome:
+    excluded = p.excluded
+    for node in (state.node, *state.blamed):
+        if node and node not in excluded:
+            excluded = [*excluded, node]
+    restarts = p.attempt + 1
+    message = f"gang restart {restarts}/{limit}: {state.reason}; resuming from the last checkpoint"
+    held, until = _hold(p, state)
+    if p.live is not None:
+        write_record(p, p.live.with_restart(state.reason, excluded, into=restarts, held=held, until=until))
+    cond = p.condition("Ready", "False", state.cause, state.reason)
+    cond = p.condition("Scheduled", "False", _scheduled_reason(state), message, base=cond)
+    # The next attempt verifies its own network (it may run on other nodes).
+    patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts, "network": None}
+    hold = {"heldNodes": held or None, "heldUntil": until if held else None}
+    write_status(p, {**patch, "placement": None, "podsReady": 0, "excludedNodes": excluded or None, **hold})
+    m.GANG_RESTARTS.inc()
+    p.event("Warning", "Restarting", message)
+    delete_pods(p, pods)
+    return Outcome("restarting", wake_others=True)
+
+
+def _hold(p: Pass, state: gang.GangState) -> tuple[list[str], str | None]:
+    """The restarting gang's hold: its placed nodes less the one blamed, until restart_hold_seconds from now."""
+    blamed = {state.node, *state.blamed}
+    kept = [node for node in p.placed_nodes if node not in blamed]
+    if not kept or p.settings.restart_hold_seconds <= 0:
+        return [], None
+    until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=p.settings.restart_hold_seconds)
+    return kept, timestamps.format_time(until)
+
+
+def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
+    """Every pod runs. The record says since when (the first pass to see it records the time, and rank 0's
+    network verdict once it has come), so Started is posted once per attempt and startTime never moves."""
+    live = p.live
+    assert live is not None  # a placed gang
+    watched = live.network_report is None or resolved.spec.failure_policy.progress_timeout_seconds is not None
+    reported = _rank0_report(p, resolved) if watched else {}
+    network = live.network_report or reported.get("network")
+    started = live.started_at or timestamps.now()
+    if live.started_at is None or network != live.network_report:
+        write_record(p, live.with_started(started, network))
+    message = f"all {state.ready} pods running"
+    cond = _network_conditions(p, p.condition("Ready", "True", "AllPodsRunning", message), network)
+    patch = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
+    before = conditions.find(p.status.get("conditions"), "NetworkVerified")
+    if write_status(p, {**patch, "startTime": started}):
+        _network_event(p, cond, before)
+    if live.started_at is None:
+        p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
+    verdict = _progress_verdict(p, resolved, started, reported.get("progress"))
+    if verdict.hung:
+        hung = gang.GangState("broken", state.ready, verdict.message, cause=watchdog.NO_PROGRESS)
+        return broken(p, resolved, pods, hung)
+    return Outcome("running", requeue_after=_resync(p, verdict.recheck_in, state.recheck_in))
+
+
+def _rank0_report(p: Pass, resolved: ResolvedJob) -> dict[str, Any]:
+    """What rank 0 reported in its progress ConfigMap, validated (`manifests.progress.status_of`): progress,
+    lastCheckpointStep and the network verdict; empty without a ConfigMap of this job's."""
+    found = reads.get_config_map(p.session, p.namespace, labels.progress_config_map_name(p.name))
+    if found is None or not labels.owned_by(found, p.uid):
+        return {}
+    return progress_channel.status_of(found, resolved.spec.training.steps)
+
+
+def _progress_verdict(
+    p: Pass, resolved: ResolvedJob, running_since: str, reported: Mapping[str, Any] | None
+) -> watchdog.Verdict:
+    """The watchdog's verdict on rank 0's reported progress (only when the job sets a timeout), for the gang
+    running since `running_since` (this attempt's, from its record)."""
+    timeout = resolved.spec.failure_policy.progress_timeout_seconds
+    if timeout is None:
+        return watchdog.Verdict(False)
+    return watchdog.judge_progress(reported, running_since, timeout, p.session.server_now())
+
+
+def _resync(p: Pass, *due: float | None) -> float:
+    """When to look at a gang again without an event: when something falls due, at most every resync period."""
+    return min([p.settings.resync_seconds, *(after for after in due if after is not None)])
+
+
+def _network_conditions(p: Pass, cond: list[dict[str, Any]], report: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """NetworkReady and NetworkVerified from rank 0's network verdict, once it has arrived: it is sent after a
+    warm-up collective over every rank, so every rank passed the preflight."""
+    if not report:
+        return cond
+    ready = "every rank passed the network preflight and joined the process groups"
+    cond = p.condition("NetworkReady", "True", "PreflightPassed", ready, base=cond)
+    verified = str(report.get("verified")) if report.get("verified") in VERIFIED_STATUSES else "Unknown"
+    reason, message = str(report.get("reason") or "NotReported"), str(report.get("message") or "")
+    return p.condition("NetworkVerified", verified, reason, message, base=cond)
+
+
+def _network_event(p: Pass, cond: list[dict[str, Any]], before: Mapping[str, Any] | None) -> None:
+    """A Warning a person sees in `kubectl describe` when NCCL chose less than the job planned (`before`: the
+    NetworkVerified condition this pass found)."""
+    verified = conditions.find(cond, "NetworkVerified")
+    if verified and verified.get("status") == "False" and (before or {}).get("reason") != verified.get("reason"):
+        p.event("Warning", "NetworkDegraded", f"{verified['reason']}: {verified['message']}")
+
+
+def _starting(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
+    # What a stalled pod waits on (an unschedulable reason, a failed pull), for `kubectl get pj`.
+    write_status(p, {"podsReady": state.ready, **({"message": state.reason} if state.reason else {})})
+    return Outcome("starting", requeue_after=_resync(p, state.recheck_in))
