@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import functools
 import re
+import sys
 import types
 import typing
 from typing import Any, Literal, get_args, get_origin
@@ -24,8 +25,8 @@ _SCALAR_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "t
 
 @functools.cache
 def type_hints(cls: type) -> dict[str, Any]:
-    """Resolved annotations of an API dataclass."""
-    return typing.get_type_hints(cls, vars(api_types))
+    """Resolved annotations of an API dataclass, in its own section's namespace (`api.sections`) and the API's."""
+    return typing.get_type_hints(cls, {**vars(api_types), **vars(sys.modules[cls.__module__])})
 
 
 def unwrap_optional(hint: Any) -> tuple[Any, bool]:
