@@ -15,8 +15,8 @@ has two passes at once, whoever runs them (watch events, timers, resyncs, the ad
 deleting a job never waits for the operator, and a quiet cluster sees no writes. `configure()` must be
 called before kopf starts.
 
-Fencing (`--leader-elect`, `paralleljob.k8s.leadership`): `acting()` is the one check of whether this replica
-may act, and `@fenced` applies it to every kopf handler, every coalescer pass (its timers included), every
+Fencing (`--leader-elect`, `paralleljob.k8s.leadership`): `acting()` (in `handlers.runtime`, with `RUNTIME`)
+is the one check of whether this replica may act, and `@fenced` applies it to every kopf handler, every coalescer pass (its timers included), every
 admission pass and every request for one; a replica without the Lease keeps its watches (warm caches) and its
 liveness endpoint, and writes nothing. A new handler, worker or loop must be decorated with `@fenced` (or
 call `acting()` before each unit of work); once leading, it makes a pass over every job (`EVERY_JOB`), since
@@ -32,9 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import functools
-import inspect
 import logging
 import time
 import typing
@@ -47,14 +44,13 @@ from paralleljob.api import types as api_types
 from paralleljob.handlers import coalescer, failures, metrics, progress, reconcile, start_failures
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order, PriorityValues
 from paralleljob.handlers.coalescer import Coalescer, Next
-from paralleljob.handlers.nodes import NodeSnapshot, NodeWatch
+from paralleljob.handlers.runtime import RUNTIME, Judged, coalescer_of, fenced, improved, on_loop, on_loop_wait
 from paralleljob.k8s import admission_lock, events, informer, leadership, reads
 from paralleljob.k8s.session import Session, connect
 from paralleljob.manifests import labels as child_labels
 from paralleljob.manifests import progress as progress_manifests
 from paralleljob.manifests import records
-from paralleljob.planning.inventory import ClusterBuilder, Reservation
-from paralleljob.planning.usage import UsageIndex
+from paralleljob.planning.inventory import Reservation
 
 log = logging.getLogger(__name__)
 RECHECK = "recheck-unfinished-jobs"
@@ -66,39 +62,6 @@ WATCH_SERVER_SECONDS = 300
 WATCH_CLIENT_SECONDS = 330
 CONNECT_SECONDS = 10
 REQUEST_SECONDS = 60
-# How long a thread waits for the event loop to answer (it answers in microseconds unless it is stopping).
-LOOP_ANSWER_SECONDS = 30
-
-
-@dataclasses.dataclass
-class Runtime:
-    """What the handlers share, set by `configure()` and on startup."""
-
-    settings: reconcile.Settings = dataclasses.field(default_factory=reconcile.Settings)
-    metrics_port: int = 0
-    kubeconfig: str | None = None
-    session: Session | None = None
-    nodes: NodeWatch = dataclasses.field(default_factory=NodeWatch)
-    usage: UsageIndex = dataclasses.field(default_factory=UsageIndex)
-    pulls: start_failures.PullFailures = dataclasses.field(default_factory=start_failures.PullFailures)
-    builder: ClusterBuilder = dataclasses.field(default_factory=ClusterBuilder)
-    informers: list[informer.Informer] = dataclasses.field(default_factory=list)  # admission waits for these
-    job_pods: informer.Informer | None = None
-    coalescer: Coalescer | None = None
-    admissions: AdmissionQueue[reconcile.NodeView, Judged] | None = None
-    priorities: PriorityValues | None = None
-    loop: asyncio.AbstractEventLoop | None = None
-    lease: leadership.LeaseSettings | None = None  # None: standalone, always acting
-    election: leadership.Leadership | None = None
-    lock_settings: admission_lock.LockSettings | None = None  # None: admissions take no cluster-wide lock
-    lock: admission_lock.AdmissionLock | None = None
-    rivals: list[leadership.Rival] = dataclasses.field(default_factory=list)  # those reported so far
-    # Admission passes that raised in a row, by job: their backoff and when the job is told.
-    admission_failures: dict[Hashable, int] = dataclasses.field(default_factory=dict)
-
-
-RUNTIME = Runtime()
-Action = typing.TypeVar("Action", bound=typing.Callable[..., Any])
 
 
 def configure(
@@ -110,35 +73,6 @@ def configure(
 ) -> None:
     RUNTIME.settings, RUNTIME.metrics_port, RUNTIME.kubeconfig = settings, metrics_port, kubeconfig
     RUNTIME.lease, RUNTIME.lock_settings = lease, admission_lock
-
-
-def acting() -> bool:
-    """Whether this replica may act now: standalone, or holding the Lease (with `--leader-elect`, a replica
-    that has not taken the Lease yet is not acting)."""
-    if RUNTIME.lease is None:
-        return True
-    return RUNTIME.election is not None and RUNTIME.election.leading
-
-
-def fenced(otherwise: Any = None) -> typing.Callable[[Action], Action]:
-    """Run the decorated handler, pass or loop step only while `acting()`; else return `otherwise`."""
-
-    def wrap(action: Action) -> Action:
-        if inspect.iscoroutinefunction(action):
-
-            @functools.wraps(action)
-            async def guarded_async(*args: Any, **kwargs: Any) -> Any:
-                return await action(*args, **kwargs) if acting() else otherwise
-
-            return typing.cast(Action, guarded_async)
-
-        @functools.wraps(action)
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            return action(*args, **kwargs) if acting() else otherwise
-
-        return typing.cast(Action, guarded)
-
-    return wrap
 
 
 def _view() -> reconcile.NodeView:
@@ -160,28 +94,6 @@ def _admission_view() -> reconcile.NodeView:
     except Exception as error:  # the API is down: the passes will fail and be retried
         log.warning("an admission round could not read the reservations: %s: %s", type(error).__name__, error)
     return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage, RUNTIME.builder, round_held=held)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Judged:
-    """What an admission that did not fit was planned against: the node records, the usage (by its count of
-    releases) and the other jobs' reservations."""
-
-    nodes: NodeSnapshot  # compared by identity: the watch makes a new one whenever a node changes
-    released: int
-    held: frozenset[Reservation]
-
-    @classmethod
-    def of(cls, view: reconcile.NodeView, held: Iterable[Reservation]) -> Judged:
-        return cls(view.snapshot, view.usage.released, frozenset(held))
-
-
-def _improved(judged: Judged, view: reconcile.NodeView) -> bool:
-    """Whether a round's view may have room that a waiting job's judgment did not: a node changed, a pod
-    released requests, or a reservation it counted is gone (or the reservations could not be read)."""
-    if view.snapshot is not judged.nodes or view.usage.released != judged.released or view.round_held is None:
-        return True
-    return not judged.held <= view.round_held
 
 
 @fenced(otherwise=Next())
@@ -226,14 +138,14 @@ def _admission_pass(key: Hashable, view: reconcile.NodeView) -> Judged | None:
     """An admission pass (the admission worker's thread), never beside a supervision pass over the same job: it
     claims the job's key in the coalescer first. Returns what a job that did not fit was judged against, so
     that it keeps its place in the queue."""
-    if not _on_loop_wait(lambda: _coalescer().claim(key)):
+    if not on_loop_wait(lambda: coalescer_of().claim(key)):
         # Its supervision pass is running: another follows it, and offers the job again if it still waits.
         log.debug("admission of %s waits for the pass over it that is running", key)
         return None
     try:
         return _admit_claimed(key, view)
     finally:
-        _on_loop(lambda: _coalescer().release(key))
+        on_loop(lambda: coalescer_of().release(key))
 
 
 def _admit_claimed(key: Hashable, view: reconcile.NodeView) -> Judged | None:
@@ -252,18 +164,18 @@ def _admit_claimed(key: Hashable, view: reconcile.NodeView) -> Judged | None:
         delay = coalescer.retry_delay(failed)
         log.exception("admission of %s/%s failed (%d in a row); retrying in %.0fs", namespace, name, failed, delay)
         _report_failure(key, error, failed)
-        _on_loop(lambda: _coalescer().request_later(key, delay))
+        on_loop(lambda: coalescer_of().request_later(key, delay))
         return None  # the retry offers it again
     RUNTIME.admission_failures.pop(key, None)
     if outcome.admission is not None:  # not admitted by this pass (its own timer will bring it back)
         _offer(namespace, name, outcome.admission)
 
     def follow_up() -> None:
-        _coalescer().request_later(key, outcome.requeue_after)
+        coalescer_of().request_later(key, outcome.requeue_after)
         if outcome.wake_others:
-            _coalescer().request(RECHECK)
+            coalescer_of().request(RECHECK)
 
-    _on_loop(follow_up)
+    on_loop(follow_up)
     return Judged.of(view, outcome.held) if outcome.held is not None else None
 
 
@@ -287,29 +199,6 @@ def _report_failure(key: Hashable, error: Exception, failed: int) -> None:
         failures.report(RUNTIME.session, namespace, name, error, failed)
     except Exception:
         log.warning("could not report the failure of %s/%s on the job", namespace, name, exc_info=True)
-
-
-def _coalescer() -> Coalescer:
-    assert RUNTIME.coalescer is not None
-    return RUNTIME.coalescer
-
-
-def _on_loop(callback: typing.Callable[[], None]) -> None:
-    assert RUNTIME.loop is not None
-    RUNTIME.loop.call_soon_threadsafe(callback)
-
-
-Result = typing.TypeVar("Result")
-
-
-def _on_loop_wait(callback: typing.Callable[[], Result]) -> Result:
-    """Run `callback` on the event loop and return its result (from another thread)."""
-    assert RUNTIME.loop is not None
-
-    async def run() -> Result:
-        return callback()
-
-    return asyncio.run_coroutine_threadsafe(run(), RUNTIME.loop).result(LOOP_ANSWER_SECONDS)
 
 
 def _jobs_to_recheck(session: Session) -> list[tuple[str, str]]:
@@ -363,7 +252,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     RUNTIME.coalescer = Coalescer(_pass, on_failure=_report_failure)
     session = RUNTIME.session
     RUNTIME.priorities = PriorityValues(lambda name: reads.priority_value(session, name))
-    wake = lambda: _on_loop(lambda: _request(RECHECK))  # noqa: E731 - called from the informers' threads
+    wake = lambda: on_loop(lambda: _request(RECHECK))  # noqa: E731 - called from the informers' threads
     RUNTIME.informers = [
         informer.Informer(session, informer.NODES, RUNTIME.nodes, wake).start(),
         informer.Informer(session, informer.BOUND_PODS, RUNTIME.usage, wake).start(),
@@ -372,7 +261,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         session, informer.JOB_PODS, JobPods(RUNTIME.settings.namespaces, RUNTIME.pulls)
     ).start()
     RUNTIME.admissions = AdmissionQueue(
-        _admission_pass, _admission_view, ready=_watches_synced, improved=_improved
+        _admission_pass, _admission_view, ready=_watches_synced, improved=improved
     ).start()
     if RUNTIME.lease is None:
         metrics.LEADER.set(1)
@@ -390,7 +279,7 @@ def _now_leading() -> None:
     """The Lease is ours (a leadership thread): a pass over every job, as events seen while standing by were
     dropped."""
     metrics.LEADER.set(1)
-    _on_loop(lambda: _request(EVERY_JOB))
+    on_loop(lambda: _request(EVERY_JOB))
 
 
 def _report_rivals(rivals: list[leadership.Rival]) -> None:
@@ -432,7 +321,7 @@ class JobPods:
         namespace = metadata.get("namespace")
         if job and (self._namespaces is None or namespace in self._namespaces):
             self._pulls.observe(event_type, obj)
-            _on_loop(lambda: _request((namespace, job)))
+            on_loop(lambda: _request((namespace, job)))
         return False
 
 
