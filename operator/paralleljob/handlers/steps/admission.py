@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from paralleljob import planning
@@ -102,12 +102,19 @@ def cluster_view(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> ClusterView:
 def _own_pods_gone(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """This job's pods that the usage index still counts but the API, read just now, no longer has: the index
     learns of a deletion a moment after the API, and a restarting gang must not wait on its own old pods."""
-    named = re.compile(rf"{re.escape(p.name)}-\d+")
     present = {pod["metadata"]["name"] for pod in labelled}
+    return departed_pods(p.namespace, p.name, p.nodes.usage.claims, present)
+
+
+def departed_pods(
+    namespace: str, job: str, claims: Iterable[tuple[str, str]], present: Collection[str]
+) -> list[tuple[str, str]]:
+    """Of the usage index's pods, the job's rank pods (`<job>-<nodeRank>` in its namespace) not in `present`."""
+    named = re.compile(rf"{re.escape(job)}-\d+")
     return [
-        (namespace, name)
-        for namespace, name in p.nodes.usage.claims
-        if namespace == p.namespace and name.startswith(p.name) and named.fullmatch(name) and name not in present
+        (their_namespace, name)
+        for their_namespace, name in claims
+        if their_namespace == namespace and name.startswith(job) and named.fullmatch(name) and name not in present
     ]
 
 

@@ -31,12 +31,7 @@ def wait_for_previous_job(p: Pass, previous: Sequence[Mapping[str, Any]], waitin
     stuck Terminating on a lost node is force-deleted as our own would be (the pass drained them first, with the
     single-node rule: `waiting` is that drain's outcome); the status and one Event say which pods the job waits
     for."""
-    stuck = [pod for pod in previous if is_terminating(pod)]
-    named = stuck or list(previous)
-    names = ", ".join(f"{pod['metadata']['name']} (node {gang.node_of(pod)})" for pod in named[:5])
-    more = f" and {len(named) - 5} more" if len(named) > 5 else ""
-    how = "stuck Terminating" if stuck else "still there"
-    message = f"waiting for {len(previous)} pods of a deleted job of the same name to go ({how}): {names}{more}"
+    message = waiting_message(previous)
     said = str(p.status.get("message") or "").startswith("waiting for")
     patch = {"message": message} if p.live is not None else {"phase": p.idle_phase, "message": message}
     if write_status(p, patch) and not said:
@@ -73,3 +68,13 @@ def name_conflict(p: Pass, conflict: writes.NameConflict) -> Outcome:
     # This pass may have created some of the pods already: list them again.
     delete_pods(p, [pod for pod in reads.list_job_pods(p.session, p.namespace, p.name) if labels.owned_by(pod, p.uid)])
     return Outcome("name-conflict", wake_others=True, requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
+
+
+def waiting_message(previous: Sequence[Mapping[str, Any]]) -> str:
+    """What a job waiting for a deleted namesake's pods says: how many, and which (the stuck ones first)."""
+    stuck = [pod for pod in previous if is_terminating(pod)]
+    named = stuck or list(previous)
+    names = ", ".join(f"{pod['metadata']['name']} (node {gang.node_of(pod)})" for pod in named[:5])
+    more = f" and {len(named) - 5} more" if len(named) > 5 else ""
+    how = "stuck Terminating" if stuck else "still there"
+    return f"waiting for {len(previous)} pods of a deleted job of the same name to go ({how}): {names}{more}"

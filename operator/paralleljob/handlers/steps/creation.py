@@ -29,12 +29,9 @@ def create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) ->
     """Create the live attempt's children from its ConfigMap and record (the pinned spec, image and nodes),
     then mark the record placed: from then on a missing pod is a lost one, never created again."""
     found = reads.get_config_map(p.session, p.namespace, labels.config_map_name(p.name))
-    if found is None or not labels.owned_by(found, p.uid) or configmap.attempt_of(found) != p.attempt:
-        # The plan of this attempt is lost (someone deleted the ConfigMap): plan again.
-        write_status(p, {"placement": None})
-        return Outcome("replanning")
     nodes = p.placed_nodes
-    if len(nodes) != configmap.plan_of(found).nodes:
+    if found is None or plan_lost(found, p.uid, p.attempt, nodes):
+        # The plan of this attempt is lost (someone deleted or replaced the ConfigMap): plan again.
         write_status(p, {"placement": None})
         return Outcome("replanning")
     image = p.live.image if p.live is not None else p.settings.image
@@ -54,3 +51,11 @@ def create(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) ->
         more = f" (+{len(nodes) - 8} more)" if len(nodes) > 8 else ""
         p.event("Normal", "Placed", f"layout {resolved.layout}, fabric {built.fabric}: {hosts}{more}")
     return Outcome("created")
+
+
+def plan_lost(found: Mapping[str, Any], uid: str, attempt: int, nodes: Sequence[str]) -> bool:
+    """Whether the job's `-config` ConfigMap no longer holds this attempt's plan for these nodes: another
+    owner's, another attempt's, or a plan of another node count."""
+    if not labels.owned_by(found, uid) or configmap.attempt_of(found) != attempt:
+        return True
+    return len(nodes) != configmap.plan_of(found).nodes

@@ -24,6 +24,9 @@ from paralleljob.manifests import labels
 
 log = logging.getLogger(__name__)
 
+# What happens to a Terminating pod of an older attempt (`terminating_verdict`).
+KUBELET, WAIT_FOR_NODE, FORCE, WAIT = "kubelet", "wait-for-node", "force", "wait"
+
 
 def drain(p: Pass, stale: Sequence[Mapping[str, Any]]) -> Outcome:
     """Delete the pods of older attempts; force only those whose node is lost, once overdue."""
@@ -36,26 +39,42 @@ def drain(p: Pass, stale: Sequence[Mapping[str, Any]]) -> Outcome:
     recheck = force_after
     for pod in terminating:
         node = gang.node_of(pod)
-        if node not in lost:
-            continue  # its kubelet is alive: the pod goes when its containers have stopped
-        if _only_pod_of_gang(pod) and node in p.nodes.not_ready and node not in p.nodes.snapshot.out_of_service:
-            # Were its node only partitioned, the pod would still run, and the next generation would write to
-            # the same checkpoint folder beside it. As a StatefulSet does, wait for the node to be deleted or
-            # tainted out-of-service.
+        action, wait = terminating_verdict(
+            on_lost_node=node in lost,
+            alone_on_partitioned_node=_only_pod_of_gang(pod)
+            and node in p.nodes.not_ready
+            and node not in p.nodes.snapshot.out_of_service,
+            deleting_for=timestamps.seconds_since(pod["metadata"]["deletionTimestamp"], p.session.server_now()) or 0.0,
+            force_after=force_after,
+        )
+        if action == WAIT_FOR_NODE:
             _stuck_terminating(p, pod, node)
             recheck = min(recheck, p.settings.resync_seconds)
-            continue
-        since = timestamps.seconds_since(pod["metadata"]["deletionTimestamp"], p.session.server_now())
-        overdue = (since or 0.0) - force_after
-        if overdue >= 0:
-            log.warning("force-deleting %s: node %s is lost", pod["metadata"]["name"], gang.node_of(pod))
+        elif action == FORCE:
+            log.warning("force-deleting %s: node %s is lost", pod["metadata"]["name"], node)
             writes.delete_pod(p.session, p.namespace, pod["metadata"]["name"], force=True)
-        else:
-            recheck = min(recheck, -overdue + 0.5)
+        elif wait is not None:
+            recheck = min(recheck, wait)
     note = start_failures.lingering_note(terminating, lost, p.session.server_now(), force_after)
     if note and write_status(p, {"message": note}):
         p.event("Warning", "StuckTerminating", note)
     return Outcome("deleting-old-generation", requeue_after=recheck)
+
+
+def terminating_verdict(
+    *, on_lost_node: bool, alone_on_partitioned_node: bool, deleting_for: float, force_after: float
+) -> tuple[str, float | None]:
+    """What to do with a Terminating pod of an older attempt, and in how many seconds to look again: left to its
+    kubelet when its node is alive; left alone when it is its gang's only pod on a NotReady node that is neither
+    deleted nor tainted out-of-service (were its node only partitioned, the pod would still run, and the next
+    generation would write to the same checkpoint folder beside it: as a StatefulSet does, wait for the node to
+    be deleted or tainted); force-deleted once `force_after` seconds past its deletion; else waited for."""
+    if not on_lost_node:
+        return KUBELET, None
+    if alone_on_partitioned_node:
+        return WAIT_FOR_NODE, None
+    overdue = deleting_for - force_after
+    return (FORCE, None) if overdue >= 0 else (WAIT, -overdue + 0.5)
 
 
 def _only_pod_of_gang(pod: Mapping[str, Any]) -> bool:

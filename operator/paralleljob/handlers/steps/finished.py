@@ -22,12 +22,17 @@ def rest(p: Pass) -> Outcome:
     the Valid condition (False while the spec is invalid, True again once it is fixed), and the pods still
     holding GPUs are deleted."""
     current, problems = current_spec(p)
-    if current is None:
-        cond = p.condition("Valid", "False", "InvalidSpec", problems)
-    else:
-        cond = p.condition("Valid", "True", "Validated", "the spec is valid")
+    cond = p.condition("Valid", *valid_after_end(problems if current is None else None))
     write_status(p, {"conditions": cond})
     m.observe_phase(p.namespace, p.name, p.status.get("phase"))
     pods = [pod for pod in reads.list_job_pods(p.session, p.namespace, p.name) if labels.owned_by(pod, p.uid)]
     delete_finished_pods(p, pods)
     return Outcome("finished")
+
+
+def valid_after_end(problems: str | None) -> tuple[str, str, str]:
+    """The Valid condition (status, reason, message) of a finished job: the only thing an edit still changes.
+    `problems`: why the current spec is invalid, None when it is valid."""
+    if problems is None:
+        return "True", "Validated", "the spec is valid"
+    return "False", "InvalidSpec", problems

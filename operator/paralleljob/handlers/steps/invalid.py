@@ -36,6 +36,11 @@ def invalid_while_running(p: Pass) -> None:
     next attempt waits for a valid spec. One Event when the condition turns False."""
     cond = p.condition("Valid", "False", "InvalidSpec", p.spec_problem)
     # write_status adds the note to the gang's own message, as it does on every write of this pass.
-    gang_message = str(p.status.get("message") or "").split(INVALID_NOTE)[0] or "supervising the running attempt"
+    gang_message = running_message(str(p.status.get("message") or ""))
     if write_status(p, {"message": gang_message, "conditions": cond}):
         p.event("Warning", "InvalidSpec", f"{p.spec_problem}{RUNNING_CONTINUES}")
+
+
+def running_message(status_message: str) -> str:
+    """The gang's own message, without the note an invalid spec added to it (`write_status` adds it again)."""
+    return status_message.split(INVALID_NOTE)[0] or "supervising the running attempt"

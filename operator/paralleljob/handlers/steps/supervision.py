@@ -56,14 +56,24 @@ def watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> 
 def _past_grace(p: Pass, lost: Mapping[str, str]) -> tuple[dict[str, str], float | None]:
     """The lost nodes that break the gang now: deleted ones, and NotReady ones past the grace period (counted
     from the Ready condition's transition as the API server reports it); with when the next one falls due."""
-    grace = p.settings.not_ready_grace_seconds
+    now, since = p.session.server_now(), p.nodes.snapshot.not_ready_since
+    ages = {node: timestamps.seconds_since(since.get(node), now) or 0.0 for node in lost if node in p.nodes.not_ready}
+    return breaking_nodes(lost, ages, p.settings.not_ready_grace_seconds)
+
+
+def breaking_nodes(
+    lost: Mapping[str, str], not_ready_for: Mapping[str, float], grace: float
+) -> tuple[dict[str, str], float | None]:
+    """Of the lost nodes (with why), those that break the gang now, with why, and in how many seconds the next
+    NotReady one does: a deleted node at once, a NotReady one (`not_ready_for`: seconds since it turned
+    NotReady) once past `grace`."""
     broken: dict[str, str] = {}
     due: float | None = None
     for node, why in lost.items():
-        if node not in p.nodes.not_ready:
+        if node not in not_ready_for:
             broken[node] = why
             continue
-        age = timestamps.seconds_since(p.nodes.snapshot.not_ready_since.get(node), p.session.server_now()) or 0.0
+        age = not_ready_for[node]
         if age >= grace:
             broken[node] = f"has been NotReady for {age:.0f}s (grace {grace:.0f}s)"
         else:
@@ -88,9 +98,14 @@ def broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], st
     if state.network is not None:
         return _network_failed(p, pods, state, state.network)
     limit = resolved.spec.failure_policy.backoff_limit
-    if p.attempt >= limit:
-        return _fail(p, pods, state, limit)
-    return _restart(p, pods, state, limit)
+    if restarts_left(p.attempt, limit):
+        return _restart(p, pods, state, limit)
+    return _fail(p, pods, state, limit)
+
+
+def restarts_left(attempt: int, backoff_limit: int) -> bool:
+    """Whether a broken gang on `attempt` (its restarts so far) may restart once more."""
+    return attempt < backoff_limit
 
 
 def _scheduled_reason(state: gang.GangState) -> str:
