@@ -14,13 +14,11 @@ from typing import Any
 from rich.console import Console
 
 from paralleljob import planning
-from paralleljob.api import documents
+from paralleljob.api import documents, verdicts
 from paralleljob.api.problems import errors_of
 from paralleljob.api.validation import ResolvedJob, validate_document
-from paralleljob.commands import plan as plan_command
-from paralleljob.commands import validate as validate_command
 from paralleljob.local import report, runner
-from paralleljob.planning import layout_search
+from paralleljob.planning import layout_search, plan_text
 
 
 def register(sub: Any) -> None:
@@ -54,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if len(docs) != 1:
         print(f"{args.job}: (yaml): holds {len(docs)} documents; paralleljob run takes one ParallelJob.")
         return 1
-    valid, lines = validate_command.report(docs[0], args.job, cluster=False)
+    valid, lines = verdicts.report(docs[0], args.job, cluster=False)
     for line in lines:
         print(line)
     if not valid:
@@ -88,7 +86,7 @@ def run_valid(args: argparse.Namespace, doc: documents.Document, console: Consol
     console.print(
         f"[bold]{resolved.name}[/]: {shape.nodes} simulated nodes x {shape.gpus_per_node} slots on this machine ({'GPUs' if devices else 'CPU'})"
     )
-    console.file.write(plan_command.render_table(resolved.name, outcome))
+    console.file.write(plan_text.render_table(resolved.name, outcome))
     output = (args.output or Path("runs") / resolved.name).resolve()
     local = runner.LocalRun(resolved, shape, outcome.to_dict(), output, console, devices)
     try:
