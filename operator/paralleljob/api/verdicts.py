@@ -11,13 +11,14 @@ from paralleljob.api import documents
 from paralleljob.api.validation import ResolvedJob, ValidationResult, validate_document
 
 
-def report(doc: documents.Document, label: str, *, cluster: bool = True) -> tuple[bool, list[str]]:
+def report(doc: documents.Document, label: str, *, cluster: bool = True) -> tuple[ValidationResult, list[str]]:
+    """Validate the document once: the result, whose `resolved` job the caller goes on with, and its lines."""
     result = validate_document(doc.body, cluster=cluster)
     lines = [f"{label}: {p.render()}" for p in result.problems]
     if result.ok:
-        return True, [f"{label}: {summary(result)}", *lines]
+        return result, [f"{label}: {summary(result)}", *lines]
     note = arithmetic_note(result, doc.body)
-    return False, lines + ([f"{label}: {note}"] if note else [])
+    return result, lines + ([f"{label}: {note}"] if note else [])
 
 
 def summary(result: ValidationResult) -> str:

@@ -25,7 +25,6 @@ import yaml
 from paralleljob import planning
 from paralleljob.api import documents, verdicts
 from paralleljob.api.problems import errors_of, warnings_of
-from paralleljob.api.validation import validate_document
 from paralleljob.commands import plan_auto
 from paralleljob.k8s import live
 from paralleljob.planning import costmodel, inventory, picture, plan_text
@@ -191,10 +190,9 @@ def _load_jobs(path: str, reasons: TextIO) -> list[tuple[str, Any]] | None:
     valid = True
     for doc in docs:
         label = path if len(docs) == 1 else f"{path} (document {doc.index + 1})"
-        result = validate_document(doc.body)
+        result, lines = verdicts.report(doc, label)
         if not result.ok:
             valid = False
-            _, lines = verdicts.report(doc, label)
             print("\n".join(lines), file=reasons)
             continue
         for problem in warnings_of(result.problems):

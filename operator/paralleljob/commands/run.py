@@ -16,7 +16,7 @@ from rich.console import Console
 from paralleljob import planning
 from paralleljob.api import documents, verdicts
 from paralleljob.api.problems import errors_of
-from paralleljob.api.validation import ResolvedJob, validate_document
+from paralleljob.api.validation import ResolvedJob
 from paralleljob.local import report, runner
 from paralleljob.planning import layout_search, plan_text
 
@@ -52,17 +52,16 @@ def run(args: argparse.Namespace) -> int:
     if len(docs) != 1:
         print(f"{args.job}: (yaml): holds {len(docs)} documents; paralleljob run takes one ParallelJob.")
         return 1
-    valid, lines = verdicts.report(docs[0], args.job, cluster=False)
+    result, lines = verdicts.report(docs[0], args.job, cluster=False)
     for line in lines:
         print(line)
-    if not valid:
+    if not result.ok or result.resolved is None:
         return 1
-    return run_valid(args, docs[0], console)
+    return run_valid(args, result.resolved, console)
 
 
-def run_valid(args: argparse.Namespace, doc: documents.Document, console: Console) -> int:
-    resolved = validate_document(doc.body, cluster=False).resolved
-    assert resolved is not None
+def run_valid(args: argparse.Namespace, resolved: ResolvedJob, console: Console) -> int:
+    """Train a job validated once by `run`: choose its layout when it gives a budget, plan it, run it."""
     nodes, gpus_per_node = args.nodes, args.gpus_per_node
     if resolved.needs_layout:
         chosen = choose_locally(resolved, nodes, gpus_per_node)

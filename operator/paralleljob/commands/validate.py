@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
             all_valid = False
         for doc in docs:
             label = path if len(docs) == 1 else f"{path} (document {doc.index + 1})"
-            valid, lines = verdicts.report(doc, label)
-            all_valid = all_valid and valid
+            result, lines = verdicts.report(doc, label)
+            all_valid = all_valid and result.ok
             for line in lines:
                 print(line, file=sys.stdout)
     return 0 if all_valid else 1
