@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from paralleljob_contract import model as model_math
 from paralleljob_contract.errors import ContractError
 from paralleljob_contract.layout import AXES, Layout, axis_order_of
 from paralleljob_contract.model import ModelShape, default_ffn_hidden_size
@@ -321,21 +322,21 @@ def parse_plan(section: Mapping[str, Any]) -> Plan:
 
 def _check_layout_fits_model(job: JobConfig) -> None:
     model, layout = job.model, job.plan.layout
-    if model.layers < layout.pipeline:
+    if not model_math.layers_fill_stages(model.layers, layout.pipeline):
         raise ContractError(
             f"spec.model.layers ({model.layers}) is smaller than parallelism.pipeline ({layout.pipeline}): "
             "every pipeline stage needs at least one layer"
         )
-    if model.attention_heads % layout.tensor:
+    if not model_math.heads_split(model.attention_heads, layout.tensor):
         raise ContractError(
             f"spec.model.attentionHeads ({model.attention_heads}) is not divisible by parallelism.tensor "
             f"({layout.tensor}): each tensor-parallel rank must hold whole heads"
         )
-    if model.hidden_size % model.attention_heads:
+    if not model_math.hidden_per_head(model.hidden_size, model.attention_heads):
         raise ContractError(
             f"spec.model.hiddenSize ({model.hidden_size}) is not divisible by attentionHeads ({model.attention_heads})"
         )
-    if model.ffn_hidden_size % layout.tensor:
+    if not model_math.ffn_split(model.ffn_hidden_size, layout.tensor):
         raise ContractError(
             f"spec.model.ffnHiddenSize ({model.ffn_hidden_size}) is not divisible by parallelism.tensor "
             f"({layout.tensor})"

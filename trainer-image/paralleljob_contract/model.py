@@ -26,6 +26,30 @@ class ModelShape:
     ffn_hidden_size: int
 
 
+# The shape rules a layout must meet, written once: the API's rules (`paralleljob.api.sections.model`), the
+# job-file reader (`jobfile`) and the layout search call them, each with its own message.
+
+
+def heads_split(attention_heads: int, tensor: int) -> bool:
+    """Whether every tensor-parallel rank holds whole attention heads."""
+    return attention_heads % tensor == 0
+
+
+def hidden_per_head(hidden_size: int, attention_heads: int) -> bool:
+    """Whether the hidden size splits into whole heads."""
+    return hidden_size % attention_heads == 0
+
+
+def ffn_split(ffn_hidden_size: int, tensor: int) -> bool:
+    """Whether every tensor-parallel rank holds an equal share of the feed-forward columns."""
+    return ffn_hidden_size % tensor == 0
+
+
+def layers_fill_stages(layers: int, pipeline: int) -> bool:
+    """Whether every pipeline stage gets at least one layer."""
+    return layers >= pipeline
+
+
 def default_ffn_hidden_size(hidden_size: int) -> int:
     """spec.model.ffnHiddenSize when unset: 4 * hiddenSize."""
     return 4 * hidden_size

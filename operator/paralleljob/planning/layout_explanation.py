@@ -32,6 +32,7 @@ from paralleljob.planning.layout_space import (
     zero_stages,
 )
 from paralleljob.planning.levels import detect_nvlink_label, label_keys
+from paralleljob_contract import model as model_math
 
 
 def explain(
@@ -88,7 +89,9 @@ def _regime(job: ResolvedJob, budget: Budget, gpu_memory: float | None, max_tens
 
 
 def _splits(job: ResolvedJob, tensor: int) -> bool:
-    return job.spec.model.attention_heads % tensor == 0 and job.ffn_hidden_size % tensor == 0
+    return model_math.heads_split(job.spec.model.attention_heads, tensor) and model_math.ffn_split(
+        job.ffn_hidden_size, tensor
+    )
 
 
 def _least_memory(job: ResolvedJob, budget: Budget, tensor: int, pipeline: int) -> float | None:

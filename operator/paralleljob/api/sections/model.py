@@ -11,6 +11,7 @@ from paralleljob.api.fields import api_field
 from paralleljob.api.problems import Problem, error
 from paralleljob.api.rule import Rule
 from paralleljob_contract import jobfile
+from paralleljob_contract import model as model_math
 
 if TYPE_CHECKING:
     from paralleljob.api import types as t
@@ -56,7 +57,7 @@ class Model:
 
 def _heads_split(spec: t.ParallelJobSpec) -> Problem | None:
     heads, tp = spec.model.attention_heads, spec.parallelism.tensor
-    if tp is None or heads % tp == 0:
+    if tp is None or model_math.heads_split(heads, tp):
         return None
     return error(
         "spec.model.attentionHeads",
@@ -67,7 +68,7 @@ def _heads_split(spec: t.ParallelJobSpec) -> Problem | None:
 
 def _hidden_per_head(spec: t.ParallelJobSpec) -> Problem | None:
     hidden, heads = spec.model.hidden_size, spec.model.attention_heads
-    if hidden % heads == 0:
+    if model_math.hidden_per_head(hidden, heads):
         return None
     return error(
         "spec.model.hiddenSize",
@@ -77,7 +78,7 @@ def _hidden_per_head(spec: t.ParallelJobSpec) -> Problem | None:
 
 def _ffn_split(spec: t.ParallelJobSpec) -> Problem | None:
     ffn, tp = spec.model.ffn_hidden_size, spec.parallelism.tensor
-    if ffn is None or tp is None or ffn % tp == 0:
+    if ffn is None or tp is None or model_math.ffn_split(ffn, tp):
         return None
     return error(
         "spec.model.ffnHiddenSize",
@@ -87,7 +88,7 @@ def _ffn_split(spec: t.ParallelJobSpec) -> Problem | None:
 
 def _layers_per_stage(spec: t.ParallelJobSpec) -> Problem | None:
     layers, pp = spec.model.layers, spec.parallelism.pipeline
-    if pp is None or layers >= pp:
+    if pp is None or model_math.layers_fill_stages(layers, pp):
         return None
     return error(
         "spec.model.layers",
