@@ -19,6 +19,7 @@ import yaml
 
 from paralleljob.api import crd, policy, validate_document
 from paralleljob.api import types as t
+from tests.api.test_policy import BASE
 from tests.chart.conftest import RELEASE, render
 
 ENABLED = {"policy": {"validatingAdmissionPolicy": {"enabled": True}}}
@@ -35,17 +36,7 @@ WIDENED = {
 CEL = celpy.Environment()
 SPEC_SCHEMA = crd.spec_schema()
 
-BASE = """
-apiVersion: paralleljob.io/v1alpha1
-kind: ParallelJob
-metadata: {name: gpt, namespace: research}
-spec:
-  parallelism: {pipeline: 2, tensor: 2, data: 2}
-  gpusPerNode: 4
-  model: {layers: 4, hiddenSize: 256, attentionHeads: 8, sequenceLength: 128, vocabSize: 512}
-  training: {steps: 10}
-  checkpoint: {volume: {persistentVolumeClaim: {claimName: ckpt}}}
-"""
+# The job the admission policy is tested on is the Python policy tests' own (tests/api/test_policy.py).
 JOBS = {
     "plain": {},
     "host-path-root": {"template": {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}},

@@ -135,6 +135,14 @@ def wait_until(predicate, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
+def run_edited(job: pathlib.Path, doc: dict[str, object], output: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    """Write the edited job back and run it to its end, its output captured."""
+    job.write_text(yaml.safe_dump(doc))
+    return subprocess.run(
+        [*PARALLELJOB, "run", str(job), "--output", str(output)], capture_output=True, text=True, timeout=300
+    )
+
+
 def metrics(output: pathlib.Path) -> dict[int, float]:
     losses = {}
     for line in (output / "metrics.jsonl").read_text().splitlines():
@@ -229,11 +237,8 @@ def test_a_node_that_keeps_failing_ends_the_run_after_backoff_limit_with_the_rea
     doc = yaml.safe_load(job.read_text())
     doc["spec"]["training"]["data"]["path"] = str(tmp_path / "missing-corpus")
     doc["spec"]["failurePolicy"]["backoffLimit"] = 1
-    job.write_text(yaml.safe_dump(doc))
     output = tmp_path / "out"
-    proc = subprocess.run(
-        [*PARALLELJOB, "run", str(job), "--output", str(output)], capture_output=True, text=True, timeout=300
-    )
+    proc = run_edited(job, doc, output)
     assert proc.returncode == 1
     summary = json.loads((output / "summary.json").read_text())
     assert not summary["succeeded"] and summary["restarts"] == 1
@@ -271,11 +276,8 @@ def test_a_job_declaring_infiniband_on_a_machine_without_rdma_stops_at_the_prefl
     doc = yaml.safe_load(job.read_text())
     doc["spec"]["network"] = {"fabric": "infiniband"}
     doc["spec"]["failurePolicy"]["backoffLimit"] = 2
-    job.write_text(yaml.safe_dump(doc))
     output = tmp_path / "out"
-    proc = subprocess.run(
-        [*PARALLELJOB, "run", str(job), "--output", str(output)], capture_output=True, text=True, timeout=300
-    )
+    proc = run_edited(job, doc, output)
     assert proc.returncode == 1
     summary = json.loads((output / "summary.json").read_text())
     # The same line and reason the operator puts in the NetworkReady condition; a restart would fail the same way.
