@@ -7,7 +7,10 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
+from paralleljob import planning
+from paralleljob.api import validate_document
 from paralleljob.handlers.passes import INVALID_NOTE
 from paralleljob.handlers.steps import admission, conflicts, creation, draining, finished, invalid, supervision
 from paralleljob.manifests import configmap, labels
@@ -156,3 +159,30 @@ def test_a_lost_node_breaks_the_gang_at_once_when_deleted_and_after_the_grace_wh
 )
 def test_a_broken_gang_restarts_until_its_backoff_limit(attempt, limit, restarts):
     assert supervision.restarts_left(attempt, limit) is restarts
+
+
+SIZED_JOB = """
+apiVersion: paralleljob.io/v1alpha1
+kind: ParallelJob
+metadata: {name: gpt, namespace: research}
+spec:
+  parallelism: {pipeline: 2, tensor: 2, data: 2}
+  gpusPerNode: 4
+  topology: {axisOrder: "pipe,data,model"}
+  model: {layers: 4, hiddenSize: 256, attentionHeads: 8, sequenceLength: 128, vocabSize: 512}
+  training: {steps: 10}
+  checkpoint: {volume: {persistentVolumeClaim: {claimName: ckpt}}}
+"""
+
+
+def test_an_admitted_jobs_placement_names_each_pods_node_ranks_and_stages():
+    resolved = validate_document(yaml.safe_load(SIZED_JOB)).resolved
+    assert resolved is not None
+    plan = planning.plan_job(resolved, planning.build_cluster(planning.local_cluster_nodes(2, 4)))
+    assert isinstance(plan, planning.Plan)
+    entries = admission.placement_entries("gpt", plan)
+    assert [(e["nodeRank"], e["ranks"], e["stages"], e["pod"]) for e in entries] == [
+        (0, "0-3", [0], "gpt-0"),
+        (1, "4-7", [1], "gpt-1"),
+    ]
+    assert {entry["node"] for entry in entries} == {node.node for node in plan.nodes}

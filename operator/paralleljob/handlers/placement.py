@@ -1,5 +1,5 @@
-"""The planner's port: the watches' node records and usage totals, and other jobs' reservations, in; a plan in
-its JSON form (or the reason it cannot fit) out; and, for a job that gives a GPU budget, the layout chosen at
+"""The planner's port: the watches' node records and usage totals, and other jobs' reservations, in; the typed
+`Plan` (or the reason it cannot fit) out; and, for a job that gives a GPU budget, the layout chosen at
 its first admission (or why none fits).
 
 Builds the planner's `Cluster` from the Node watch's snapshot and the usage index's totals (no API call),
@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """A plan (JSON form) and the slim Node dicts it uses, or the planner's reason why the job does not fit."""
+    """A plan and the slim Node dicts it uses, or the planner's reason why the job does not fit."""
 
-    plan: dict[str, Any] | None
+    plan: planning.Plan | None
     nodes: list[Mapping[str, Any]]
     reason: str
     seconds: float
@@ -42,11 +42,11 @@ def _plan_once(
     infos: Sequence[NodeInfo],
     usage: Mapping[str, NodeUsage],
     reservations: Sequence[Reservation],
-) -> tuple[dict[str, Any] | None, str]:
+) -> tuple[planning.Plan | None, str]:
     result = planning.plan_job(resolved, builder.build(infos, usage, reservations))
     if isinstance(result, planning.Unschedulable):
         return None, result.message
-    return result.to_dict(), ""
+    return result, ""
 
 
 def plan(
@@ -65,7 +65,7 @@ def plan(
     if found is None and len(preferred) < len(nodes.infos):
         log.info("%s does not fit without nodes %s (%s); planning with them", resolved.name, sorted(excluded), reason)
         found, _ = _plan_once(resolved, builder, nodes.infos, usage, reservations)
-    planned = [nodes.dicts[entry["node"]] for entry in (found or {}).get("nodes", [])]
+    planned = [nodes.dicts[entry.node] for entry in found.nodes] if found is not None else []
     return Outcome(found, planned, reason, time.perf_counter() - started)
 
 

@@ -160,15 +160,15 @@ def admit(p: Pass, resolved: ResolvedJob, view: ClusterView, choice: Mapping[str
         attempt=p.attempt,
         spec=api_types.spec_to_dict(resolved.spec),
         image=p.settings.image,
-        nodes=tuple(entry["node"] for entry in sorted(outcome.plan["nodes"], key=lambda e: int(e["nodeRank"]))),
+        nodes=tuple(entry.node for entry in sorted(outcome.plan.nodes, key=lambda entry: entry.node_rank)),
         excluded_nodes=tuple(p.excluded),
-        gpus_per_node=int(outcome.plan["ranksPerNode"]),
+        gpus_per_node=outcome.plan.ranks_per_node,
         layout_choice=choice,
     )
     attempt = child_objects.build_attempt(
         p.job,
         resolved,
-        outcome.plan,
+        outcome.plan.to_dict(),  # the ConfigMap's JSON
         outcome.nodes,
         attempt=p.attempt,
         default_fabric=p.settings.default_fabric,
@@ -219,28 +219,25 @@ def _unschedulable(p: Pass, reason: str) -> Outcome:
     return Outcome("unschedulable", requeue_after=recheck)
 
 
-def _placement_entries(p: Pass, plan: Mapping[str, Any]) -> list[dict[str, Any]]:
-    entries = []
-    for entry in plan["nodes"]:
-        ranks = entry["ranks"]
-        stages = sorted({coord["pipe"] for coord in entry.get("coords", [])})
-        entries.append(
-            {
-                "nodeRank": entry["nodeRank"],
-                "node": entry["node"],
-                "ranks": f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]),
-                "stages": stages,
-                "pod": labels.pod_name(p.name, entry["nodeRank"]),
-            }
-        )
-    return entries
+def placement_entries(job: str, plan: planning.Plan) -> list[dict[str, Any]]:
+    """status.placement: per node rank, its node, ranks, pipeline stages and pod."""
+    return [
+        {
+            "nodeRank": entry.node_rank,
+            "node": entry.node,
+            "ranks": entry.rank_range,
+            "stages": list(entry.stages),
+            "pod": labels.pod_name(job, entry.node_rank),
+        }
+        for entry in plan.nodes
+    ]
 
 
 def _admitted_status(
-    p: Pass, resolved: ResolvedJob, plan: Mapping[str, Any], attempt: child_objects.Attempt
+    p: Pass, resolved: ResolvedJob, plan: planning.Plan, attempt: child_objects.Attempt
 ) -> dict[str, Any]:
     cond = p.condition("Valid", "True", "Validated", "the spec is valid")
-    message = f"placed {len(plan['nodes'])} node ranks; creating pods"
+    message = f"placed {len(plan.nodes)} node ranks; creating pods"
     cond = p.condition("Scheduled", "True", ADMITTED, message, base=cond)
     return {
         "phase": p.idle_phase,
@@ -248,10 +245,10 @@ def _admitted_status(
         "conditions": cond,
         "layout": resolved.layout,
         "worldSize": resolved.world_size,
-        "nodes": len(plan["nodes"]),
-        "gpusPerNode": plan["ranksPerNode"],
-        "axisOrder": ",".join(plan["axisOrder"]),
-        "placement": _placement_entries(p, plan),
+        "nodes": len(plan.nodes),
+        "gpusPerNode": plan.ranks_per_node,
+        "axisOrder": ",".join(plan.axis_order),
+        "placement": placement_entries(p.name, plan),
         # The same computation the ConfigMap records and the pods are built from.
         "ncclEnv": attempt.nccl_env,
         "restarts": p.attempt,
