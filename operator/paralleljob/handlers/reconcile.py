@@ -46,7 +46,7 @@ from typing import Any
 from paralleljob import planning
 from paralleljob.api import ResolvedJob, policy, validate_document
 from paralleljob.api import types as api_types
-from paralleljob.handlers import conditions, failures, gang, placement, start_failures, watchdog
+from paralleljob.handlers import conditions, failures, gang, placement, queueing, start_failures, watchdog
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.nodes import OUT_OF_SERVICE_TAINT, NodeSnapshot
 from paralleljob.k8s import events, reads, timestamps, writes
@@ -106,6 +106,10 @@ class Settings:
     # A NotReady node breaks its gang only after this long (Kubernetes' default not-ready toleration), unless
     # its pods fail first: a kubelet that misses a few heartbeats does not cost a gang restart.
     not_ready_grace_seconds: float = 300.0
+    # Kueue (`handlers.queueing`): watch the Workloads of jobs labelled with a queue; before an evicted gang
+    # stops, ask rank 0 for a checkpoint when its last one is older than this.
+    kueue: bool = False
+    kueue_checkpoint_grace_seconds: float = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,6 +317,12 @@ def _step(p: Pass) -> Outcome:
                 raise writes.NameConflict("ConfigMap", name, labels.holder_of(p.foreign_config))
             if _waits_on_conflict(p, pods):
                 return Outcome("name-conflict", requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
+            # Kueue hook (handlers.queueing.gate): a job queued through Kueue waits, Queued, until its Workload is
+            # admitted, then is planned inside the admitted flavours; any other job passes unchanged.
+            gated = queueing.gate(p, current)
+            if isinstance(gated, Outcome):
+                return gated
+            current = gated
             if not p.admit:
                 return _awaiting_admission(p)
             view = _cluster_view(p, labelled)
@@ -320,13 +330,16 @@ def _step(p: Pass) -> Outcome:
             if current.needs_layout:
                 chosen = _choose_layout(p, current, view)
                 if isinstance(chosen, Outcome):
-                    return chosen
+                    return queueing.placed_or_released(p, chosen)  # Kueue hook: unplaceable gives the quota back
                 current, choice = chosen
-            return _admit(p, current, view, choice)
+            return queueing.placed_or_released(p, _admit(p, current, view, choice))  # Kueue hook, as above
         if p.admit:
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.
             return Outcome("placed", requeue_after=0.0)
         pinned = _pinned_spec(p, current)
+        # Kueue hook (handlers.queueing.supervise): Kueue evicted the Workload: checkpoint, stop, back to Queued.
+        if (evicting := queueing.supervise(p, pinned, pods)) is not None:
+            return evicting
         if _creating(p):
             return _create(p, pinned, pods)
     except writes.NameConflict as conflict:
@@ -935,6 +948,7 @@ def _end(
     ended = dataclasses.replace(p, spec_problem="")
     if write_status(ended, {**patch, "completionTime": timestamps.now()}):
         p.event(event[0], event[1], message)
+    queueing.finish(p, phase, message)  # Kueue hook: Finished on the Workload returns its quota at once
     if p.live is not None:
         _write_record(p, p.live.with_outcome(phase))
     _finished(p, pods, phase)
