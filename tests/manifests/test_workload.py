@@ -32,9 +32,10 @@ def test_one_pod_set_of_the_jobs_nodes_with_each_pods_requests_its_queue_and_own
 
 
 def test_a_budget_job_asks_for_its_budgets_nodes_and_a_job_without_gpus_per_node_for_nothing() -> None:
-    budget = resolve(parallelism={"gpus": 32})
+    budget = resolve(parallelism={"gpus": 32}, deepspeed={"train_batch_size": 64})
     assert wl.pod_count(budget) == 8
-    assert wl.pod_count(resolve(gpusPerNode=None)) is None
+    budget_without_nodes = resolve(parallelism={"gpus": 32}, deepspeed={"train_batch_size": 64}, gpusPerNode=None)
+    assert wl.pod_count(budget_without_nodes) is None
 
 
 def test_the_priority_is_the_kueue_label_first_then_the_pods_priority_class() -> None:
