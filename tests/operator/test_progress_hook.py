@@ -191,3 +191,24 @@ def test_progress_is_rounded_for_kubectl_get(cluster, reporter):
     reporter.on_finish({"event": "summary"})
     data = reported(cluster)
     assert (data["loss"], data["tokensPerSecond"]) == ("3.0374", "5772.0")
+
+
+def test_a_checkpoint_request_reaches_rank_0_in_the_answer_to_its_own_patch_and_is_answered_once_saved(
+    cluster, reporter
+):
+    # The operator writes the request into the progress ConfigMap; rank 0's token may not read it.
+    cluster.core.patch_namespaced_config_map("gpt-progress", "research", {"data": {"checkpointRequest": "0-ab12"}})
+    assert reporter.checkpoint_request() is None, "nothing seen before rank 0 patches again"
+    reporter.on_step(step(11))
+    assert reporter.wait_sent(5)
+    assert reporter.checkpoint_request() == "0-ab12"
+    assert reporter.checkpoint_request() is None, "each request is handed to the trainer once"
+    caller = hooks.HookCaller([reporter])
+    reporter.on_step(step(12))
+    assert reporter.wait_sent(5)
+    assert caller.checkpoint_request() is None, "still the same request: not handed out again"
+    reporter.on_checkpoint({"event": "checkpoint", "step": 12, "path": "/checkpoints/12", "request": "0-ab12"})
+    assert reporter.wait_sent(5)
+    data = reported(cluster)
+    assert (data["lastCheckpointStep"], data["checkpointServed"]) == ("12", "0-ab12")
+    assert data["lastCheckpointTime"].endswith("Z")

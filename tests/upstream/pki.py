@@ -63,6 +63,22 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run([openssl, *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
+def sign_serving_pair(keys: Keys, folder: Path, subject: str, names: tuple[str, ...]) -> tuple[Path, Path]:
+    """A serving certificate and key signed by the cluster's CA, for a server the API server calls (a webhook):
+    `tls.crt` and `tls.key` in `folder`, as controller-runtime's webhook server reads them. Made once."""
+    certificate, key = folder / "tls.crt", folder / "tls.key"
+    if certificate.exists():
+        return certificate, key
+    folder.mkdir(parents=True, exist_ok=True)
+    _openssl("req", *CURVE, "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={subject}", cwd=folder)
+    (folder / "tls.ext").write_text(f"subjectAltName={','.join(names)}\nextendedKeyUsage=serverAuth\n")
+    _openssl(
+        "x509", "-req", "-in", "tls.csr", "-CA", str(keys.ca), "-CAkey", str(keys.ca_key), "-CAcreateserial",
+        "-out", "tls.crt", "-days", DAYS, "-extfile", "tls.ext", cwd=folder,
+    )  # fmt: skip
+    return certificate, key
+
+
 def make_keys(folder: Path) -> Keys:
     """Make every key once; a folder that has them keeps them, so a restarted cluster keeps its tokens valid."""
     keys = Keys(folder)

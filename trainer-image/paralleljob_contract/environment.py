@@ -27,6 +27,9 @@ CHECKPOINT_DIR = "PARALLELJOB_CHECKPOINT_DIR"
 RESUME_FROM = "PARALLELJOB_RESUME_FROM"
 PROGRESS_HOOK = "PARALLELJOB_PROGRESS_HOOK"
 PG_TIMEOUT_SECONDS = "PARALLELJOB_PG_TIMEOUT_SECONDS"
+# "1" on a job queued through Kueue: every step, rank 0 tells the other ranks whether the operator asked for a
+# checkpoint (the progress channel's CHECKPOINT_REQUEST), and all of them save it at that step.
+CHECKPOINT_REQUESTS = "PARALLELJOB_CHECKPOINT_REQUESTS"
 # Knobs a user may set in spec.template.env; the operator never writes them.
 PEAK_TFLOPS = "PARALLELJOB_PEAK_TFLOPS"
 STATUS_API = "PARALLELJOB_STATUS_API"

@@ -3,7 +3,12 @@
 Rank 0's progress hook (paralleljob_trainer.k8s_status) merge-patches `data` with these keys, every value a
 string; its ServiceAccount may patch this one ConfigMap and nothing else. The operator creates the ConfigMap,
 owned by the job, validates what it finds there and copies it into `status.progress` and
-`status.lastCheckpointStep` (and the network verdict into `status.network`), which are for people: the operator never acts on them.
+`status.lastCheckpointStep` (and the network verdict into `status.network`), which are for people: the operator never acts on them,
+except on the answer to its own checkpoint request.
+
+The one key the operator writes is CHECKPOINT_REQUEST (an id), before it stops a gang that Kueue evicted. Rank 0
+reads it in the answer to its own next patch (the API returns the object patched, so its account needs no
+read right), and once the checkpoint it took for it is complete, reports CHECKPOINT_SERVED with that id.
 """
 
 from __future__ import annotations
@@ -15,11 +20,17 @@ LOSS = "loss"
 TOKENS_PER_SECOND = "tokensPerSecond"
 UPDATED = "updated"
 LAST_CHECKPOINT_STEP = "lastCheckpointStep"
+# When that checkpoint was complete (RFC 3339, UTC): the operator asks for a fresh one before Kueue's eviction
+# stops a gang whose last checkpoint is older than its grace period.
+LAST_CHECKPOINT_TIME = "lastCheckpointTime"
 # The trainer's network verdict (NCCL's own choice after the warm-up collective), once per attempt; the
 # operator turns it into the NetworkVerified condition.
 NETWORK_VERIFIED = "networkVerified"
 NETWORK_REASON = "networkReason"
 NETWORK_MESSAGE = "networkMessage"
+# The operator's request for a checkpoint now, and rank 0's answer (the id served, once it is saved).
+CHECKPOINT_REQUEST = "checkpointRequest"
+CHECKPOINT_SERVED = "checkpointServed"
 
 
 def config_map_name(job: str) -> str:

@@ -55,6 +55,22 @@ class HookCaller:
     def __init__(self, hooks: list[ProgressHook]) -> None:
         self._hooks = hooks
 
+    def checkpoint_request(self) -> str | None:
+        """The first pending checkpoint request of a hook that takes them (an optional `checkpoint_request()`
+        method, as `k8s_status.ProgressReporter` has), or None; a hook that raises is reported."""
+        for hook in self._hooks:
+            ask = getattr(hook, "checkpoint_request", None)
+            if ask is None:
+                continue
+            try:
+                found = ask()
+            except Exception as error:
+                print(f"paralleljob-trainer: progress hook checkpoint_request failed: {error!r}", file=sys.stderr)
+                continue
+            if found:
+                return str(found)
+        return None
+
     def call(self, method: str, record: Record) -> None:
         for hook in self._hooks:
             try:

@@ -13,6 +13,10 @@ background thread, so a slow or unreachable API server never holds up a training
 merges the report into one pending patch (bounded: the latest value of each field wins) and wakes the
 sender. `on_finish` flushes and waits for the sender a bounded time. No API error ever reaches training:
 failures are reported on stderr (once per kind) and the next report tries again.
+
+The answer to each PATCH is the ConfigMap itself: a checkpoint request the operator wrote there (an id under
+`checkpointRequest`) is kept, handed once to the trainer (`checkpoint_request`), and answered with
+`checkpointServed` in the report of the checkpoint taken for it.
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ class ProgressReporter:
         self.pending: dict[str, str] | None = None
         self.reported_errors: set[str] = set()
         self.patches = 0
+        self.request_seen: str | None = None  # the operator's latest checkpoint request, from a PATCH's answer
+        self.request_taken: str | None = None  # the one handed to the trainer
         self._outbox: dict[str, str] = {}
         self._sending = False
         self._changed = threading.Condition()
@@ -87,7 +93,9 @@ class ProgressReporter:
             self.flush()
 
     def on_checkpoint(self, record: Mapping[str, Any]) -> None:
-        patch = {channel.LAST_CHECKPOINT_STEP: str(int(record.get("step", 0)))}
+        patch = {channel.LAST_CHECKPOINT_STEP: str(int(record.get("step", 0))), channel.LAST_CHECKPOINT_TIME: _now()}
+        if record.get("request"):
+            patch[channel.CHECKPOINT_SERVED] = str(record["request"])
         if self.pending is not None:
             patch.update(self.pending)
             self.pending = None
@@ -96,6 +104,15 @@ class ProgressReporter:
     def on_finish(self, record: Mapping[str, Any]) -> None:
         self.flush()
         self.wait_sent(FINISH_WAIT_SECONDS)
+
+    def checkpoint_request(self) -> str | None:
+        """The operator's checkpoint request not handed to the trainer yet (each id once), or None."""
+        with self._changed:
+            seen = self.request_seen
+            if seen is None or seen == self.request_taken:
+                return None
+            self.request_taken = seen
+            return seen
 
     # -- internals ---------------------------------------------------------------------------------------
 
@@ -158,14 +175,26 @@ class ProgressReporter:
         body = json.dumps({"data": dict(data)}).encode()
         request = urllib.request.Request(self.url, data=body, method="PATCH", headers=self._headers())
         try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS, context=self.context):
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS, context=self.context) as answer:
                 self.patches += 1
+                self._note_request(answer.read())
                 return True
         except urllib.error.HTTPError as error:
             self._report(f"HTTP {error.code}", f"{error.code} {error.reason}")
         except (urllib.error.URLError, OSError, ValueError) as error:
             self._report(type(error).__name__, str(error))
         return False
+
+    def _note_request(self, answer: bytes) -> None:
+        """Keep the checkpoint request the patched ConfigMap carries, if any."""
+        try:
+            data = json.loads(answer or b"{}").get("data") or {}
+            found = data.get(channel.CHECKPOINT_REQUEST)
+        except (ValueError, AttributeError):
+            return
+        if found and found != data.get(channel.CHECKPOINT_SERVED):  # one an earlier gang served is not new
+            with self._changed:
+                self.request_seen = str(found)
 
     def _report(self, kind: str, detail: str) -> None:
         if kind not in self.reported_errors:

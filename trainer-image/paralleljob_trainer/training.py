@@ -58,6 +58,8 @@ class _Progress:
     seconds: float = 0.0
     # The network verdict, sent with the first step record so that rank 0's progress report carries it.
     network: dict[str, str] | None = None
+    # Checkpoint requests (PARALLELJOB_CHECKPOINT_REQUESTS): rank 0's hooks, asked each step.
+    requests: HookCaller | None = None
 
 
 def init_distributed(env: PodEnvironment) -> None:
@@ -160,16 +162,18 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     verify_seconds = time.perf_counter() - started
     coords = coords_of(topology, dist.get_rank())
     engine = build_engine(job, topology)
-    writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, HookCaller(list(options.hooks)))
+    hooks = HookCaller(list(options.hooks))
+    writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, hooks)
     if network is not None:
         writer.write({"event": "network", **network.to_record()})
     try:
         network_record = network.to_record() if network else None
-        progress = _Progress(start_step=0, network=network_record)
+        requests = hooks if os.environ.get(environment.CHECKPOINT_REQUESTS) == "1" else None
+        progress = _Progress(start_step=0, network=network_record, requests=requests)
         if chosen is not None:
             started = time.perf_counter()
             start_step = checkpoint.load(engine, job, chosen)
-            progress = _Progress(start_step=start_step, last_checkpoint_step=chosen.step, network=network_record)
+            progress = dataclasses.replace(progress, start_step=start_step, last_checkpoint_step=chosen.step)
             timings = {"verify_s": verify_seconds, "load_s": time.perf_counter() - started}
             writer.write(_resume_record(chosen) | timings, hook_method="on_checkpoint")
         for step in range(progress.start_step + 1, job.training.steps + 1):
@@ -225,12 +229,28 @@ def _train_one_step(
         if progress.network is not None:
             record["network"], progress.network = progress.network, None
         writer.write(record, hook_method="on_step")
-    if options.checkpoint_dir and _is_checkpoint_step(job, step):
+    request = _agreed_request(progress.requests, engine) if options.checkpoint_dir else None
+    if options.checkpoint_dir and (_is_checkpoint_step(job, step) or request is not None):
         started = time.perf_counter()
         saved = checkpoint.save(engine, job, options.checkpoint_dir, step)
         progress.last_checkpoint_step = step
         record = {"event": "checkpoint", "step": step, "path": str(saved.folder), "bytes": saved.size}
-        writer.write(record | {"save_s": time.perf_counter() - started}, hook_method="on_checkpoint")
+        asked = {"request": request} if request else {}
+        writer.write(record | asked | {"save_s": time.perf_counter() - started}, hook_method="on_checkpoint")
+
+
+def _agreed_request(requests: HookCaller | None, engine: Any) -> str | None:
+    """Whether every rank saves a checkpoint at this step for the operator's request: rank 0 asks its hooks
+    and broadcasts the answer (one integer), so all ranks save together. Rank 0 returns the request's id, the
+    others "" (true-ish only for rank 0's report); None: no request, or requests are off for this job."""
+    if requests is None:
+        return None
+    found = requests.checkpoint_request() if dist.get_rank() == 0 else None
+    flag = torch.tensor([1 if found else 0], dtype=torch.int32, device=getattr(engine, "device", "cpu"))
+    dist.broadcast(flag, src=0)
+    if not int(flag.item()):
+        return None
+    return found or ""
 
 
 def _is_checkpoint_step(job: JobConfig, step: int) -> bool:

@@ -37,6 +37,10 @@ its arguments. tests/chart/test_operator_args.py parses them with the operator's
 - --leader-election-lease={{ include "paralleljob-operator.leaseName" . }}
 - --lease-seconds={{ .Values.leaderElection.leaseSeconds }}
 {{- end }}
+{{- if .Values.kueue.enabled }}
+- --kueue
+{{- end }}
+- --kueue-checkpoint-grace={{ .Values.kueue.checkpointGraceSeconds }}
 {{- if .Values.admissionLock.enabled }}
 - --admission-lock={{ .Values.admissionLock.namespace }}/{{ .Values.admissionLock.name }}
 {{- else }}

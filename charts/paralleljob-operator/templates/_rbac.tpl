@@ -39,6 +39,13 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
 - apiGroups: [scheduling.k8s.io]
   resources: [priorityclasses]
   verbs: [get]
+{{- if .Values.kueue.enabled }}
+# Application: Kueue (kueue.enabled). The admitted flavours' node labels and taints, where an admitted gang is
+# placed, and the value of the WorkloadPriorityClass a queued job names.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [resourceflavors, workloadpriorityclasses]
+  verbs: [get]
+{{- end }}
 {{- if .Values.leaderElection.enabled }}
 # Application: rival operators. The leader lists the Leases labelled paralleljob.io/operator-lease in every
 # namespace (selected server-side, so no node heartbeat is read), to report another operator that manages
@@ -79,6 +86,17 @@ rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
 {{- end }}
 
 {{- define "paralleljob-operator.namespacedRules" -}}
+{{- if .Values.kueue.enabled }}
+# Application: Kueue (kueue.enabled). The Workload of each job labelled kueue.x-k8s.io/queue-name, created and
+# owned by the job, watched (selected by the job label) for Kueue's admission and eviction; its status patched
+# to give the quota back (an evicted gang stopped, a gang that cannot be placed) and to say Finished.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, create]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
+{{- end }}
 # Application: the operator's placement, start, restart, completion and failure Events, shown by
 # `kubectl describe pj`. (kopf's own event posting is turned off.)
 - apiGroups: [""]

@@ -119,8 +119,27 @@ def register(sub: Any) -> None:
         help="a restarting gang keeps its old nodes (less the one blamed) from other jobs this long (0: not at all)",
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
+    add_kueue_flags(parser)
     add_leader_election_flags(parser)
     parser.set_defaults(run=run)
+
+
+def add_kueue_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Kueue (jobs labelled kueue.x-k8s.io/queue-name; docs/install.md)")
+    group.add_argument(
+        "--kueue",
+        action="store_true",
+        help="watch the Workloads of queued jobs, so an admission or eviction is acted on at once (needs the "
+        "chart's kueue.enabled RBAC); without it, queued jobs look at their Workload every 30 s",
+    )
+    group.add_argument(
+        "--kueue-checkpoint-grace",
+        type=nonnegative_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="before Kueue's eviction stops a gang, ask rank 0 for a checkpoint when its last one is older than "
+        "this (it waits 120 s for it at most)",
+    )
 
 
 def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
@@ -314,6 +333,8 @@ def run(args: argparse.Namespace) -> int:
         restart_hold_seconds=args.restart_hold,
         not_ready_grace_seconds=args.not_ready_grace,
         resync_seconds=args.resync_period,
+        kueue=args.kueue,
+        kueue_checkpoint_grace_seconds=args.kueue_checkpoint_grace,
     )
     registry.configure(
         settings,

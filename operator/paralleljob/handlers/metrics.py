@@ -11,7 +11,7 @@ import threading
 
 import prometheus_client
 
-PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed")
+PHASES = ("Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed")
 
 RECONCILES = prometheus_client.Counter("paralleljob_reconciles", "Reconcile passes, by outcome.", ["outcome"])
 JOBS = prometheus_client.Gauge("paralleljob_jobs", "ParallelJobs seen by this operator, by phase.", ["phase"])

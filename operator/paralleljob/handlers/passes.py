@@ -61,6 +61,10 @@ class Settings:
     # A NotReady node breaks its gang only after this long (Kubernetes' default not-ready toleration), unless
     # its pods fail first: a kubelet that misses a few heartbeats does not cost a gang restart.
     not_ready_grace_seconds: float = 300.0
+    # Kueue (`handlers.queueing`): watch the Workloads of jobs labelled with a queue; before an evicted gang
+    # stops, ask rank 0 for a checkpoint when its last one is older than this.
+    kueue: bool = False
+    kueue_checkpoint_grace_seconds: float = 300.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,7 +41,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from paralleljob.handlers import conditions, failures, gang, specs
+from paralleljob.handlers import conditions, failures, gang, queueing, specs
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.passes import (
     NAME_CONFLICT_RECHECK_SECONDS,
@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 
 # Steps after which only an edit or a deletion changes anything: no resync.
 RESTING_STEPS = frozenset({"gone", "finished", "succeeded", "failed", "invalid"})
+# The steps that end a job (`passes.end`).
+ENDED = frozenset({"succeeded", "failed"})
 
 
 def reconcile(
@@ -127,7 +129,15 @@ def _reconciled_again(session: Session, before: Mapping[str, Any]) -> None:
 
 
 def _step(p: Pass) -> Outcome:
+    outcome = _first_step_that_applies(p)
+    if outcome.step in ENDED:  # Kueue hook: Finished on the Workload returns its quota at once
+        queueing.finish(p, outcome.step.capitalize())
+    return outcome
+
+
+def _first_step_that_applies(p: Pass) -> Outcome:
     if p.finished:
+        queueing.finish(p, p.record.outcome if p.record is not None else "")  # Kueue hook, level-triggered
         return finished.rest(p)
     current, problems = specs.current_spec(p)
     live = p.live
@@ -157,6 +167,12 @@ def _step(p: Pass) -> Outcome:
                 raise writes.NameConflict("ConfigMap", name, labels.holder_of(p.foreign_config))
             if conflicts.waits_on_conflict(p, pods):
                 return Outcome("name-conflict", requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
+            # Kueue hook (handlers.queueing.gate): a job queued through Kueue waits, Queued, until its Workload is
+            # admitted, then is planned inside the admitted flavours; any other job passes unchanged.
+            gated = queueing.gate(p, current)
+            if isinstance(gated, Outcome):
+                return gated
+            current = gated
             if not p.admit:
                 return admission.awaiting_admission(p)
             view = admission.cluster_view(p, labelled)
@@ -164,13 +180,16 @@ def _step(p: Pass) -> Outcome:
             if current.needs_layout:
                 chosen = admission.choose_layout(p, current, view)
                 if isinstance(chosen, Outcome):
-                    return chosen
+                    return queueing.placed_or_released(p, chosen)  # Kueue hook: unplaceable gives the quota back
                 current, choice = chosen
-            return admission.admit(p, current, view, choice)
+            return queueing.placed_or_released(p, admission.admit(p, current, view, choice))  # Kueue hook, as above
         if p.admit:
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.
             return Outcome("placed", requeue_after=0.0)
         pinned = specs.pinned_spec(p, current)
+        # Kueue hook (handlers.queueing.supervise): Kueue evicted the Workload: checkpoint, stop, back to Queued.
+        if (evicting := queueing.supervise(p, pinned, pods)) is not None:
+            return evicting
         if creation.creating(p):
             return creation.create(p, pinned, pods)
     except writes.NameConflict as conflict:

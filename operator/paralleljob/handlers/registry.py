@@ -41,7 +41,7 @@ from typing import Any
 import kopf
 
 from paralleljob.api import types as api_types
-from paralleljob.handlers import coalescer, failures, metrics, progress, reconcile, start_failures
+from paralleljob.handlers import coalescer, failures, metrics, progress, queueing, reconcile, start_failures
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order, PriorityValues
 from paralleljob.handlers.coalescer import Coalescer, Next
 from paralleljob.handlers.runtime import (
@@ -86,6 +86,8 @@ def configure(
 ) -> None:
     RUNTIME.settings, RUNTIME.metrics_port, RUNTIME.kubeconfig = settings, metrics_port, kubeconfig
     RUNTIME.lease, RUNTIME.lock_settings = lease, admission_lock
+    if settings.kueue:  # Kueue hook (handlers.queueing): a Workload's admission or eviction asks for a pass
+        queueing.watch_workloads(_request)
 
 
 def _view() -> reconcile.NodeView:

@@ -7,7 +7,11 @@ volumes, resources, never from a later edit), the layout search's choice for a j
 trainer image the operator resolved, the node of each node rank and the GPUs each holds, the nodes excluded so
 far, when the gang first ran (`startedAt`) and rank 0's network verdict once it came, and what became of the attempt: all its pods created (`placed`), a
 gang restart into the next attempt (`restartedAs`, with why, and the old nodes it holds until `heldUntil`), a
-name held by someone else that released its nodes (`conflict`), or the job's end (`outcome`).
+name held by someone else that released its nodes (`conflict`), or the job's end (`outcome`). For a job queued
+through Kueue (`handlers.queueing`): Kueue's eviction of the attempt while it ran (`eviction`: reason, message,
+since when, and the checkpoint asked of rank 0 before the gang stops), and the gang stopped for it (`evicted`:
+the attempt holds nothing, and the next admission re-places the same attempt number, so an eviction is not a
+restart against backoffLimit).
 
 Every decision of the operator comes from this record: which attempt is live, its placement, the restart count,
 the excluded nodes, the restart hold, whether and since when the gang runs, whether the job has finished, and
@@ -54,11 +58,15 @@ class AttemptRecord:
     conflict: str = ""  # the name conflict that released the attempt's nodes
     # Rank 0's network verdict (verified, reason, message), once it arrived, as `manifests.progress` reads it.
     network_report: Mapping[str, str] | None = None
+    # Kueue evicted the attempt: reason, message, since (RFC 3339), checkpointRequest (an id, or absent) and
+    # checkpointStep (rank 0's last checkpoint step when it was asked); `evicted`: its gang was stopped for it.
+    eviction: Mapping[str, str] | None = None
+    evicted: bool = False
 
     @property
     def live(self) -> bool:
         """Its pods are (or are to be) the job's current gang."""
-        return self.restarted_as is None and self.outcome is None and not self.conflict
+        return self.restarted_as is None and self.outcome is None and not self.conflict and not self.evicted
 
     @property
     def reserving(self) -> bool:
@@ -89,6 +97,8 @@ class AttemptRecord:
             "heldUntil": self.held_until,
             "conflict": self.conflict,
             "networkReport": self.network_report,
+            "eviction": self.eviction,
+            "evicted": self.evicted,
         }
         return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
@@ -118,6 +128,12 @@ class AttemptRecord:
 
     def with_outcome(self, phase: str) -> AttemptRecord:
         return dataclasses.replace(self, outcome=phase)
+
+    def with_eviction(self, eviction: Mapping[str, str]) -> AttemptRecord:
+        return dataclasses.replace(self, eviction=dict(eviction))
+
+    def with_evicted(self) -> AttemptRecord:
+        return dataclasses.replace(self, evicted=True)
 
     def hold_ends(self) -> datetime.datetime | None:
         """When a restart's hold on the old nodes ends; None without one (or with an unreadable time)."""
@@ -154,6 +170,8 @@ def parse_record(text: str) -> AttemptRecord:
         held_until=_text_or_none(body.get("heldUntil")),
         conflict=str(body.get("conflict") or ""),
         network_report=_texts_or_none(body.get("networkReport")),
+        eviction=_texts_or_none(body.get("eviction")),
+        evicted=bool(body.get("evicted")),
     )
 
 

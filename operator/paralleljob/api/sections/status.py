@@ -12,7 +12,7 @@ from paralleljob.api.fields import RawObject, api_field
 if TYPE_CHECKING:
     pass
 
-Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed"]
+Phase = Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +74,14 @@ class NetworkStatus:
 class ParallelJobStatus:
     """The observed state, written by the operator alone."""
 
-    phase: Phase | None = api_field("Pending, Running, Restarting, Succeeded or Failed.", default=None)
+    phase: Phase | None = api_field(
+        "Pending, Queued (waiting for its Kueue Workload to be admitted), Running, Restarting, Succeeded or Failed.",
+        default=None,
+    )
     message: str | None = api_field("Why the job is in its phase, for people.", default=None)
     conditions: list[Condition] | None = api_field(
-        "Valid, LayoutChosen (jobs that give a GPU budget), Scheduled, NetworkReady, NetworkVerified, Ready, "
-        "Succeeded, Failed.",
+        "Valid, Queued (jobs queued through Kueue), LayoutChosen (jobs that give a GPU budget), Scheduled, "
+        "NetworkReady, NetworkVerified, Ready, Succeeded, Failed.",
         default=None,
     )
     observed_generation: int | None = api_field("Last metadata.generation acted on.", default=None, minimum=0)
