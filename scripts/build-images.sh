@@ -40,12 +40,19 @@ for argument in "$@"; do
     esac
 done
 
-for tool in buildah skopeo mmdebstrap; do
-    if ! command -v "${tool}" >/dev/null; then
-        echo "${tool} is missing: apt-get install buildah skopeo umoci mmdebstrap (Debian 12 packages)" >&2
+readonly BUILD_TOOLS="buildah skopeo mmdebstrap"
+missing() { for tool in ${BUILD_TOOLS}; do command -v "${tool}" >/dev/null || echo "${tool}"; done; }
+if [[ -n "$(missing)" ]]; then
+    # Debian's packages, as `make tools` fetches the control plane: installed when this runs as root (CI does).
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+        echo "installing ${BUILD_TOOLS} from Debian's packages" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ${BUILD_TOOLS} >/dev/null
+    fi
+    if [[ -n "$(missing)" ]]; then
+        echo "missing: $(missing | xargs): apt-get install ${BUILD_TOOLS} (Debian 12), as root" >&2
         exit 1
     fi
-done
+fi
 
 base_cache="$(realpath -m "${BASE_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/paralleljob/images}")"
 mkdir -p "${base_cache}" "${images_dir}/base" "${images_dir}/archives"

@@ -1,6 +1,6 @@
-"""The images: both Dockerfiles are hadolint-clean, and the operator's is multi-stage, installs exactly the lock,
-and runs `paralleljob operator` as a numeric non-root user. (No Docker here: the build itself is documented in
-docs/install.md, and its pip steps are the ones these tests read.)"""
+"""The images' recipes: both Dockerfiles and the CPU torch bases' Containerfiles are hadolint-clean, and the
+operator's is multi-stage, installs exactly the lock, and runs `paralleljob operator` as a numeric non-root user.
+The images themselves are built by `make images` and checked by tests/images."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tests.chart.conftest import REPO
 
 OPERATOR_DOCKERFILE = REPO / "Dockerfile"
 TRAINER_DOCKERFILE = REPO / "trainer-image" / "Dockerfile"
+CPU_TORCH_BASES = sorted((REPO / "images").glob("*.Containerfile"))
 LOCK = REPO / "requirements" / "operator.lock"
 
 
@@ -42,7 +43,11 @@ def instructions(dockerfile: Path) -> list[tuple[str, str]]:
     return pairs
 
 
-@pytest.mark.parametrize("dockerfile", [OPERATOR_DOCKERFILE, TRAINER_DOCKERFILE], ids=["operator", "trainer"])
+@pytest.mark.parametrize(
+    "dockerfile",
+    [OPERATOR_DOCKERFILE, TRAINER_DOCKERFILE, *CPU_TORCH_BASES],
+    ids=["operator", "trainer", *(path.stem for path in CPU_TORCH_BASES)],
+)
 def test_dockerfile_is_hadolint_clean(dockerfile: Path) -> None:
     if not dockerfile.exists():
         pytest.skip(f"{dockerfile.relative_to(REPO)} does not exist yet (the trainer issue adds it)")
