@@ -33,7 +33,7 @@ images-operator:
 	bash scripts/build-images.sh
 
 images-test: $(VENV)/.stamp-dev tools images
-	$(BIN)/pytest -m trainer_image 
+	$(BIN)/pytest -m trainer_image
 
 lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check .
