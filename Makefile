@@ -14,8 +14,8 @@ DEEPSPEED_INSTALL := DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install --no-
 quickstart: $(VENV)/.stamp-run
 	$(BIN)/paralleljob run examples/quickstart.yaml --output runs/quickstart
 
-# The operator and trainer on a simulated control plane (tests/cluster): see README.md, "A cluster on one machine".
-cluster-demo: $(VENV)/.stamp-dev tools
+# The operator (from its image) and the trainer on the upstream control plane: see README.md, "A cluster on one machine".
+cluster-demo: $(VENV)/.stamp-dev tools images-operator
 	$(BIN)/python scripts/cluster_demo.py
 
 # The operator image is built first (a few minutes cold, seconds warm): the whole-product test runs the operator
