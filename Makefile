@@ -9,17 +9,31 @@ BIN := $(VENV)/bin
 # DeepSpeed's shared-memory comm op is compiled once at install time instead of at every first run.
 DEEPSPEED_INSTALL := DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install --no-build-isolation deepspeed==0.19.8
 
-.PHONY: quickstart test lint setup setup-dev tools cluster-demo
+.PHONY: quickstart test lint setup setup-dev tools cluster-demo images images-operator images-test
 
 quickstart: $(VENV)/.stamp-run
 	$(BIN)/paralleljob run examples/quickstart.yaml --output runs/quickstart
 
-# The operator and trainer on a simulated control plane (tests/cluster): see README.md, "A cluster on one machine".
-cluster-demo: $(VENV)/.stamp-dev tools
+# The operator (from its image) and the trainer on the upstream control plane: see README.md, "A cluster on one machine".
+cluster-demo: $(VENV)/.stamp-dev tools images-operator
 	$(BIN)/python scripts/cluster_demo.py
 
-test: $(VENV)/.stamp-dev tools lint
-	$(BIN)/pytest -n 2 --dist loadgroup
+# The operator image is built first (a few minutes cold, seconds warm): the whole-product test runs the operator
+# from it. The CPU trainer image's test is left to `make images-test` (its build downloads 3 GB of torch).
+test: $(VENV)/.stamp-dev tools lint images-operator
+	$(BIN)/pytest -n 2 --dist loadgroup -m "not trainer_image"
+
+# The images without a Docker engine (buildah, mmdebstrap; docs/install.md, "Building the images"), into a local
+# store and OCI archives under .images/: `images` builds the operator and the CPU trainer, `images-operator` the
+# operator alone. `images-test` runs the tests that need the CPU trainer image.
+images:
+	bash scripts/build-images.sh --trainer
+
+images-operator:
+	bash scripts/build-images.sh
+
+images-test: $(VENV)/.stamp-dev tools images
+	$(BIN)/pytest -m trainer_image
 
 lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check .

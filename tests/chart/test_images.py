@@ -1,6 +1,6 @@
-"""The images: both Dockerfiles are hadolint-clean, and the operator's is multi-stage, installs exactly the lock,
-and runs `paralleljob operator` as a numeric non-root user. (No Docker here: the build itself is documented in
-docs/install.md, and its pip steps are the ones these tests read.)"""
+"""The images' recipes: both Dockerfiles and the CPU torch bases' Containerfiles are hadolint-clean, and the
+operator's is multi-stage, installs exactly the lock, and runs `paralleljob operator` as a numeric non-root user.
+The images themselves are built by `make images` and checked by tests/images."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tests.chart.conftest import REPO
 
 OPERATOR_DOCKERFILE = REPO / "Dockerfile"
 TRAINER_DOCKERFILE = REPO / "trainer-image" / "Dockerfile"
+CPU_TORCH_BASES = sorted((REPO / "images").glob("*.Containerfile"))
 LOCK = REPO / "requirements" / "operator.lock"
 
 
@@ -42,7 +43,11 @@ def instructions(dockerfile: Path) -> list[tuple[str, str]]:
     return pairs
 
 
-@pytest.mark.parametrize("dockerfile", [OPERATOR_DOCKERFILE, TRAINER_DOCKERFILE], ids=["operator", "trainer"])
+@pytest.mark.parametrize(
+    "dockerfile",
+    [OPERATOR_DOCKERFILE, TRAINER_DOCKERFILE, *CPU_TORCH_BASES],
+    ids=["operator", "trainer", *(path.stem for path in CPU_TORCH_BASES)],
+)
 def test_dockerfile_is_hadolint_clean(dockerfile: Path) -> None:
     if not dockerfile.exists():
         pytest.skip(f"{dockerfile.relative_to(REPO)} does not exist yet (the trainer issue adds it)")
@@ -135,3 +140,15 @@ def test_the_trainer_image_ships_the_rdma_userspace_nccls_ib_transport_loads() -
     installs = " ".join(args for keyword, args in final if keyword == "RUN" and "apt-get install" in args)
     assert {"libibverbs1", "ibverbs-providers", "librdmacm1"} <= set(installs.split())
     assert "--no-install-recommends" in installs and "rm -rf /var/lib/apt/lists/*" in installs
+
+
+def test_the_cpu_trainer_flavour_is_the_gpu_file_with_build_arguments_the_file_declares() -> None:
+    """`make images` builds the CPU trainer from trainer-image/Dockerfile by build arguments alone; an argument
+    the file does not declare would be ignored by the build, and the flavour would silently be another."""
+    script = (REPO / "scripts" / "build-images.sh").read_text()
+    trainer_build = script[script.index('build "${TRAINER_CPU_IMAGE}"') :].split("\n\n")[0]
+    passed = set(re.findall(r'--build-arg "([A-Z_]+)=', trainer_build))
+    declared = {args.split("=")[0] for keyword, args in instructions(TRAINER_DOCKERFILE) if keyword == "ARG"}
+    assert passed, "the CPU flavour passes build arguments"
+    assert passed <= declared, f"not ARGs of trainer-image/Dockerfile: {sorted(passed - declared)}"
+    assert {"PYTORCH_DEVEL", "PYTORCH_RUNTIME", "DS_BUILD_FUSED_ADAM", "DS_BUILD_FUSED_LAMB"} <= passed

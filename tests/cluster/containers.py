@@ -1,13 +1,16 @@
 """What a kubelet makes of a pod to run its container as local processes, shared by the strict cluster's
 `ProcessKubelet` and the upstream cluster's kubelet (tests/upstream/kubelet.py): the pod's loopback address
 and /etc/hosts, the downward API's field values, the container's environment, its volume mounts list, its
-conditions, and the signals a runtime sends a container."""
+security context (user, groups, read-only root, fsGroup on its volumes), its conditions, and the signals a
+runtime sends a container."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
+import stat
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -74,14 +77,29 @@ def field_values(pod: Mapping[str, Any], address: str) -> dict[str, str]:
     return fields
 
 
-def environment(pod: Mapping[str, Any], container: Mapping[str, Any], address: str, api_port: int) -> dict[str, str]:
-    """The container's environment: the project's venv first on PATH, the API server's address as the
-    `kubernetes` Service's, then the container's own values and fieldRefs."""
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def environment(
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    address: str,
+    api_port: int,
+    image_env: Mapping[str, str] | None = None,
+    home: str = "/root",
+) -> dict[str, str]:
+    """The container's environment: the image's own (`image_env`, with the runtime's PATH and `home` where it sets
+    none), or without an image the project's venv first on PATH; the API server's address as the `kubernetes`
+    Service's; then the container's own values and fieldRefs."""
     meta, spec = pod["metadata"], pod.get("spec") or {}
     fields = field_values(pod, address)
+    base = (
+        {"PATH": DEFAULT_PATH, "HOME": home, **image_env}
+        if image_env is not None
+        else {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": home}
+    )
     env = {
-        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-        "HOME": "/root",
+        **base,
         "HOSTNAME": spec.get("hostname") or meta["name"],
         "KUBERNETES_SERVICE_HOST": "127.0.0.1",
         "KUBERNETES_SERVICE_PORT": str(api_port),
@@ -106,6 +124,53 @@ def volume_mounts(container: Mapping[str, Any], volumes: Mapping[str, Path]) -> 
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """Who a container's process runs as: its uid, gid and supplementary groups (fsGroup among them)."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+
+def security_setting(pod: Mapping[str, Any], container: Mapping[str, Any], name: str) -> Any:
+    """A securityContext field: the container's, else the pod's (for the fields both have)."""
+    own = (container.get("securityContext") or {}).get(name)
+    return own if own is not None else ((pod.get("spec") or {}).get("securityContext") or {}).get(name)
+
+
+def identity(
+    pod: Mapping[str, Any], container: Mapping[str, Any], image_uid: int | None, image_gid: int | None
+) -> Identity:
+    """runAsUser and runAsGroup over the image's USER (root where it names none), with fsGroup and
+    supplementalGroups as supplementary groups. Raises ValueError, as the kubelet refuses to start the container,
+    when runAsNonRoot is set and the process would run as root."""
+    uid = security_setting(pod, container, "runAsUser")
+    uid = int(uid if uid is not None else image_uid or 0)
+    gid = security_setting(pod, container, "runAsGroup")
+    gid = int(gid if gid is not None else image_gid or 0)
+    if security_setting(pod, container, "runAsNonRoot") and uid == 0:
+        raise ValueError("container has runAsNonRoot and image will run as root")
+    pod_context = (pod.get("spec") or {}).get("securityContext") or {}
+    extra = [pod_context["fsGroup"]] if pod_context.get("fsGroup") is not None else []
+    extra += pod_context.get("supplementalGroups") or []
+    return Identity(uid, gid, tuple(dict.fromkeys(int(g) for g in [gid, *extra])))
+
+
+def apply_fs_group(folder: Path, group: int, writable: bool) -> None:
+    """What the kubelet does to a volume for a pod's fsGroup: the group owns every file, may read them (and
+    write them, for a writable volume), and new files inherit the group (setgid folders)."""
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_symlink():
+            continue
+        os.chown(path, -1, group)
+        mode = path.stat().st_mode
+        extra = stat.S_IRGRP | (stat.S_IWGRP if writable else 0)
+        if path.is_dir():
+            extra |= stat.S_IXGRP | stat.S_ISGID
+        os.chmod(path, mode | extra)
+
+
 def conditions(pod: Mapping[str, Any], ready: bool, now: str | None = None) -> list[dict[str, Any]]:
     """The pod's conditions; one whose status is unchanged keeps its lastTransitionTime (PodScheduled's is the
     binding's), as the real kubelet's do."""
@@ -120,11 +185,13 @@ def conditions(pod: Mapping[str, Any], ready: bool, now: str | None = None) -> l
     ]
 
 
-def container_status(container: Mapping[str, Any], state: dict[str, Any], *, ready: bool) -> dict[str, Any]:
+def container_status(
+    container: Mapping[str, Any], state: dict[str, Any], *, ready: bool, image_id: str = ""
+) -> dict[str, Any]:
     return {
         "name": container.get("name", ""),
         "image": container.get("image", ""),
-        "imageID": "",
+        "imageID": image_id,
         "ready": ready,
         "started": "running" in state,
         "restartCount": 0,

@@ -10,6 +10,11 @@ SPEC is a JSON file: {"root", "hostname", "mounts": [{"source", "target", "readO
 "command", "env"}. `keep` names the machine's folders the command itself needs (the repository and the Python
 environment it runs from): a volume mounted over one of their parents (an emptyDir at /tmp, with the checkout in
 /tmp) would hide them, so they are bound back in, inside that volume.
+
+A container whose image is in the local store (tests/upstream/images.py) adds {"image": {"rootfs", "upper",
+"work"}, "readOnlyRoot", "user": {"uid", "gid", "groups"}}: its root is then an overlay of the pod's own on the
+image's root filesystem (mount points are made in the pod's upper folder) with the machine's /dev, /proc and /sys,
+remounted read-only for readOnlyRootFilesystem once the volumes are in; the command runs as that user and groups.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any
 
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 16384
 SKIPPED_TOP_LEVEL = {"lost+found"}
+# What an image's root gets from the machine, as a runtime gives a container /dev, /proc and /sys.
+FROM_THE_MACHINE = ("/dev", "/proc", "/sys")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -56,6 +63,16 @@ def make_root(root: Path) -> None:
             mirror(entry, root / entry.name)
 
 
+def make_image_root(root: Path, image: dict[str, str]) -> None:
+    """The pod's root: an overlay on the image's root filesystem, its writes in the pod's own folder."""
+    for folder in (root, Path(image["upper"]), Path(image["work"])):
+        folder.mkdir(parents=True, exist_ok=True)
+    options = f"lowerdir={image['rootfs']},upperdir={image['upper']},workdir={image['work']}"
+    mount("overlay", str(root), "overlay", 0, options)
+    for folder in FROM_THE_MACHINE:
+        mirror(Path(folder), root / folder.lstrip("/"))
+
+
 def shadow(root: Path, folder: str) -> None:
     """Let new mount points be made in `folder` (a bind of the machine's folder) without writing to the
     machine: a tmpfs over it, with each of the machine's entries bound back in."""
@@ -79,8 +96,9 @@ def resolve(root: Path, path: str) -> str:
     return resolved
 
 
-def mount_point(root: Path, target: str, is_dir: bool, shadowed: set[str]) -> Path:
-    """The mount point for `target` inside the root, made without touching the machine's folders."""
+def mount_point(root: Path, target: str, is_dir: bool, shadowed: set[str], machine: tuple[str, ...] = ("/",)) -> Path:
+    """The mount point for `target` inside the root, made without touching the machine's folders (those within
+    `machine`, bound from the machine; the rest of an image's root is the pod's own)."""
     path = resolve(root, target)
     parts = [p for p in path.split("/") if p]
     current = "/"
@@ -88,7 +106,8 @@ def mount_point(root: Path, target: str, is_dir: bool, shadowed: set[str]) -> Pa
         following = os.path.join(current, part)
         inside = root / following.lstrip("/")
         if not inside.exists():
-            if current != "/" and current not in shadowed:
+            bound = any(within(current, folder) for folder in machine)
+            if current != "/" and current not in shadowed and bound:
                 shadow(root, current)
                 shadowed.add(current)
             last = index == len(parts) - 1
@@ -103,19 +122,40 @@ def mount_point(root: Path, target: str, is_dir: bool, shadowed: set[str]) -> Pa
 
 
 def enter(spec: dict[str, Any]) -> None:
-    root = Path(spec["root"])
-    make_root(root)
+    root, image = Path(spec["root"]), spec.get("image")
+    if image:
+        make_image_root(root, image)
+    else:
+        make_root(root)
+    machine = FROM_THE_MACHINE if image else ("/",)
     shadowed: set[str] = set()
     for item in spec["mounts"]:
         source = Path(item["source"])
-        target = mount_point(root, item["target"], source.is_dir(), shadowed)
+        target = mount_point(root, item["target"], source.is_dir(), shadowed, machine)
         mount(str(source), str(target), flags=MS_BIND | MS_REC)
         if item.get("readOnly"):
             mount(str(source), str(target), flags=MS_BIND | MS_REMOUNT | MS_RDONLY)
-    keep_visible(root, spec.get("keep") or [], spec["mounts"])
+    working_dir = spec.get("workingDir") or "/"
+    if image:
+        # A working directory the image lacks is made, as runtimes do, before the root turns read-only.
+        mount_point(root, working_dir, True, shadowed, machine)
+        if spec.get("readOnlyRoot"):
+            mount(str(root), str(root), flags=MS_BIND | MS_REMOUNT | MS_RDONLY)
+    else:
+        keep_visible(root, spec.get("keep") or [], spec["mounts"])
     socket.sethostname(spec["hostname"])
     os.chroot(root)
-    os.chdir(spec.get("workingDir") or "/")
+    become(spec.get("user"))
+    os.chdir(working_dir)
+
+
+def become(user: dict[str, Any] | None) -> None:
+    """Drop to the container's user and groups (root keeps running as root)."""
+    if user is None:
+        return
+    os.setgroups(user["groups"])
+    os.setgid(user["gid"])
+    os.setuid(user["uid"])
 
 
 def within(path: str, folder: str) -> bool:

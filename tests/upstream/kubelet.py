@@ -6,8 +6,12 @@ The only simulated part of the cluster. It talks to the real API server as a cli
   their Ready condition every `HEARTBEAT_SECONDS`; a silenced node (a fault) stops both, so the
   controller-manager's node-lifecycle controller marks it NotReady and taints it, as on a real cluster;
 - watches the pods bound to its nodes and runs each one's first container in its own mount and UTS namespace
-  (`tests.cluster.sandbox`): the container's command and args, or the image's entrypoint and command as its
-  Dockerfile declares them (`IMAGES`), with the project's venv first on PATH; the pod's environment (values, the
+  (`tests.cluster.sandbox`). A container whose image is in the local store (`make images`, `tests.upstream.images`)
+  runs in that image's root filesystem: its entrypoint, command, environment, working directory and user, each
+  overridden by the pod spec as Kubernetes does; runAsUser, runAsGroup, runAsNonRoot, fsGroup (on its volumes)
+  and readOnlyRootFilesystem honoured. Any other container runs on the machine's root with the project's venv
+  first on PATH: the container's command and args, or the image's entrypoint and command as its Dockerfile
+  declares them (`IMAGES`). Either way: the pod's environment (values, the
   downward API's fieldRefs) and `KUBERNETES_SERVICE_HOST`/`_PORT` pointing at the API server; volumes at their
   mount paths: ConfigMaps, emptyDirs, PersistentVolumeClaims (a folder per claim, shared by the pods that mount
   it), hostPath (a folder under the kubelet's root), and projected volumes with ServiceAccount tokens asked of
@@ -16,7 +20,9 @@ The only simulated part of the cluster. It talks to the real API server as a cli
 - reports phase, conditions (PodScheduled kept as the scheduler wrote it), container statuses and the
   termination message (`terminationMessagePath`), and honours graceful deletion: SIGTERM, the grace period,
   SIGKILL, then the pod object is deleted with grace 0 as the kubelet confirms it.
-Pods run with restartPolicy Never semantics, and probes are not run. Images are not pulled.
+- runs httpGet liveness probes (`livenessProbe`) against the pod's address, logs each answer in the pod's folder
+  (`probes.log`) and stops a container that fails `failureThreshold` in a row, as the kubelet kills it.
+Pods run with restartPolicy Never semantics; readiness and startup probes are not run. Images are not pulled.
 
 It runs as a process of its own (`python -m tests.upstream.kubelet FOLDER`, started by `tests.upstream.cluster`)
 and takes faults on a loopback HTTP port (`Faults`), so tests and `scripts/local_cluster.py` drive it alike.
@@ -35,7 +41,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +51,7 @@ import requests
 
 from paralleljob.k8s import timestamps
 from tests.cluster import containers
-from tests.upstream import controlplane
+from tests.upstream import controlplane, images
 
 HEARTBEAT_SECONDS = controlplane.HEARTBEAT_SECONDS
 LEASE_SECONDS = 40
@@ -76,9 +84,13 @@ def image_config(image: str) -> dict[str, list[str]]:
     return IMAGES.get(repository, {})
 
 
-def container_command(container: dict[str, Any]) -> list[str]:
+def container_command(container: dict[str, Any], image: images.Image | None = None) -> list[str]:
     """Kubernetes' rule: `command` replaces the entrypoint (and drops the image's CMD), `args` replaces CMD."""
-    config = image_config(container.get("image") or "")
+    config = (
+        {"ENTRYPOINT": image.entrypoint, "CMD": image.cmd}
+        if image is not None
+        else image_config(container.get("image") or "")
+    )
     if container.get("command"):
         return [*container["command"], *(container.get("args") or [])]
     return [*config.get("ENTRYPOINT", []), *(container.get("args") or config.get("CMD", []))]
@@ -94,6 +106,7 @@ class Running:
     folder: Path
     container: dict[str, Any]
     started_at: str
+    image_id: str = ""
     stopping: bool = False
 
 
@@ -109,6 +122,7 @@ class Kubelet:
         self.pods: dict[str, dict[str, Any]] = {}  # every pod bound to one of our nodes, by uid
         self.silent: set[str] = set()
         self.stopped = threading.Event()
+        self.images = images.Store()
 
     # -- the API ------------------------------------------------------------------------------------------
 
@@ -321,7 +335,16 @@ class Kubelet:
                     (folder / item["path"]).write_text(fields.get(item["fieldRef"]["fieldPath"], ""))
         return True
 
-    def volume_folder(self, pod: dict[str, Any], folder: Path, volume: dict[str, Any]) -> Path | None:
+    def volume_folder(
+        self, pod: dict[str, Any], folder: Path, volume: dict[str, Any], fs_group: int | None = None
+    ) -> Path | None:
+        made = self.make_volume_folder(pod, folder, volume)
+        if made is not None and fs_group is not None and "hostPath" not in volume:
+            writable = "emptyDir" in volume or "persistentVolumeClaim" in volume
+            containers.apply_fs_group(made, fs_group, writable)
+        return made
+
+    def make_volume_folder(self, pod: dict[str, Any], folder: Path, volume: dict[str, Any]) -> Path | None:
         namespace = pod["metadata"]["namespace"]
         path = folder / "volumes" / volume["name"]
         if "configMap" in volume:
@@ -341,19 +364,23 @@ class Kubelet:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def mounts(self, pod: dict[str, Any], container: dict[str, Any], folder: Path) -> list[dict[str, Any]] | None:
+    def mounts(
+        self, pod: dict[str, Any], container: dict[str, Any], folder: Path, fs_group: int | None = None
+    ) -> list[dict[str, Any]] | None:
         volumes = {}
         for volume in (pod.get("spec") or {}).get("volumes") or []:
-            made = self.volume_folder(pod, folder, volume)
+            made = self.volume_folder(pod, folder, volume, fs_group)
             if made is None:
                 return None
             volumes[volume["name"]] = made
         mounts = containers.volume_mounts(container, volumes)
         if not any(m["target"] == "/dev/shm" for m in mounts):
             (folder / "shm").mkdir(exist_ok=True)
+            (folder / "shm").chmod(0o1777)
             mounts.append({"source": str(folder / "shm"), "target": "/dev/shm"})
         termination = container.get("terminationMessagePath") or "/dev/termination-log"
         (folder / "termination-log").touch()
+        (folder / "termination-log").chmod(0o666)  # the container's user writes it
         mounts.append({"source": str(folder / "termination-log"), "target": termination})
         mounts.append({"source": str(folder / "hosts"), "target": "/etc/hosts"})
         return mounts
@@ -365,23 +392,21 @@ class Kubelet:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "hosts").write_text(self.hosts(meta["namespace"]))
         try:
-            mounts = self.mounts(pod, container, folder)
+            image = self.images.find(container.get("image") or "")
+            sandbox = self.sandbox_of_image(pod, container, folder, image) if image else self.sandbox(pod, container)
+            fs_group = ((spec.get("securityContext") or {}).get("fsGroup")) if image else None
+            mounts = self.mounts(pod, container, folder, fs_group)
         except requests.RequestException as error:
             mounts, why = None, str(error)
+        except (ValueError, images.ImageError) as error:
+            self.report_waiting(pod, container, "CreateContainerConfigError", str(error))
+            return
         else:
             why = "a ConfigMap that a volume names is missing"
         if mounts is None:
             self.report_waiting(pod, container, "CreateContainerConfigError", why)
             return
-        sandbox = {
-            "root": str(folder / "root"),
-            "hostname": spec.get("hostname") or meta["name"],
-            "mounts": mounts,
-            "keep": sorted({str(controlplane.REPO), sys.prefix, sys.base_prefix}),
-            "workingDir": container.get("workingDir") or "/",
-            "command": container_command(container),
-            "env": self.env(pod, container),
-        }
+        sandbox |= {"root": str(folder / "root"), "hostname": spec.get("hostname") or meta["name"], "mounts": mounts}
         (folder / "sandbox.json").write_text(json.dumps(sandbox, indent=1))
         with (folder / "container.log").open("ab") as log:
             process = subprocess.Popen(
@@ -394,9 +419,69 @@ class Kubelet:
         running = Running(
             meta["namespace"], meta["name"], meta["uid"], spec["nodeName"], process, folder, container, timestamps.now()
         )
+        running.image_id = image.id if image else ""
         self.running[meta["uid"]] = running
         threading.Thread(target=self.wait, args=(running,), daemon=True).start()
+        if (container.get("livenessProbe") or {}).get("httpGet"):
+            threading.Thread(target=self.probe_liveness, args=(running,), daemon=True).start()
         self.report_running(pod, running)
+
+    def sandbox(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+        """A container of an image that is not in the store: the machine's root, the project's venv."""
+        return {
+            "keep": sorted({str(controlplane.REPO), sys.prefix, sys.base_prefix}),
+            "workingDir": container.get("workingDir") or "/",
+            "command": container_command(container),
+            "env": self.env(pod, container),
+        }
+
+    def sandbox_of_image(
+        self, pod: dict[str, Any], container: dict[str, Any], folder: Path, image: images.Image
+    ) -> dict[str, Any]:
+        """A container run from its image's root filesystem, as its image and the pod spec say."""
+        who = containers.identity(pod, container, *image.user_ids())
+        home = (image.passwd_entry(who.uid) or (0, "/"))[1]
+        env = containers.environment(
+            pod, container, self.address(pod["metadata"]["uid"]), self.state.apiserver_port, image.env, home
+        )
+        read_only = bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
+        return {
+            "image": {"rootfs": str(image.rootfs), "upper": str(folder / "upper"), "work": str(folder / "work")},
+            "readOnlyRoot": read_only,
+            "user": dataclasses.asdict(who),
+            "workingDir": container.get("workingDir") or image.working_dir or "/",
+            "command": container_command(container, image),
+            "env": env,
+        }
+
+    # -- probes -------------------------------------------------------------------------------------------
+
+    def probe_liveness(self, running: Running) -> None:
+        """httpGet liveness probes at the pod's address: after initialDelaySeconds, every periodSeconds; after
+        failureThreshold failures in a row the container is stopped (SIGTERM, then SIGKILL after its grace)."""
+        probe = running.container["livenessProbe"]
+        get = probe["httpGet"]
+        port = get["port"]
+        if not str(port).isdigit():
+            named = {p.get("name"): p["containerPort"] for p in running.container.get("ports") or []}
+            port = named.get(port, port)
+        url = f"{get.get('scheme', 'HTTP').lower()}://{self.address(running.uid)}:{port}{get.get('path', '/')}"
+        failures = 0
+        if self.stopped.wait(float(probe.get("initialDelaySeconds") or 0)):
+            return
+        while running.process.poll() is None and not running.stopping:
+            answer = _http_get(url, float(probe.get("timeoutSeconds") or 1))
+            healthy = answer.isdigit() and 200 <= int(answer) < 400
+            failures = 0 if healthy else failures + 1
+            with (running.folder / "probes.log").open("a") as log:
+                log.write(f"{timestamps.now()} liveness {url}: {answer}\n")
+            if failures >= int(probe.get("failureThreshold") or 3):
+                with self.lock:
+                    if (pod := self.pods.get(running.uid)) is not None and not running.stopping:
+                        self.terminate(running, pod)
+                return
+            if self.stopped.wait(float(probe.get("periodSeconds") or 10)):
+                return
 
     # -- reporting ----------------------------------------------------------------------------------------
 
@@ -416,7 +501,9 @@ class Kubelet:
             "hostIP": "127.0.0.1",
             "startTime": running.started_at,
             "conditions": containers.conditions(pod, True),
-            "containerStatuses": [containers.container_status(running.container, state, ready=True)],
+            "containerStatuses": [
+                containers.container_status(running.container, state, ready=True, image_id=running.image_id)
+            ],
         }
         self.write_status(pod, status)
 
@@ -451,7 +538,9 @@ class Kubelet:
                 "phase": "Succeeded" if exit_code == 0 else "Failed",
                 "conditions": containers.conditions(pod, False),
                 "containerStatuses": [
-                    containers.container_status(running.container, {"terminated": terminated}, ready=False)
+                    containers.container_status(
+                        running.container, {"terminated": terminated}, ready=False, image_id=running.image_id
+                    )
                 ],
             }
             self.write_status(pod, status)
@@ -477,6 +566,7 @@ class Kubelet:
         with self.lock:
             for running in list(self.running.values()):
                 self.signal(running, signal.SIGKILL)
+        self.images.close()
 
     # -- faults -------------------------------------------------------------------------------------------
 
@@ -497,6 +587,17 @@ class Kubelet:
                         self.signal(running, signal.SIGKILL)
             else:
                 raise ValueError(f"unknown fault {kind!r}")
+
+
+def _http_get(url: str, timeout: float) -> str:
+    """The status code of a GET, or why there was none."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return str(response.status)
+    except urllib.error.HTTPError as error:
+        return str(error.code)
+    except (OSError, ValueError) as error:
+        return f"no answer ({error})"
 
 
 def _micro_now() -> str:

@@ -27,13 +27,15 @@ class Product:
         self.helm = Tool("helm", self.cluster.kubeconfig)
         self.admin = Api(self.cluster.state, self.cluster.state.tokens["admin"])
 
-    def install(self) -> None:
+    def install(self, *values: str) -> None:
+        """`helm install` of the chart with free ports and `values` (NAME=VALUE, as --set takes them)."""
         # Pods of the process kubelet share the machine's network, where another test's operator may hold the
         # chart's default ports: this one gets free ports (on a cluster each pod has its own network).
         ports = [f"operator.healthPort={controlplane.free_port()}", f"metrics.port={controlplane.free_port()}"]
         self.helm(
-            "install", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--create-namespace", "--set", ",".join(ports)
-        )
+            "install", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--create-namespace",
+            "--set", ",".join([*ports, *values]),
+        )  # fmt: skip
         self.kubectl(
             "rollout", "status", "-n", RELEASE_NAMESPACE, f"deployment/{RELEASE}-paralleljob-operator", "--timeout=120s"
         )

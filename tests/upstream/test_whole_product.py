@@ -8,6 +8,10 @@ to its progress ConfigMap. One pod's process is killed, the gang restarts from t
 Succeeds, and its losses are those of the single-process reference trained on the job file the pods read.
 
 Nothing the operator did was refused: its log has no 403.
+
+The operator runs from its image (`make images-operator`, which `make test` runs first): the kubelet runs the
+chart's pod in the image's root filesystem, as uid 65532 on a read-only root, and the chart's liveness probe is
+answered. The test fails, naming the command, when that image was not built.
 """
 
 from __future__ import annotations
@@ -25,11 +29,44 @@ from tests.cluster.product import CHECKPOINT_EVERY, JOB, TOTAL_STEPS
 from tests.cluster.test_whole_product import checkpoint_saved, losses
 from tests.trainer.reference import train_reference
 from tests.upstream import cluster as upstream_cluster
-from tests.upstream.conftest import REPO, Api
+from tests.upstream import images
+from tests.upstream.conftest import RELEASE, RELEASE_NAMESPACE, REPO, Api
 from tests.upstream.product import Product
 
 pytestmark = pytest.mark.slow
 EXAMPLE = REPO / "examples" / "quickstart-on-a-cluster.yaml"
+
+
+OPERATOR_IMAGE = "ghcr.io/paralleljob/operator:0.1.0"  # the chart's default image at its appVersion
+
+
+def require_image(reference: str, build: str) -> None:
+    """An image these tests run must have been built: they fail, never fall back to the venv, without it."""
+    store = images.Store()
+    try:
+        if store.find(reference) is None:
+            pytest.fail(f"{reference} is not in {store.folder}/store: run `{build}` first", pytrace=False)
+    finally:
+        store.close()
+
+
+def ran_from_image(product: Product, namespace: str, pod: str) -> dict[str, Any]:
+    """What the kubelet ran a pod's container with (its sandbox.json), checked to be the pod's image."""
+    sandbox = json.loads((product.pod_folder(namespace, pod) / "sandbox.json").read_text())
+    assert "image" in sandbox, f"{pod} ran from the venv, not from its image"
+    status = json.loads(product.kubectl("get", "pod", pod, "-n", namespace, "-o", "json"))
+    assert status["status"]["containerStatuses"][0]["imageID"].startswith("sha256:")
+    return dict(sandbox)
+
+
+def check_the_operator_ran_from_its_image(product: Product) -> None:
+    pods = json.loads(product.kubectl("get", "pods", "-n", RELEASE_NAMESPACE, "-o", "json"))["items"]
+    name = next(p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith(f"{RELEASE}-paralleljob-"))
+    sandbox = ran_from_image(product, RELEASE_NAMESPACE, name)
+    assert sandbox["user"]["uid"] == 65532 and sandbox["readOnlyRoot"], sandbox
+    assert sandbox["command"][:2] == ["paralleljob", "operator"], "the image's entrypoint, with the chart's args"
+    probes = (product.pod_folder(RELEASE_NAMESPACE, name) / "probes.log").read_text()
+    assert ": 200\n" in probes and "no answer" not in probes, probes
 
 
 @pytest.fixture
@@ -73,6 +110,7 @@ def check_rank0_rights(product: Product) -> None:
 
 
 def test_the_quickstart_survives_a_killed_pod_on_the_upstream_control_plane(product: Product, tmp_path: Path) -> None:
+    require_image(OPERATOR_IMAGE, "make images-operator")
     product.install()
     corpus = product.fill_corpus()
     # The example as written, but 24 steps with a checkpoint every 8 instead of 60 and 20 (CI's time).
@@ -110,6 +148,7 @@ def test_the_quickstart_survives_a_killed_pod_on_the_upstream_control_plane(prod
     assert float(running[-1]["LOSS"]) < float(running[0]["LOSS"]), "kubectl get pj shows a falling loss"
     log = product.operator_log()
     assert "(403)" not in log and "Forbidden" not in log, "the chart's RBAC refused the operator something"
+    check_the_operator_ran_from_its_image(product)
 
     # The reference reads the corpus where this machine has it; the pods read it at the example's mount path.
     trained = json.loads(config["data"][jobfile.FILE_NAME])
