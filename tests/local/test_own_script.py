@@ -5,10 +5,7 @@ rank sees exactly the rank, node, coordinates and pipeline and data groups the p
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -18,6 +15,7 @@ from paralleljob.api import validate_document
 from paralleljob.commands.run import plan_locally
 from paralleljob.local.runner import choose_shape
 from paralleljob.manifests.trainer_config import contract_plan
+from tests.local.terminal import run_without_the_venv
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "own-script" / "job.yaml"
@@ -49,16 +47,9 @@ def planned_ranks() -> tuple[planning.Plan, dict[int, dict[str, object]]]:
 def test_own_deepspeed_script_trains_and_sees_the_planned_ranks_and_groups(tmp_path: pathlib.Path) -> None:
     plan, expected = planned_ranks()
     assert (plan.layout.pipeline, plan.layout.tensor, plan.layout.data, len(plan.nodes)) == (2, 1, 2, 2)
-    # The example's command is `python ...`: the interpreter running the tests, as an activated venv would.
-    env = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    completed = subprocess.run(
-        [sys.executable, "-m", "paralleljob", "run", str(JOB), "--output", str(tmp_path)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # As the example's header says, `.venv/bin/paralleljob run` in a terminal without the venv activated: the
+    # job's `python` must still be the interpreter that has DeepSpeed (`local.startup.interpreter_path`).
+    completed = run_without_the_venv(JOB, tmp_path)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps_done"] == 20

@@ -27,7 +27,7 @@ from rich.console import Console
 
 from paralleljob.api.validation import ResolvedJob
 from paralleljob.local import gang as gangs
-from paralleljob.local import progress, report
+from paralleljob.local import progress, report, startup
 from paralleljob.manifests import env as node_env
 from paralleljob.manifests import nccl
 from paralleljob.manifests.trainer_config import build_trainer_config, contract_plan
@@ -213,6 +213,8 @@ class LocalRun:
             )
             # gloo's own interface variable: the loopback device for a single machine.
             env["GLOO_SOCKET_IFNAME"] = "lo"
+            # A pod's PATH is its image's: `python` is the interpreter that has the job's packages.
+            env["PATH"] = startup.interpreter_path(os.environ)
             # A pod's /dev/termination-log: where a rank says why the network is not ready.
             env[environment.TERMINATION_LOG] = str(self.termination_log(rank))
             if devices is not None:
@@ -222,11 +224,14 @@ class LocalRun:
                     rank,
                     torchrun_argv(self.shape, rank, port, self.resolved.spec.command),
                     env,
-                    self.output / f"node-{rank}.log",
+                    self.node_log(rank),
                     self.output / f"node-{rank}.pid",
                 )
             )
         return launches
+
+    def node_log(self, node_rank: int) -> Path:
+        return self.output / f"node-{node_rank}.log"
 
     def termination_log(self, node_rank: int) -> Path:
         return self.output / f"node-{node_rank}.termination-log"
@@ -245,6 +250,13 @@ class LocalRun:
             if found is not None:
                 return node, found
         return None
+
+    def import_failure(self, outcome: gangs.GangOutcome, logs: dict[int, Path], offsets: dict[int, int]) -> str | None:
+        """The first import error the failed node logged in this attempt, if its ranks could not start."""
+        if outcome.failed_node is None:
+            return None
+        node = outcome.failed_node
+        return startup.import_failure(startup.log_since(logs[node], offsets[node]))
 
     def node_lines(self) -> list[progress.NodeLine]:
         lines = []
@@ -272,6 +284,8 @@ class LocalRun:
             while True:
                 view.attempt = restarts + 1
                 marker = uuid.uuid4().hex
+                logs = {node["nodeRank"]: self.node_log(node["nodeRank"]) for node in self.plan["nodes"]}
+                offsets = {rank: startup.log_size(path) for rank, path in logs.items()}
                 try:
                     gang = gangs.Gang(self.launches(free_port(), self.devices), marker=marker)
                     outcome = gangs.supervise(gang, lambda states: view.update(tail.poll(), tail.latest(), states))
@@ -280,9 +294,14 @@ class LocalRun:
                     raise
                 view.update(tail.poll(), tail.latest(), gang.states())
                 network = None if outcome.succeeded else self.network_failure(outcome)
+                missing = None if outcome.succeeded or network else self.import_failure(outcome, logs, offsets)
                 if network is not None:
                     # Permanent until the job or the machine changes: a restart would fail the same way.
                     self.console.print(f"[red]{network[1].render()}[/] (node rank {network[0]}; not restarted)")
+                    break
+                if missing is not None:
+                    # The job's environment lacks a module: every restart would fail the same way.
+                    self.console.print(f"[red]{missing}[/] (node rank {outcome.failed_node}; not restarted)")
                     break
                 if outcome.succeeded or restarts >= backoff:
                     break
@@ -292,7 +311,7 @@ class LocalRun:
                     f"[yellow]gang restart {restarts}/{backoff}[/]: {outcome.reason}; every node stopped, "
                     f"resuming from {'step ' + str(resume_at) if resume_at else 'the start'}"
                 )
-        return self.summarise(outcome, restarts, time.monotonic() - started, tail, network)
+        return self.summarise(outcome, restarts, time.monotonic() - started, tail, network, missing)
 
     def summarise(
         self,
@@ -301,6 +320,7 @@ class LocalRun:
         wall: float,
         tail: progress.MetricsTail,
         network: tuple[int, NetworkFailure] | None = None,
+        missing: str | None = None,
     ) -> report.RunSummary:
         curve = tail.loss_curve()
         picture = report.write_loss_curve(
@@ -313,6 +333,9 @@ class LocalRun:
             node, failure = network
             reason += f": {failure.render()}; not restarted, since a restart would fail the same way"
             reason += f"; see {self.output}/node-{node}.log"
+        elif missing is not None:
+            reason += f": {missing}; not restarted, since the job's command cannot start in this environment "
+            reason += f"({sys.executable}); see {self.output}/node-{outcome.failed_node}.log"
         elif not outcome.succeeded:
             reason += (
                 f"; gave up after {restarts} restarts (backoffLimit {self.resolved.spec.failure_policy.backoff_limit})"
