@@ -44,13 +44,26 @@ from paralleljob.api import types as api_types
 from paralleljob.handlers import coalescer, failures, metrics, progress, reconcile, start_failures
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order, PriorityValues
 from paralleljob.handlers.coalescer import Coalescer, Next
-from paralleljob.handlers.runtime import RUNTIME, Judged, coalescer_of, fenced, improved, on_loop, on_loop_wait
+from paralleljob.handlers.runtime import (
+    RUNTIME,
+    Judged,
+    Runtime,
+    acting,
+    coalescer_of,
+    fenced,
+    improved,
+    on_loop,
+    on_loop_wait,
+)
 from paralleljob.k8s import admission_lock, events, informer, leadership, reads
 from paralleljob.k8s.session import Session, connect
 from paralleljob.manifests import labels as child_labels
 from paralleljob.manifests import progress as progress_manifests
 from paralleljob.manifests import records
 from paralleljob.planning.inventory import Reservation
+
+# What moved to handlers.runtime stays reachable here, where the handlers' callers found it.
+__all__ = ["RUNTIME", "Judged", "Runtime", "acting", "configure", "fenced"]
 
 log = logging.getLogger(__name__)
 RECHECK = "recheck-unfinished-jobs"
