@@ -10,7 +10,10 @@ from the same module, as its release manifests install them, less the Deployment
   routes here, and the cluster CA as their caBundle;
 - the controller with `internalCertManagement.enable: false` (it would otherwise write a Secret and patch the
   webhook configurations of a Service that does not exist) and a serving certificate for 127.0.0.1 signed by
-  the cluster's CA in its `webhook.certDir`; leader election, metrics and the visibility server off;
+  the cluster's CA in its `webhook.certDir`. Without internal certificates Kueue reads its metrics server's
+  pair from the fixed path /etc/kueue/metrics/certs, so it runs in a mount namespace of its own
+  (`tests.cluster.sandbox`, as the process kubelet runs a container) where that path is the same pair; leader
+  election, the metrics listener and the visibility server are off;
   `integrations.externalFrameworks` lists the ParallelJob kind, as docs/install.md tells an administrator to.
 
     state = controlplane.up(folder)        # or a cluster's state
@@ -27,6 +30,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -44,6 +48,7 @@ NAMESPACE = "kueue-system"
 # The Kind.version.group Kueue's configuration names an externally managed job kind by.
 EXTERNAL_FRAMEWORK = f"{api_types.KIND}.{api_types.VERSION}.{api_types.GROUP}"
 API_GROUP_PATH = "-kueue-x-k8s-io-"  # the part of a webhook path that names Kueue's own kinds
+METRICS_CERTS = "/etc/kueue/metrics/certs"  # where Kueue reads its metrics pair without internal certificates
 
 
 class KueueError(RuntimeError):
@@ -184,11 +189,22 @@ def up(state: controlplane.State) -> None:
     _create(state, "/api/v1/namespaces", namespace)
     config = folder / "config.yaml"
     config.write_text(yaml.safe_dump(configuration(folder, webhook_port, health_port)))
+    sandbox = {
+        "root": str(folder / "root"),
+        "hostname": "kueue",
+        "mounts": [{"source": str(folder / "certs"), "target": METRICS_CERTS, "readOnly": True}],
+        "keep": sorted({str(controlplane.REPO), sys.prefix, sys.base_prefix}),
+        "workingDir": str(folder),
+        "command": [str(binary), f"--config={config}", "--zap-log-level=2"],
+        "env": {**os.environ, "KUBECONFIG": str(state.kubeconfig)},
+    }
+    (folder / "sandbox.json").write_text(json.dumps(sandbox, indent=1))
     log = (state.folder / "logs" / "kueue.log").open("ab")
     process = subprocess.Popen(
-        [str(binary), f"--config={config}", "--zap-log-level=2"],
-        env={**os.environ, "KUBECONFIG": str(state.kubeconfig)},
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        ["unshare", "--mount", "--uts", "--propagation", "private",
+         sys.executable, "-m", "tests.cluster.sandbox", str(folder / "sandbox.json")],
+        cwd=controlplane.REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )  # fmt: skip
     log.close()
     state.pids["kueue"] = process.pid

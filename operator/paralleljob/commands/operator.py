@@ -129,8 +129,8 @@ def add_kueue_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--kueue",
         action="store_true",
-        help="watch the Workloads of queued jobs, so an admission or eviction is acted on at once (needs the "
-        "chart's kueue.enabled RBAC); without it, queued jobs look at their Workload every 30 s",
+        help="queue jobs labelled kueue.x-k8s.io/queue-name through Kueue and watch their Workloads (needs the "
+        "chart's kueue.enabled RBAC); without it such a job waits, Queued with the reason KueueNotEnabled",
     )
     group.add_argument(
         "--kueue-checkpoint-grace",

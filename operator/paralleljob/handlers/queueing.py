@@ -23,6 +23,11 @@ The reconcile pass (`handlers.reconcile`) calls three hooks, each a no-op for a 
   readmission places the same attempt number again, so evictions never count against backoffLimit, and the
   trainer resumes from the newest checkpoint.
 - `finish`, when the job ends: the Workload gets Kueue's Finished condition, so its quota returns at once.
+
+An operator started without `--kueue` (the chart's `kueue.enabled`) has neither the Workload rights nor the
+watch: a labelled job then waits, Queued with the reason KueueNotEnabled, rather than run around Kueue. With it,
+`watch_workloads` asks for a pass whenever one of the operator's Workloads changes. The hooks work on the
+pass's own `Pass`, `Outcome`, `write_status` and `_write_record`, so they move with the step modules.
 """
 
 from __future__ import annotations
