@@ -92,11 +92,16 @@ build() {  # build TAG CONTEXT CONTAINERFILE [buildah bud options...]
     echo "built ${tag} in $(($(seconds) - started)) s" >&2
 }
 
-archive() {  # archive TAG NAME: an OCI archive under archives/, and the size of the image
-    local tag="$1" name="$2"
-    rm -f "${images_dir}/archives/${name}.oci.tar"
-    skopeo copy --quiet "containers-storage:[${storage_driver}@${images_dir}/store+${images_dir}/run]${tag}" \
-        "oci-archive:${images_dir}/archives/${name}.oci.tar:${tag}"
+archive() {  # archive TAG NAME: an OCI archive under archives/ (rewritten only when the image changed), its size
+    local tag="$1" name="$2" image_id
+    local archive="${images_dir}/archives/${name}.oci.tar"
+    image_id="$(buildah "${store[@]}" inspect --type image --format '{{.FromImageID}}' "${tag}")"
+    if [[ ! -f "${archive}" || "$(cat "${archive}.image-id" 2>/dev/null)" != "${image_id}" ]]; then
+        rm -f "${archive}" "${archive}.image-id"
+        skopeo copy --quiet "containers-storage:[${storage_driver}@${images_dir}/store+${images_dir}/run]${tag}" \
+            "oci-archive:${archive}:${tag}"
+        echo "${image_id}" >"${archive}.image-id"
+    fi
     printf '%-40s %10s unpacked, %5s MB as an OCI archive (%s)\n' "${tag}" \
         "$(buildah "${store[@]}" images --noheading --format '{{.Size}}' "${tag}")" \
         "$(($(stat -c %s "${images_dir}/archives/${name}.oci.tar") / 1000000))" "archives/${name}.oci.tar"

@@ -71,7 +71,10 @@ status=0
 for pair in "torch-cpu.lock:requirements/torch-cpu.lock" "requirements.lock:trainer-image/requirements.lock"; do
     made="${work}/${pair%%:*}" lock="${repo_root}/${pair#*:}"
     if [[ "${1:-}" == "--check" ]]; then
-        diff -u "${lock}" "${made}" || { echo "${pair#*:} is out of date: run $0" >&2; status=1; }
+        if diff -u "${lock}" "${made}"; then echo "${pair#*:} is up to date"; else
+            echo "${pair#*:} is out of date: run $0" >&2
+            status=1
+        fi
     else
         cp "${made}" "${lock}" && echo "wrote ${lock}"
     fi

@@ -50,3 +50,22 @@ def test_pip_freeze_in_the_image_is_the_lock(operator_image: InImage) -> None:
     in_image = frozen(operator_image.output(["python", "-m", "pip", "list", "--format=freeze"], writable=("/tmp",)))
     assert in_image.pop("pip", None) is not None
     assert in_image == expected
+
+
+def test_the_operator_runs_as_a_uid_without_a_passwd_entry(operator_image: InImage) -> None:
+    """The image's user, 65532, has no /etc/passwd entry (none is needed for runAsNonRoot). kopf named the operator
+    user@host by looking the user up, and the operator exited with `getpwuid(): uid not found: 65532` at once; it
+    now names itself. Against an API server that is not there, it keeps trying until `timeout` stops it."""
+    kubeconfig = (
+        "apiVersion: v1\\nkind: Config\\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\\n"
+        "users: [{name: u, user: {token: t}}]\\ncontexts: [{name: x, context: {cluster: c, user: u}}]\\n"
+        "current-context: x\\n"
+    )
+    command = (
+        f"printf '{kubeconfig}' > /tmp/kubeconfig && "
+        "timeout 15 paralleljob operator --all-namespaces --kubeconfig /tmp/kubeconfig --liveness= "
+        "--metrics-port 0 --log-format plain --admission-lock=none"
+    )
+    done = operator_image.run(["sh", "-c", command], writable=("/tmp",))
+    assert "getpwuid" not in done.stdout + done.stderr, done.stderr[-2000:]
+    assert done.returncode == 124, f"the operator stopped by itself ({done.returncode}): {done.stderr[-2000:]}"

@@ -61,12 +61,16 @@ def ran_from_image(product: Product, namespace: str, pod: str) -> dict[str, Any]
 
 def check_the_operator_ran_from_its_image(product: Product) -> None:
     pods = json.loads(product.kubectl("get", "pods", "-n", RELEASE_NAMESPACE, "-o", "json"))["items"]
-    name = next(p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith(f"{RELEASE}-paralleljob-"))
+    pod = next(p for p in pods if p["metadata"]["name"].startswith(f"{RELEASE}-paralleljob-"))
+    name = pod["metadata"]["name"]
     sandbox = ran_from_image(product, RELEASE_NAMESPACE, name)
     assert sandbox["user"]["uid"] == 65532 and sandbox["readOnlyRoot"], sandbox
     assert sandbox["command"][:2] == ["paralleljob", "operator"], "the image's entrypoint, with the chart's args"
-    probes = (product.pod_folder(RELEASE_NAMESPACE, name) / "probes.log").read_text()
-    assert ": 200\n" in probes and "no answer" not in probes, probes
+    # The first probe may come before the operator listens (a few seconds on a busy machine), as on a cluster;
+    # it has answered since, and was never stopped for failing.
+    probes = (product.pod_folder(RELEASE_NAMESPACE, name) / "probes.log").read_text().splitlines()
+    assert probes and probes[-1].endswith(": 200"), probes
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0 and pod["status"]["phase"] == "Running"
 
 
 @pytest.fixture

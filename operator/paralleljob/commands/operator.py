@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+import socket
 from typing import TYPE_CHECKING, Any
 
 from paralleljob.api import policy
@@ -356,5 +357,8 @@ def run(args: argparse.Namespace) -> int:
         namespaces=list(namespaces or ()),
         clusterwide=namespaces is None,
         liveness_endpoint=args.liveness or None,
+        # kopf's default identity is user@host, and the user is looked up in /etc/passwd, where the image's
+        # numeric user (65532, as runAsNonRoot wants it) has no entry: the lookup fails and the operator exits.
+        identity=f"paralleljob@{socket.gethostname()}",
     )
     return 0
