@@ -163,7 +163,7 @@ def test_the_explanation_follows_the_rule_in_order() -> None:
     small = choose(gpt(24, 1024, 16, 512), a100_cluster(2), 16).explanation
     assert small[0].startswith("1. the model fits one GPU")
     node_sized = choose(gpt(48, 7168, 56, 512), a100_cluster(4), 32).explanation
-    assert "2. TP 4 inside one NVLink domain fits" in node_sized[0]
+    assert "2. TP 2 inside one NVLink domain fits" in node_sized[0]
     assert node_sized[2].startswith("the runner-up ") and "slower" in node_sized[2]
 
 

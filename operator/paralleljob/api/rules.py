@@ -547,6 +547,122 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
+# -- architecture and sequence-parallel rules (spec.model.architecture, kvHeads; parallelism.sequenceParallel) --
+
+
+def _kv_heads_need_llama(spec: t.ParallelJobSpec) -> Problem | None:
+    model = spec.model
+    if model.kv_heads is None or model.architecture == "llama":
+        return None
+    return error("spec.model.kvHeads", "grouped-query attention is a llama feature; set architecture: llama.")
+
+
+def _tie_needs_llama(spec: t.ParallelJobSpec) -> Problem | None:
+    model = spec.model
+    if not model.tie_embeddings or model.architecture == "llama":
+        return None
+    return error(
+        "spec.model.tieEmbeddings",
+        "tied embeddings are a llama feature (gpt keeps its untied head); set architecture: llama.",
+    )
+
+
+def _kv_heads_divide_heads(spec: t.ParallelJobSpec) -> Problem | None:
+    kv, heads = spec.model.kv_heads, spec.model.attention_heads
+    if kv is None or heads % kv == 0:
+        return None
+    return error(
+        "spec.model.kvHeads",
+        f"{kv} does not divide attentionHeads {heads}: each key/value head serves a whole group of query heads; "
+        f"use a divisor of {heads}.",
+    )
+
+
+def _kv_heads_fit_tensor(spec: t.ParallelJobSpec) -> Problem | None:
+    kv, tp = spec.model.kv_heads, spec.parallelism.tensor
+    if kv is None or tp is None or kv % tp == 0 or tp % kv == 0:
+        return None
+    return error(
+        "spec.model.kvHeads",
+        f"{kv} and tensor {tp} do not divide one another: each tensor-parallel rank must hold whole key/value "
+        "groups (kvHeads a multiple of tensor), or all of them (tensor a multiple of kvHeads).",
+    )
+
+
+def _rotary_pairs(spec: t.ParallelJobSpec) -> Problem | None:
+    model = spec.model
+    head_dim = model.hidden_size // model.attention_heads
+    if model.architecture != "llama" or head_dim % 2 == 0:
+        return None
+    return error(
+        "spec.model.hiddenSize",
+        f"hiddenSize / attentionHeads = {head_dim} is odd; rotary embeddings rotate pairs of a head's dimensions, "
+        "so llama needs an even head size.",
+    )
+
+
+def _sequence_parallel_needs_tensor(spec: t.ParallelJobSpec) -> Problem | None:
+    tp, seq = spec.parallelism.tensor, spec.model.sequence_length
+    if not spec.parallelism.sequence_parallel or (tp is not None and tp > 1 and seq % tp == 0):
+        return None
+    return error(
+        "spec.parallelism.sequenceParallel",
+        f"needs an explicit parallelism.tensor > 1 that divides model.sequenceLength {seq} (tensor is {tp}); "
+        "set tensor, or turn sequenceParallel off.",
+    )
+
+
+_LLAMA = "has(self.model.architecture) && self.model.architecture == 'llama'"
+
+ARCHITECTURE_RULES: tuple[Rule, ...] = (
+    Rule(
+        "kv-heads-need-llama",
+        ".model.kvHeads",
+        f"!has(self.model.kvHeads) || ({_LLAMA})",
+        "model.kvHeads (grouped-query attention) needs model.architecture llama",
+        _kv_heads_need_llama,
+    ),
+    Rule(
+        "tie-embeddings-need-llama",
+        ".model.tieEmbeddings",
+        f"!has(self.model.tieEmbeddings) || !self.model.tieEmbeddings || ({_LLAMA})",
+        "model.tieEmbeddings needs model.architecture llama",
+        _tie_needs_llama,
+    ),
+    Rule(
+        "kv-heads-divide-heads",
+        ".model.kvHeads",
+        "!has(self.model.kvHeads) || self.model.attentionHeads % self.model.kvHeads == 0",
+        "model.kvHeads must divide model.attentionHeads",
+        _kv_heads_divide_heads,
+    ),
+    Rule(
+        "kv-heads-fit-tensor",
+        ".model.kvHeads",
+        "!has(self.model.kvHeads) || !has(self.parallelism.tensor) "
+        "|| self.model.kvHeads % self.parallelism.tensor == 0 || self.parallelism.tensor % self.model.kvHeads == 0",
+        "model.kvHeads and parallelism.tensor must divide one another",
+        _kv_heads_fit_tensor,
+    ),
+    Rule(
+        "rotary-pairs",
+        ".model.hiddenSize",
+        f"!({_LLAMA}) || (self.model.hiddenSize / self.model.attentionHeads) % 2 == 0",
+        "llama needs an even head size (model.hiddenSize / model.attentionHeads)",
+        _rotary_pairs,
+    ),
+    Rule(
+        "sequence-parallel-needs-tensor",
+        ".parallelism.sequenceParallel",
+        f"!has({_PAR}.sequenceParallel) || !{_PAR}.sequenceParallel "
+        f"|| (has({_PAR}.tensor) && {_PAR}.tensor > 1 && self.model.sequenceLength % {_PAR}.tensor == 0)",
+        "parallelism.sequenceParallel needs parallelism.tensor > 1 dividing model.sequenceLength",
+        _sequence_parallel_needs_tensor,
+    ),
+)
+RULES = RULES + ARCHITECTURE_RULES
+
+
 # Rules on the whole object (CRD root): only metadata.name is visible there besides spec.
 NAME_RULE_CEL = (
     f"self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= {t.MAX_NAME_LENGTH}"
@@ -575,6 +691,10 @@ SPEC_IMMUTABLE_FIELDS = (
     "model.vocabSize",
     "model.ffnHiddenSize",
     "model.precision",
+    "model.architecture",
+    "model.kvHeads",
+    "model.ropeTheta",
+    "model.tieEmbeddings",
     "deepspeed.train_batch_size",
     "deepspeed.train_micro_batch_size_per_gpu",
     "deepspeed.gradient_accumulation_steps",

@@ -33,6 +33,8 @@ VerifyPolicy = Literal["fail", "warn", "off"]
 AddrFamily = Literal["AF_INET", "AF_INET6"]
 AxisOrder = Literal["auto", "pipe,data,model", "data,pipe,model"]
 Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed"]
+Architecture = Literal["gpt", "llama"]
+ExportFormat = Literal["hf"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,14 @@ class Parallelism:
         default=None,
         minimum=1,
     )
+    sequence_parallel: bool = api_field(
+        "Megatron sequence parallelism inside each tensor-parallel group: norms and residual adds run on 1/tensor of "
+        "the sequence, an all-gather precedes each column-parallel linear and a reduce-scatter follows each "
+        "row-parallel one (the same bytes as the all-reduces they replace), and activations outside the "
+        "parallel regions take 1/tensor of the memory. Needs tensor > 1, given explicitly, dividing "
+        "model.sequenceLength.",
+        default=False,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,13 +99,15 @@ class Model:
     )
     sequence_length: int = api_field("Tokens per sample (context length).", minimum=1)
     vocab_size: int = api_field(
-        "Vocabulary size. The token embedding (first stage) and the untied LM head (last stage) are kept whole "
-        "on every tensor-parallel rank, not split, so any size works with any spec.parallelism.tensor. "
-        "Byte-level text data (spec.training.data.source: text) needs at least 256.",
+        "Vocabulary size. With spec.parallelism.tensor > 1 the token embedding (first stage) and the LM head "
+        "(last stage) are vocab-parallel: padded to a multiple of tensor x 128 (the padding masked out of the "
+        "loss) and split over the tensor-parallel ranks, so any size works with any tensor size. Byte-level "
+        "text data (spec.training.data.source: text) needs at least 256.",
         minimum=1,
     )
     ffn_hidden_size: int | None = api_field(
-        "Inner size of each MLP. Default: 4 * hiddenSize. Must be divisible by spec.parallelism.tensor.",
+        "Inner size of each MLP. Default: 4 * hiddenSize for gpt, 8/3 * hiddenSize rounded up to a multiple of "
+        "256 for llama. Must be divisible by spec.parallelism.tensor.",
         default=None,
         minimum=1,
     )
@@ -109,6 +121,29 @@ class Model:
         "(DeepSpeed PipelineModule activation_checkpoint_interval). 0 turns recomputation off.",
         default=jobfile.DEFAULT_ACTIVATION_CHECKPOINT_INTERVAL,
         minimum=0,
+    )
+    architecture: Architecture = api_field(
+        "The block the bundled trainer builds. gpt: learned positions, LayerNorm, GELU MLP, biases. llama: "
+        "rotary positions (ropeTheta), RMSNorm, SwiGLU MLP (gate, up, down), no biases, grouped-query "
+        "attention (kvHeads); exported as LlamaForCausalLM (spec.checkpoint.export).",
+        default=jobfile.DEFAULT_ARCHITECTURE,
+    )
+    kv_heads: int | None = api_field(
+        "llama only: key/value heads of grouped-query attention. Default: attentionHeads (no grouping). Must "
+        "divide attentionHeads, and kvHeads and spec.parallelism.tensor must divide one another: each "
+        "tensor-parallel rank holds whole key/value groups, or every rank holds all of them when tensor > kvHeads.",
+        default=None,
+        minimum=1,
+    )
+    rope_theta: float = api_field(
+        "llama only: base of the rotary position embeddings' frequencies (10000 in Llama 2, 500000 in Llama 3).",
+        default=jobfile.DEFAULT_ROPE_THETA,
+        minimum=1,
+    )
+    tie_embeddings: bool = api_field(
+        "llama only: share one matrix between the token embedding and the LM head. With pipeline > 1 the first "
+        "and the last stage each hold a copy whose gradients are summed every step (DeepSpeed's tied layers).",
+        default=False,
     )
 
 
@@ -252,6 +287,13 @@ class Checkpoint:
         pattern=RESUME_FROM_PATTERN,
         pattern_fix="write a job name, or a folder relative to the volume's root with no leading / and no .. segment",
         max_length=253,
+    )
+    export: ExportFormat | None = api_field(
+        "After the last step's checkpoint, also write the model in this format to <path>/<namespace>/<name>/"
+        "export: hf is a Hugging Face folder (config.json, model.safetensors, generation_config.json) that "
+        "transformers loads as LlamaForCausalLM or GPT2LMHeadModel. `paralleljob export` does the same for any "
+        "checkpoint.",
+        default=None,
     )
 
 

@@ -600,7 +600,10 @@ def _regime(job: ResolvedJob, budget: Budget, gpu_memory: float | None, max_tens
 
 
 def _splits(job: ResolvedJob, tensor: int) -> bool:
-    return job.spec.model.attention_heads % tensor == 0 and job.ffn_hidden_size % tensor == 0
+    model = job.spec.model
+    kv = model.kv_heads or model.attention_heads
+    kv_fits = kv % tensor == 0 or tensor % kv == 0  # whole key/value groups per rank, or all of them
+    return model.attention_heads % tensor == 0 and job.ffn_hidden_size % tensor == 0 and kv_fits
 
 
 def _least_memory(job: ResolvedJob, budget: Budget, tensor: int, pipeline: int) -> float | None:
