@@ -7,7 +7,7 @@ on a synthetic cluster of 8-GPU nodes of the product they used (32 nodes per lea
 block); the modeled TFLOP/s per GPU counted as the authors count it (Megatron-LM, BLOOM and MT-NLG count
 the recomputed forward pass, Llama 3 counts model FLOPs only), against the measured figure; then the layout
 `choose_layout` picks for the same GPUs, batch and sequence on 80 GB GPUs, and how the authors' layout ranks.
-Sources and the mapping of each model onto the trainer's GPT are in docs/planning.md ("Calibration").
+Sources and the mapping of each model onto the trainer's GPT or llama are in docs/planning.md ("Calibration").
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ class Run:
     measured_tflops: float  # per GPU, as published
     counts_recompute: bool  # whether the published figure counts the recomputed forward
     product: str
+    architecture: str = "gpt"
+    kv_heads: int | None = None
+    sequence_parallel: bool = False
 
 
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -65,14 +68,47 @@ RUNS = {
     "mt-nlg-530b": Run(
         "MT-NLG 530B", 105, 20480, 128, 2048, 51200, 4 * 20480, 2240, (35, 8, 8), 1, 1920, True, 126, True, A100
     ),
-    # Llama 3 (arXiv 2407.21783), Table 4: 405B, seq 8192, 16M tokens per batch, TP 8, PP 16, BF16 MFU-style
-    # TFLOP/s. The SwiGLU MLP and grouped-query attention map onto a dense GPT of the same FLOPs per token
-    # (ffn 64512 makes 4h^2 + 2h*ffn equal their 2h^2 + 2*1024h + 3h*53248 per block).
+    # Llama 3 (arXiv 2407.21783), Table 4: 405B, seq 8192, 16M tokens per batch, TP 8 with sequence parallelism,
+    # PP 16, BF16 model-FLOPs TFLOP/s. Modeled as the trainer's llama: 8 kv heads, SwiGLU FFN 53248, untied head.
     "llama3-405b-8k": Run(
-        "Llama 3 405B", 126, 16384, 128, 8192, 128256, 64512, 8192, (16, 8, 64), 1, 2048, False, 430, False, H100
+        "Llama 3 405B",
+        126,
+        16384,
+        128,
+        8192,
+        128256,
+        53248,
+        8192,
+        (16, 8, 64),
+        1,
+        2048,
+        False,
+        430,
+        False,
+        H100,
+        architecture="llama",
+        kv_heads=8,
+        sequence_parallel=True,
     ),
     "llama3-405b-16k": Run(
-        "Llama 3 405B", 126, 16384, 128, 8192, 128256, 64512, 16384, (16, 8, 128), 1, 2048, False, 400, False, H100
+        "Llama 3 405B",
+        126,
+        16384,
+        128,
+        8192,
+        128256,
+        53248,
+        16384,
+        (16, 8, 128),
+        1,
+        2048,
+        False,
+        400,
+        False,
+        H100,
+        architecture="llama",
+        kv_heads=8,
+        sequence_parallel=True,
     ),
 }
 
@@ -85,13 +121,13 @@ apiVersion: paralleljob.io/v1alpha1
 kind: ParallelJob
 metadata: {{name: calibration}}
 spec:
-  parallelism: {{pipeline: {pipeline}, tensor: {tensor}, data: {data}}}
+  parallelism: {{pipeline: {pipeline}, tensor: {tensor}, data: {data}, sequenceParallel: {str(run.sequence_parallel).lower()}}}
   model: {{layers: {run.layers}, hiddenSize: {run.hidden}, attentionHeads: {run.heads}, sequenceLength: {run.sequence},
-          vocabSize: {run.vocab}, ffnHiddenSize: {run.ffn}, activationCheckpointInterval: {1 if run.recompute else 0}}}
+          vocabSize: {run.vocab}, ffnHiddenSize: {run.ffn}, activationCheckpointInterval: {1 if run.recompute else 0},
+          architecture: {run.architecture}{f", kvHeads: {run.kv_heads}" if run.kv_heads else ""}}}
   deepspeed: {{train_batch_size: {run.train_batch}, train_micro_batch_size_per_gpu: {run.micro_batch},
               gradient_accumulation_steps: {accumulation}, zero_optimization: {{stage: 1}}}}
   training: {{steps: 10}}
-  checkpoint: {{intervalSteps: 5}}
 """
     result = validate_document(yaml.safe_load(text))
     assert result.resolved is not None, [p.render() for p in result.problems]

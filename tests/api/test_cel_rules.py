@@ -112,6 +112,23 @@ CASES = {
     "lookalike-label": {"spec.template": {"labels": {"notparalleljob.io/y": "1", "paralleljob.io": "1"}}},
     "own-annotations": {"spec.template": {"annotations": {"example.com/owner": "team-a"}}},
     "operator-annotation": {"spec.template": {"annotations": {"paralleljob.io/attempt": "0"}}},
+    "llama-gqa-whole-groups": {"spec.model.architecture": "llama", "spec.model.kvHeads": 4},
+    "llama-gqa-replicated-kv": {
+        "spec.model.architecture": "llama",
+        "spec.model.kvHeads": 2,
+        "spec.model.tieEmbeddings": True,
+    },
+    "kv-heads-on-gpt": {"spec.model.kvHeads": 2},
+    "tie-on-gpt": {"spec.model.tieEmbeddings": True},
+    "kv-heads-not-dividing": {"spec.model.architecture": "llama", "spec.model.kvHeads": 3},
+    "llama-odd-head-size": {"spec.model.architecture": "llama", "spec.model.hiddenSize": 520},
+    "sequence-parallel": {"spec.parallelism.sequenceParallel": True},
+    "sequence-parallel-tensor-1": {"spec.parallelism.sequenceParallel": True, "spec.parallelism.tensor": 1},
+    "sequence-parallel-uneven": {"spec.parallelism.sequenceParallel": True, "spec.model.sequenceLength": 254},
+    "sequence-parallel-budget": {
+        "spec.parallelism": {"gpus": 16, "sequenceParallel": True},
+        "spec.deepspeed.train_batch_size": 32,
+    },
 }
 
 

@@ -316,3 +316,22 @@ def test_a_run_whose_output_disk_fills_up_still_writes_its_summary(tmp_path) -> 
     assert not summary["succeeded"] and summary["steps_done"] >= 2, summary
     assert summary["last_checkpoint_step"] is not None and summary["loss_curve"] is None
     assert "Traceback" not in out, out[-3000:]
+
+
+def test_the_tiny_llama_trains_its_loss_falls_and_it_exports_a_hugging_face_folder(tmp_path) -> None:
+    output = tmp_path / "out"
+    proc = subprocess.run(
+        [*PARALLELJOB, "run", str(ROOT / "examples" / "llama-tiny.yaml"), "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["succeeded"] and summary["steps_done"] == 40
+    assert summary["last_loss"] < summary["first_loss"] - 1.0
+    config = json.loads((output / "checkpoints" / "export" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2
+    assert config["tie_word_embeddings"] is True
+    assert (output / "checkpoints" / "export" / "model.safetensors").stat().st_size > 0

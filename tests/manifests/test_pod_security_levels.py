@@ -25,6 +25,8 @@ JOB_EXAMPLES = [
     "gpt-small-8gpu.yaml",
     "gpt-13b-fragmented.yaml",
     "gpt-175b-64xa100.yaml",
+    "llama-8b-64xh100.yaml",
+    "llama-tiny.yaml",
 ]
 RDMA = {"fabric": "infiniband", "rdmaResource": {"name": "rdma/ib"}}
 

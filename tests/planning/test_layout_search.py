@@ -163,7 +163,7 @@ def test_the_explanation_follows_the_rule_in_order() -> None:
     small = choose(gpt(24, 1024, 16, 512), a100_cluster(2), 16).explanation
     assert small[0].startswith("1. the model fits one GPU")
     node_sized = choose(gpt(48, 7168, 56, 512), a100_cluster(4), 32).explanation
-    assert "2. TP 4 inside one NVLink domain fits" in node_sized[0]
+    assert "2. TP 2 inside one NVLink domain fits" in node_sized[0]
     assert node_sized[2].startswith("the runner-up ") and "slower" in node_sized[2]
 
 
@@ -238,3 +238,22 @@ spec:
     assert isinstance(outcome, NoLayout)
     assert outcome.message.startswith("no valid layout uses exactly 7 GPUs")
     assert outcome.message.endswith("(e.g. 7 GPUs: do not split into pods of spec.gpusPerNode 4); try 4 or 8 GPUs")
+
+
+def test_sequence_parallelism_stays_and_rules_out_layouts_without_tensor_parallelism() -> None:
+    resolved = job(
+        """
+apiVersion: paralleljob.io/v1alpha1
+kind: ParallelJob
+metadata: {name: llama}
+spec:
+  parallelism: {pipeline: 1, tensor: 2, data: 1, sequenceParallel: true}
+  model: {architecture: llama, layers: 16, hiddenSize: 2048, attentionHeads: 16, kvHeads: 4, sequenceLength: 2048,
+          vocabSize: 32000}
+  deepspeed: {train_batch_size: 64, train_micro_batch_size_per_gpu: 1}
+  training: {steps: 10}
+"""
+    )
+    choice = choose(resolved, a100_cluster(2), 16)
+    assert choice.ranked and all(candidate.variant.tensor > 1 for candidate in choice.ranked)
+    assert all(candidate.job.spec.parallelism.sequence_parallel for candidate in choice.ranked)

@@ -121,3 +121,47 @@ def _average_replicated_gradients(tp: Any, bf16: bool) -> dict[str, Any]:
         "sharded": _gradient(module.sharded),
         "reduced_after": engine.reduced_after,
     }
+
+
+def vocab_parallel_matches_replicated(vocab: int) -> dict[str, float]:
+    """This rank's largest differences between the vocab-parallel embedding, head and loss and the replicated
+    ones (plain embedding, linear and cross_entropy over the whole vocabulary), values and gradients."""
+    from torch.nn import functional
+
+    from paralleljob_trainer import weights
+    from paralleljob_trainer.tensor_parallel import TensorParallel
+    from paralleljob_trainer.vocab_parallel import (
+        VocabParallelEmbedding,
+        VocabParallelHead,
+        vocab_parallel_cross_entropy,
+    )
+
+    tp = TensorParallel(rank=dist.get_rank(), size=dist.get_world_size(), group=dist.group.WORLD)
+    hidden, generator = 16, torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, vocab, (2, 7), generator=generator)
+    labels = torch.randint(0, vocab, (2, 7), generator=generator)
+    embedding = VocabParallelEmbedding(vocab, hidden, tp, seed=1, layer=0, name="tokens")
+    head = VocabParallelHead(vocab, hidden, tp, seed=1, layer=3, name="lm_head")
+    loss = vocab_parallel_cross_entropy(head(embedding(tokens)), labels, tp, vocab)
+    loss.backward()
+
+    full_embedding = weights.normal(1, 0, "tokens", (vocab, hidden)).requires_grad_()
+    full_head = weights.normal(1, 3, "lm_head", (vocab, hidden)).requires_grad_()
+    logits = functional.embedding(tokens, full_embedding) @ full_head.T
+    replicated = functional.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1))
+    replicated.backward()
+
+    rows = embedding.rows
+    real = range(rows.start, min(rows.stop, vocab))
+    assert embedding.weight.grad is not None and head.weight.grad is not None
+    assert full_embedding.grad is not None and full_head.grad is not None
+    return {
+        "loss": abs(loss.item() - replicated.item()),
+        "embedding_grad": _max_diff(embedding.weight.grad[: len(real)], full_embedding.grad[real.start : real.stop]),
+        "head_grad": _max_diff(head.weight.grad[: len(real)], full_head.grad[real.start : real.stop]),
+        "padding_grad": float(head.weight.grad[len(real) :].abs().max()) if len(real) < len(rows) else 0.0,
+    }
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max()) if a.numel() else 0.0

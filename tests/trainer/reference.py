@@ -1,4 +1,4 @@
-"""A single-process, plain-PyTorch GPT: the yardstick the parallel trainer's losses are compared against.
+"""A single-process, plain-PyTorch GPT and Llama: the yardsticks the parallel trainer's losses are compared against.
 
 It shares with the trainer only what defines the experiment (the seeded initial weights, the global batches,
 the LR formula); the model, the loss over the whole global batch, the gradient clipping and the optimizer
@@ -67,6 +67,75 @@ class ReferenceGPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rotate(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """x [b, s, heads, d]: pair i with i + d/2 and rotate the pair by position x theta^(-2i/d)."""
+    seq, half = x.shape[1], x.shape[-1] // 2
+    frequencies = torch.tensor([theta ** (-2 * i / x.shape[-1]) for i in range(half)], dtype=torch.float32)
+    angles = torch.arange(seq, dtype=torch.float32)[:, None] * frequencies[None, :]
+    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+
+
+class LlamaReferenceBlock(nn.Module):
+    def __init__(self, model: ModelConfig, seed: int, layer: int) -> None:
+        super().__init__()
+        h, f, d = model.hidden_size, model.ffn_hidden_size, model.head_dim
+        heads, groups = model.attention_heads, model.query_groups
+        out_std = weights.residual_std(model.layers)
+        self.heads, self.groups, self.head_dim, self.theta = heads, groups, d, model.rope_theta
+        self.norm1, self.norm2 = nn.Parameter(torch.ones(h)), nn.Parameter(torch.ones(h))
+        self.q = _linear(weights.normal(seed, layer, "q", (heads * d, h)), bias=False)
+        self.k = _linear(weights.normal(seed, layer, "k", (groups * d, h)), bias=False)
+        self.v = _linear(weights.normal(seed, layer, "v", (groups * d, h)), bias=False)
+        self.o = _linear(weights.normal(seed, layer, "o", (h, h), out_std), bias=False)
+        self.gate = _linear(weights.normal(seed, layer, "gate", (f, h)), bias=False)
+        self.up = _linear(weights.normal(seed, layer, "up", (f, h)), bias=False)
+        self.down = _linear(weights.normal(seed, layer, "down", (h, f), out_std), bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        n = _rms(x, self.norm1)
+        q = _rotate(self.q(n).view(b, s, self.heads, self.head_dim), self.theta)
+        k = _rotate(self.k(n).view(b, s, self.groups, self.head_dim), self.theta)
+        v = self.v(n).view(b, s, self.groups, self.head_dim)
+        # Query head i reads key/value head i // (heads / groups).
+        k, v = (t.repeat_interleave(self.heads // self.groups, dim=2) for t in (k, v))
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / self.head_dim**0.5
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        context = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(b, s, h)
+        x = x + self.o(context)
+        n = _rms(x, self.norm2)
+        return x + self.down(functional.silu(self.gate(n)) * self.up(n))
+
+
+class ReferenceLlama(nn.Module):
+    def __init__(self, model: ModelConfig, seed: int) -> None:
+        super().__init__()
+        h, v = model.hidden_size, model.vocab_size
+        self.tokens = nn.Parameter(weights.normal(seed, 0, "tokens", (v, h)))
+        self.blocks = nn.ModuleList(LlamaReferenceBlock(model, seed, layer) for layer in range(1, model.layers + 1))
+        self.norm = nn.Parameter(torch.ones(h))
+        self.lm_head = (
+            None if model.tie_embeddings else nn.Parameter(weights.normal(seed, model.layers + 1, "lm_head", (v, h)))
+        )
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tokens[tokens]
+        for block in self.blocks:
+            x = block(x)
+        head = self.tokens if self.lm_head is None else self.lm_head
+        return _rms(x, self.norm) @ head.T
+
+
+def reference_model(model: ModelConfig, seed: int) -> nn.Module:
+    return ReferenceLlama(model, seed) if model.architecture == "llama" else ReferenceGPT(model, seed)
+
+
 @dataclasses.dataclass(frozen=True)
 class ReferenceStep:
     loss: float
@@ -86,7 +155,7 @@ def _optimizer(job: JobConfig, model: nn.Module) -> torch.optim.Optimizer:
 def train_reference(job: JobConfig) -> dict[int, ReferenceStep]:
     """Train the job's model in one process on whole global batches; per step its loss, grad norm and lr."""
     torch.use_deterministic_algorithms(True)
-    model = ReferenceGPT(job.model, job.training.seed)
+    model = reference_model(job.model, job.training.seed)
     optimizer = _optimizer(job, model)
     training = job.training
     schedule = torch.optim.lr_scheduler.LambdaLR(

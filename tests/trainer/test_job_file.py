@@ -58,6 +58,23 @@ BAD = {
         "vocabSize (100) is below 256",
     ),
     "batch-arithmetic": (_job(deepspeed__train_batch_size=12), "train_batch_size (12) != micro batch 2"),
+    "unknown-architecture": (_job(spec__model__architecture="mamba"), "spec.model.architecture: must be one of"),
+    "kv-heads-on-gpt": (_job(spec__model__kvHeads=2), "spec.model.kvHeads: grouped-query attention needs"),
+    "tied-gpt": (_job(spec__model__tieEmbeddings=True), "spec.model.tieEmbeddings: tied embeddings need"),
+    "kv-heads-not-dividing-heads": (
+        _job(spec__model__architecture="llama", spec__model__kvHeads=3),
+        "kvHeads (3) does not divide attentionHeads (4)",
+    ),
+    "odd-rotary-head": (
+        _job(spec__model__architecture="llama", spec__model__hiddenSize=36),
+        "(9) must be even: rotary embeddings",
+    ),
+    "rope-theta-below-1": (_job(spec__model__ropeTheta=0.5), "spec.model.ropeTheta: must be a number"),
+    "sequence-parallel-uneven": (
+        _job(spec__parallelism__sequenceParallel=True, spec__model__sequenceLength=33),
+        "sequenceParallel needs parallelism.tensor > 1 dividing model.sequenceLength (33)",
+    ),
+    "unknown-export": (_job(spec__checkpoint__export="onnx"), "spec.checkpoint.export: must be one of hf"),
     "zero-steps": (_job(spec__training__steps=0), "spec.training.steps: must be at least 1"),
     "axis-order": (_job(plan__axisOrder=["pipe", "model"]), "plan.axisOrder: must order exactly"),
     "world-size": (_job(plan__worldSize=4), "plan.worldSize: 4 is not pipeline x tensor x data = 8"),

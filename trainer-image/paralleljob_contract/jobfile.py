@@ -30,6 +30,8 @@ FILE_NAME = "job.json"
 DATA_SOURCES = ("synthetic", "text", "tokens")
 TOKEN_DTYPES = ("uint16", "uint32")
 PRECISIONS = ("bf16", "fp16", "fp32")
+ARCHITECTURES = ("gpt", "llama")
+EXPORT_FORMATS = ("hf",)
 BYTE_VOCAB = 256
 
 # One default per field (the API's CRD defaults and its resolution use these).
@@ -43,6 +45,8 @@ DEFAULT_TOKEN_DTYPE = "uint16"
 DEFAULT_CHECKPOINT_INTERVAL = 0
 # Complete checkpoints kept when spec.checkpoint.keep is absent: the newest and two to fall back to.
 DEFAULT_CHECKPOINT_KEEP = 3
+DEFAULT_ARCHITECTURE = "gpt"
+DEFAULT_ROPE_THETA = 10000.0
 
 
 def default_warmup_steps(steps: int) -> int:
@@ -62,14 +66,34 @@ class ModelConfig:
     ffn_hidden_size: int
     precision: str
     activation_checkpoint_interval: int
+    architecture: str = DEFAULT_ARCHITECTURE
+    # llama only: key/value heads of grouped-query attention (None: as many as attention heads).
+    kv_heads: int | None = None
+    rope_theta: float = DEFAULT_ROPE_THETA
+    tie_embeddings: bool = False
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.attention_heads
 
     @property
+    def query_groups(self) -> int:
+        """Key/value heads: kvHeads, or one per attention head."""
+        return self.kv_heads or self.attention_heads
+
+    @property
     def shape(self) -> ModelShape:
-        return ModelShape(self.layers, self.hidden_size, self.sequence_length, self.vocab_size, self.ffn_hidden_size)
+        return ModelShape(
+            self.layers,
+            self.hidden_size,
+            self.sequence_length,
+            self.vocab_size,
+            self.ffn_hidden_size,
+            architecture="llama" if self.architecture == "llama" else "gpt",
+            attention_heads=self.attention_heads,
+            kv_heads=self.kv_heads,
+            tie_embeddings=self.tie_embeddings,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +158,10 @@ class JobConfig:
     plan: Plan
     uid: str | None = None
     checkpoint_keep: int = DEFAULT_CHECKPOINT_KEEP
+    # spec.parallelism.sequenceParallel: Megatron-SP inside each tensor-parallel group.
+    sequence_parallel: bool = False
+    # spec.checkpoint.export: a format the trainer exports the final checkpoint to (None: no export).
+    export: str | None = None
 
     @property
     def train_batch_size(self) -> int:
@@ -201,6 +229,9 @@ def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
     model = _parse_model(_section(spec, "model", "spec.model"))
     training = _parse_training(_section(spec, "training", "spec.training"))
     checkpoint = spec.get("checkpoint") or {}
+    export = checkpoint.get("export")
+    if export is not None and export not in EXPORT_FORMATS:
+        raise ContractError(f"spec.checkpoint.export: must be one of {', '.join(EXPORT_FORMATS)}, got {export!r}")
     job = JobConfig(
         name=str(metadata.get("name", "paralleljob")),
         namespace=str(metadata.get("namespace", "default")),
@@ -213,8 +244,11 @@ def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
         ),
         deepspeed=dict(_section(document, "deepspeed")),
         plan=plan,
+        sequence_parallel=_bool(spec.get("parallelism") or {}, "sequenceParallel", "spec.parallelism"),
+        export=export,
     )
     _check_layout_fits_model(job)
+    _check_architecture(job)
     _check_batch_arithmetic(job)
     return job
 
@@ -247,6 +281,13 @@ def _int(section: Mapping[str, Any], key: str, where: str, *, default: int | Non
     return value
 
 
+def _bool(section: Mapping[str, Any], key: str, where: str) -> bool:
+    value = section.get(key, False)
+    if not isinstance(value, bool):
+        raise ContractError(f"{where}.{key}: must be true or false, got {value!r}")
+    return value
+
+
 def _choice(section: Mapping[str, Any], key: str, where: str, choices: tuple[str, ...], default: str) -> str:
     value = section.get(key, default)
     if value not in choices:
@@ -257,17 +298,25 @@ def _choice(section: Mapping[str, Any], key: str, where: str, choices: tuple[str
 def _parse_model(section: Mapping[str, Any]) -> ModelConfig:
     where = "spec.model"
     hidden = _int(section, "hiddenSize", where)
+    architecture = _choice(section, "architecture", where, ARCHITECTURES, DEFAULT_ARCHITECTURE)
+    rope_theta = section.get("ropeTheta", DEFAULT_ROPE_THETA)
+    if isinstance(rope_theta, bool) or not isinstance(rope_theta, int | float) or rope_theta < 1:
+        raise ContractError(f"{where}.ropeTheta: must be a number of at least 1, got {rope_theta!r}")
     return ModelConfig(
         layers=_int(section, "layers", where),
         hidden_size=hidden,
         attention_heads=_int(section, "attentionHeads", where),
         sequence_length=_int(section, "sequenceLength", where),
         vocab_size=_int(section, "vocabSize", where),
-        ffn_hidden_size=_int(section, "ffnHiddenSize", where, default=default_ffn_hidden_size(hidden)),
+        ffn_hidden_size=_int(section, "ffnHiddenSize", where, default=default_ffn_hidden_size(hidden, architecture)),
         precision=_choice(section, "precision", where, PRECISIONS, DEFAULT_PRECISION),
         activation_checkpoint_interval=_int(
             section, "activationCheckpointInterval", where, default=DEFAULT_ACTIVATION_CHECKPOINT_INTERVAL, minimum=0
         ),
+        architecture=architecture,
+        kv_heads=_int(section, "kvHeads", where) if "kvHeads" in section else None,
+        rope_theta=float(rope_theta),
+        tie_embeddings=_bool(section, "tieEmbeddings", where),
     )
 
 
@@ -361,4 +410,33 @@ def _check_batch_arithmetic(job: JobConfig) -> None:
         raise ContractError(
             f"deepspeed.train_batch_size ({job.train_batch_size}) != micro batch {job.micro_batch_size} x "
             f"gradient accumulation {job.gradient_accumulation_steps} x data parallel {job.plan.layout.data}"
+        )
+
+
+def _check_architecture(job: JobConfig) -> None:
+    """The llama fields (kvHeads, ropeTheta) and sequence parallelism against the model and the layout."""
+    model, tensor, where = job.model, job.plan.layout.tensor, "spec.model"
+    if model.architecture != "llama" and model.kv_heads is not None:
+        raise ContractError(f"{where}.kvHeads: grouped-query attention needs architecture llama")
+    if model.architecture != "llama" and model.tie_embeddings:
+        raise ContractError(f"{where}.tieEmbeddings: tied embeddings need architecture llama")
+    kv = model.query_groups
+    if model.attention_heads % kv:
+        raise ContractError(
+            f"{where}.kvHeads ({kv}) does not divide attentionHeads ({model.attention_heads}): each key/value "
+            "head serves a whole group of query heads"
+        )
+    if kv % tensor and tensor % kv:
+        raise ContractError(
+            f"{where}.kvHeads ({kv}) and parallelism.tensor ({tensor}) must divide one another: each tensor-parallel "
+            "rank holds whole key/value groups, or all of them when tensor > kvHeads"
+        )
+    if model.architecture == "llama" and model.head_dim % 2:
+        raise ContractError(
+            f"{where}.hiddenSize / attentionHeads ({model.head_dim}) must be even: rotary embeddings rotate pairs"
+        )
+    if job.sequence_parallel and (tensor == 1 or model.sequence_length % tensor):
+        raise ContractError(
+            f"spec.parallelism.sequenceParallel needs parallelism.tensor > 1 dividing model.sequenceLength "
+            f"({model.sequence_length}); tensor is {tensor}"
         )

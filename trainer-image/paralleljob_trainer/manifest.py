@@ -27,6 +27,12 @@ from paralleljob_trainer.storage import WrittenFile, fsync_path
 
 MANIFEST = "manifest.json"
 FORMAT = 1
+_FIELDS_ADDED_LATER: dict[str, Any] = {
+    "architecture": "gpt",
+    "kv_heads": None,
+    "rope_theta": 10000.0,
+    "tie_embeddings": False,
+}
 
 
 def _model_shape(job: JobConfig) -> dict[str, Any]:
@@ -96,7 +102,8 @@ def incompatibility(manifest: Mapping[str, Any], job: JobConfig, folder: Path, *
         )
     if manifest.get("format") != FORMAT:
         return f"checkpoint {folder} has manifest format {manifest.get('format')}, this trainer reads {FORMAT}"
-    saved_model, model = manifest.get("model") or {}, _model_shape(job)
+    # Checkpoints saved before the architecture fields existed hold a GPT with their defaults.
+    saved_model, model = {**_FIELDS_ADDED_LATER, **(manifest.get("model") or {})}, _model_shape(job)
     changed = [key for key in model if saved_model.get(key) != model[key]]
     if changed:
         differences = ", ".join(f"{key} {saved_model.get(key)} -> {model[key]}" for key in changed)

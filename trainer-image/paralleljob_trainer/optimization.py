@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
+from deepspeed.runtime.constants import PIPE_REPLICATED
 from deepspeed.runtime.pipe.schedule import ReduceGrads
 from deepspeed.runtime.utils import clip_grad_norm_
 
@@ -97,7 +98,8 @@ def average_replicated_gradients_each_step(engine: Any, tp: tensor_parallel.Tens
     The pipeline engine runs the ReduceGrads instruction once per step, after the last micro-batch's backward;
     this wraps it. The gradient the optimizer will use is the fp32 accumulation buffer under the bf16
     optimizer (`_hp_grad`, as DeepSpeed's own tied-weight reduction uses), else the parameter's gradient.
-    Cost: one all-reduce of the replicated parameters (embeddings, head, LayerNorms, biases) per step.
+    Cost: one all-reduce of the replicated parameters (norms, biases, positions; embeddings and head at TP 1)
+    per step; under sequence parallelism the norms' (and biases') partial gradients are summed instead.
     """
     if tp.size == 1:
         return
@@ -105,8 +107,11 @@ def average_replicated_gradients_each_step(engine: Any, tp: tensor_parallel.Tens
     reduce_grads = type(engine)._INSTRUCTION_MAP[ReduceGrads]
 
     def average_then_reduce(self: Any, *args: Any, **kwargs: Any) -> Any:
-        gradients = [_gradient_to_reduce(self, parameter) for parameter in replicated]
-        tensor_parallel.average_over_tensor_parallel([g for g in gradients if g is not None], tp)
+        # Under sequence parallelism a norm's gradient on each rank covers its sequence shard: sum those.
+        for partial in (False, True):
+            same = [p for p in replicated if tensor_parallel.is_sequence_partial(p) == partial]
+            gradients = [g for p in same if (g := _gradient_to_reduce(self, p)) is not None]
+            tensor_parallel.average_over_tensor_parallel(gradients, tp, mean=not partial)
         return reduce_grads(self, *args, **kwargs)
 
     engine._INSTRUCTION_MAP = {**type(engine)._INSTRUCTION_MAP, ReduceGrads: average_then_reduce}
@@ -132,8 +137,16 @@ def record_fp32_grad_norm(engine: Any) -> None:
         return
 
     def measure(max_norm: float) -> None:
-        norm = clip_grad_norm_(parameters=engine.module.parameters(), max_norm=max_norm, mpu=engine.mpu)
-        engine._global_grad_norm = float(norm)
+        # DeepSpeed's fp32 clip_grad_norm_ ignores `ds_pipe_replicated`, so the last stage's copy of a tied
+        # weight would count twice: measure without the copies, then scale every gradient, copies included.
+        parameters = [p for p in engine.module.parameters() if p.grad is not None]
+        counted = [p for p in parameters if not getattr(p, PIPE_REPLICATED, False)]
+        norm = float(clip_grad_norm_(parameters=counted, max_norm=math.inf, mpu=engine.mpu))
+        engine._global_grad_norm = norm
+        coefficient = max_norm / (norm + 1e-6)
+        if coefficient < 1:
+            for parameter in parameters:
+                parameter.grad.mul_(coefficient)
 
     if engine.gradient_clipping() > 0:
         engine.clip_fp32_gradients = lambda: measure(engine.gradient_clipping())

@@ -1,9 +1,12 @@
-"""Megatron-style tensor parallelism: the two communication operators and the column/row-parallel linears.
+"""Megatron-style tensor parallelism: the communication operators and the column/row-parallel linears.
 
 `copy_to_tensor_parallel` (identity forward, all-reduce backward) enters a parallel region and
 `reduce_from_tensor_parallel` (all-reduce forward, identity backward) leaves it, so one transformer block costs
-two all-reduces forward and two backward. Weights are created full-size from a per-layer seed and then sliced
-(see `weights`), which makes a sharded model start from exactly the weights of the unsharded one.
+two all-reduces forward and two backward. Under sequence parallelism (Megatron-SP) the residual stream
+outside the regions holds 1/TP of the sequence: a region is entered by an all-gather of the sequence
+(reduce-scatter backward) and left by a reduce-scatter (all-gather backward), the same bytes as the
+all-reduces, while norms and their activations shrink by TP. Each rank draws only its own slice of a weight (`column_shard`,
+`row_shard`, see `weights`), which is exactly that slice of the unsharded model's weight.
 """
 
 from __future__ import annotations
@@ -17,8 +20,14 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn import functional
 
-# Set on parameters every tensor-parallel rank holds whole (LayerNorms, row-parallel biases, embeddings, head).
+from paralleljob_trainer import weights
+
+# Set on parameters every tensor-parallel rank holds whole (norms, row-parallel biases, positions, replicated
+# K/V heads, and at TP 1 the embeddings and head).
 REPLICATED = "tensor_parallel_replicated"
+# Set, under sequence parallelism, on replicated parameters that see only this rank's sequence shard (norms,
+# row-parallel biases, positions): their gradients are summed over the TP group, not averaged.
+SEQUENCE_PARTIAL = "tensor_parallel_sequence_partial"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,10 +37,13 @@ class TensorParallel:
     rank: int
     size: int
     group: Any = None
+    # Megatron-SP: outside the parallel regions each rank holds 1/size of the sequence.
+    sequence_parallel: bool = False
 
-    def shard(self, full: torch.Tensor, dim: int) -> torch.Tensor:
-        """This rank's contiguous slice of `full` along `dim`."""
-        return full.chunk(self.size, dim=dim)[self.rank].contiguous()
+    def span(self, length: int) -> range:
+        """This rank's contiguous share of `length` items (rows, columns, heads)."""
+        share = length // self.size
+        return range(self.rank * share, (self.rank + 1) * share)
 
 
 SINGLE = TensorParallel(rank=0, size=1)
@@ -76,21 +88,79 @@ def reduce_from_tensor_parallel(tensor: torch.Tensor, tp: TensorParallel) -> tor
     return _ReduceFromTensorParallel.apply(tensor, tp)
 
 
+def _gather_sequence(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    parts = [torch.empty_like(tensor) for _ in range(tp.size)]
+    dist.all_gather(parts, tensor.contiguous(), group=tp.group)
+    return torch.cat(parts, dim=1)
+
+
+def _reduce_scatter_sequence(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    if dist.get_backend(tp.group) == "nccl":
+        sequence_first = tensor.transpose(0, 1).contiguous()
+        shape = (sequence_first.shape[0] // tp.size, *sequence_first.shape[1:])
+        out = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+        dist.reduce_scatter_tensor(out, sequence_first, group=tp.group)
+        return out.transpose(0, 1).contiguous()
+    # gloo has no reduce-scatter: all-reduce and keep this rank's shard (same numbers, more bytes).
+    return _all_reduce(tensor, tp).chunk(tp.size, dim=1)[tp.rank].contiguous()
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+        ctx.tp = tp
+        return _gather_sequence(tensor, tp)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _reduce_scatter_sequence(grad, ctx.tp), None
+
+
+class _ReduceScatterToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+        ctx.tp = tp
+        return _reduce_scatter_sequence(tensor, tp)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _gather_sequence(grad, ctx.tp), None
+
+
+def enter_parallel_region(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """In front of column-parallel work: copy-to-TP, or under sequence parallelism all-gather the sequence
+    (its backward reduce-scatters the summed input gradient)."""
+    if tp.sequence_parallel and tp.size > 1:
+        return _GatherFromSequence.apply(tensor, tp)
+    return copy_to_tensor_parallel(tensor, tp)
+
+
+def leave_parallel_region(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """Behind row-parallel work: sum the partial results, or under sequence parallelism reduce-scatter them
+    to this rank's sequence shard (its backward all-gathers the gradient)."""
+    if tp.sequence_parallel and tp.size > 1:
+        return _ReduceScatterToSequence.apply(tensor, tp)
+    return reduce_from_tensor_parallel(tensor, tp)
+
+
 def mark_sharded(parameter: torch.Tensor) -> torch.Tensor:
     """Count this shard in the gradient norm on every tensor-parallel rank (see `mark_replicated`)."""
     parameter.model_parallel = True  # type: ignore[attr-defined]
     return parameter
 
 
-def mark_replicated(parameter: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+def mark_replicated(parameter: torch.Tensor, tp: TensorParallel, sequence_partial: bool = True) -> torch.Tensor:
     """Count a parameter that every tensor-parallel rank holds whole exactly once in the gradient norm.
 
     DeepSpeed's `clip_grad_norm_` counts a gradient when the rank is rank 0 of the whole model-parallel slice
     (pipe x model) or when `param.model_parallel` is set. Left unmarked, replicated parameters of every stage
     after the first would be dropped from the norm; marked on all TP ranks they would be counted TP times.
+    Under sequence parallelism a parameter applied to the sequence shard (`sequence_partial`) gets only this
+    rank's share of its gradient; `is_sequence_partial` tells the step to sum those over TP.
     """
     parameter.model_parallel = tp.rank == 0  # type: ignore[attr-defined]
     setattr(parameter, REPLICATED, True)
+    setattr(parameter, SEQUENCE_PARTIAL, tp.sequence_parallel and tp.size > 1 and sequence_partial)
     return parameter
 
 
@@ -98,8 +168,13 @@ def is_replicated(parameter: torch.Tensor) -> bool:
     return bool(getattr(parameter, REPLICATED, False))
 
 
-def average_over_tensor_parallel(tensors: list[torch.Tensor], tp: TensorParallel) -> None:
-    """Replace each tensor, in place, by its mean over the TP group: one all-reduce per dtype.
+def is_sequence_partial(parameter: torch.Tensor) -> bool:
+    return bool(getattr(parameter, SEQUENCE_PARTIAL, False))
+
+
+def average_over_tensor_parallel(tensors: list[torch.Tensor], tp: TensorParallel, mean: bool = True) -> None:
+    """Replace each tensor, in place, by its mean (or, `mean` False, its sum) over the TP group: one
+    all-reduce per dtype.
 
     Used on the gradients of replicated parameters. Every TP rank computes them from the same inputs, but
     non-deterministic GPU kernels (atomics in LayerNorm and embedding backward) can make the copies differ
@@ -111,33 +186,50 @@ def average_over_tensor_parallel(tensors: list[torch.Tensor], tp: TensorParallel
         same = [t for t in tensors if t.dtype == dtype]
         flat = _flatten_dense_tensors(same)
         dist.all_reduce(flat, group=tp.group)
-        flat.div_(tp.size)
+        if mean:
+            flat.div_(tp.size)
         for tensor, mean in zip(same, _unflatten_dense_tensors(flat, same), strict=True):
             tensor.copy_(mean)
 
 
-class ColumnParallelLinear(nn.Module):
-    """y = x W^T + b with W split by output rows; the output stays split across the group."""
+def column_shard(
+    tp: TensorParallel, seed: int, layer: int, name: str, shape: tuple[int, int], std: float = weights.INIT_STD
+) -> torch.Tensor:
+    """This rank's rows of the seeded `shape` weight (a column-parallel linear's output features)."""
+    return weights.normal_slice(seed, layer, name, shape, tp.span(shape[0]), std=std)
 
-    def __init__(self, full_weight: torch.Tensor, tp: TensorParallel) -> None:
+
+def row_shard(
+    tp: TensorParallel, seed: int, layer: int, name: str, shape: tuple[int, int], std: float = weights.INIT_STD
+) -> torch.Tensor:
+    """This rank's columns of the seeded `shape` weight (a row-parallel linear's input features)."""
+    return weights.normal_slice(seed, layer, name, shape, range(shape[0]), tp.span(shape[1]), std=std)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T + b with W split by output rows (`local_weight` is this rank's); the output stays split."""
+
+    def __init__(self, local_weight: torch.Tensor, tp: TensorParallel, bias: bool = True) -> None:
         super().__init__()
         self.tp = tp
-        self.weight = mark_sharded(nn.Parameter(tp.shard(full_weight, dim=0)))
-        self.bias = mark_sharded(nn.Parameter(torch.zeros(self.weight.shape[0])))
+        self.weight = mark_sharded(nn.Parameter(local_weight))
+        self.bias = mark_sharded(nn.Parameter(torch.zeros(local_weight.shape[0]))) if bias else None
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return functional.linear(copy_to_tensor_parallel(inputs, self.tp), self.weight, self.bias)
+        return functional.linear(enter_parallel_region(inputs, self.tp), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
-    """y = x W^T + b with W split by input columns; partial products are summed, then the bias is added."""
+    """y = x W^T + b with W split by input columns (`local_weight` is this rank's); partial products are summed,
+    then the (replicated) bias is added."""
 
-    def __init__(self, full_weight: torch.Tensor, tp: TensorParallel) -> None:
+    def __init__(self, local_weight: torch.Tensor, tp: TensorParallel, bias: bool = True) -> None:
         super().__init__()
         self.tp = tp
-        self.weight = mark_sharded(nn.Parameter(tp.shard(full_weight, dim=1)))
-        self.bias = mark_replicated(nn.Parameter(torch.zeros(full_weight.shape[0])), tp)
+        self.weight = mark_sharded(nn.Parameter(local_weight))
+        self.bias = mark_replicated(nn.Parameter(torch.zeros(local_weight.shape[0])), tp) if bias else None
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         partial = functional.linear(inputs, self.weight)
-        return reduce_from_tensor_parallel(partial, self.tp) + self.bias
+        reduced = leave_parallel_region(partial, self.tp)
+        return reduced if self.bias is None else reduced + self.bias

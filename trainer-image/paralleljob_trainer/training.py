@@ -26,12 +26,14 @@ from paralleljob_contract.environment import Launch, PodEnvironment
 from paralleljob_contract.jobfile import JobConfig
 from paralleljob_contract.layout import Coord
 from paralleljob_contract.model import training_flops
-from paralleljob_trainer import checkpoint, data, metrics, nccl_log, optimization, preflight, storage
+from paralleljob_trainer import checkpoint, data, export, metrics, nccl_log, optimization, preflight, storage
 from paralleljob_trainer.hooks import HookCaller, ProgressHook
 from paralleljob_trainer.model import build_pipeline
 from paralleljob_trainer.topology import build_topology, check_launch_matches, check_plan_matches, coords_of
 
 VERIFY_ENV = environment.NETWORK_VERIFY
+# spec.checkpoint.export's folder, inside the job's checkpoint folder.
+EXPORT_FOLDER = "export"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +122,11 @@ def deepspeed_config(job: JobConfig) -> tuple[dict[str, Any], dict[str, Any] | N
     if job.zero_stage:
         # Sharded optimizer state in DeepSpeed's elastic form, so that a resume with another DP can re-cut it.
         config["zero_optimization"] = {**config["zero_optimization"], "elastic_checkpoint": True}
+    if job.sequence_parallel:
+        # DeepSpeed splits the activations and gradients it sends between stages over the TP ranks and
+        # gathers them on the receiver, which assumes every TP rank holds the same tensor; under sequence
+        # parallelism each holds its own shard (already 1/TP of the whole).
+        config["pipeline"] = {**config.get("pipeline", {}), "pipe_partitioned": False, "grad_partitioned": False}
     config.setdefault("steps_per_print", 10**9)
     config.setdefault("wall_clock_breakdown", False)
     return config, optimizer_section
@@ -127,7 +134,7 @@ def deepspeed_config(job: JobConfig) -> tuple[dict[str, Any], dict[str, Any] | N
 
 def build_engine(job: JobConfig, topology: ProcessTopology) -> Any:
     """DeepSpeed's pipeline engine over the GPT; the process groups, TP's included, are DeepSpeed's grid's."""
-    module = build_pipeline(job.model, job.training.seed, topology)
+    module = build_pipeline(job.model, job.training.seed, topology, job.sequence_parallel)
     tp = module.tensor_parallel
     config, optimizer_section = deepspeed_config(job)
     optimizer = None
@@ -178,9 +185,24 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
             writer.write(_resume_record(chosen) | timings, hook_method="on_checkpoint")
         for step in range(progress.start_step + 1, job.training.steps + 1):
             _train_one_step(job, options, engine, stream, coords, step, writer, progress)
+        _export_final_checkpoint(job, options, writer)
         writer.write(_summary(job, progress), hook_method="on_finish")
     finally:
         writer.close()
+
+
+def _export_final_checkpoint(job: JobConfig, options: RunOptions, writer: metrics.MetricsWriter) -> None:
+    """spec.checkpoint.export: rank 0 writes the last checkpoint as a Hugging Face folder, <checkpoint>/export."""
+    if job.export != "hf" or options.checkpoint_dir is None:
+        return
+    dist.barrier()
+    if dist.get_rank() == 0:
+        started = time.perf_counter()
+        folder = export.export(options.checkpoint_dir, options.checkpoint_dir / EXPORT_FOLDER)
+        writer.write(
+            {"event": "export", "format": job.export, "path": str(folder), "export_s": time.perf_counter() - started}
+        )
+    dist.barrier()
 
 
 def check_storage(job: JobConfig, options: RunOptions, rank: int) -> None:

@@ -74,7 +74,8 @@ class ResolvedJob:
 
     @property
     def ffn_hidden_size(self) -> int:
-        return self.spec.model.ffn_hidden_size or default_ffn_hidden_size(self.spec.model.hidden_size)
+        model = self.spec.model
+        return model.ffn_hidden_size or default_ffn_hidden_size(model.hidden_size, model.architecture)
 
     @property
     def warmup_steps(self) -> int:

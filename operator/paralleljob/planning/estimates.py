@@ -16,7 +16,7 @@ from typing import Any
 from paralleljob.api import rules
 from paralleljob.api.validation import ResolvedJob
 from paralleljob_contract import model as model_math
-from paralleljob_contract.model import ModelShape, Stage
+from paralleljob_contract.model import Architecture, ModelShape, Stage, padded_vocab_size
 
 GIB = 1024**3
 # CUDA context, NCCL buffers, allocator fragmentation: memory a GPU never has for the model.
@@ -42,6 +42,10 @@ class Workload:
     offload_optimizer: bool = False
     precision: str = "bf16"
     recompute: bool = False
+    architecture: Architecture = "gpt"
+    kv_heads: int | None = None
+    tie_embeddings: bool = False
+    sequence_parallel: bool = False
 
     @classmethod
     def from_job(cls, job: ResolvedJob) -> Workload:
@@ -63,6 +67,10 @@ class Workload:
             offload_optimizer=_offloads(zero),
             precision=model.precision,
             recompute=model.activation_checkpoint_interval > 0,
+            architecture=model.architecture,
+            kv_heads=model.kv_heads,
+            tie_embeddings=model.tie_embeddings,
+            sequence_parallel=job.spec.parallelism.sequence_parallel,
         )
 
     @property
@@ -79,11 +87,21 @@ class Workload:
 
     @property
     def shape(self) -> ModelShape:
-        return ModelShape(self.layers, self.hidden, self.sequence, self.vocab, self.ffn)
+        return ModelShape(
+            self.layers,
+            self.hidden,
+            self.sequence,
+            self.vocab,
+            self.ffn,
+            architecture=self.architecture,
+            attention_heads=self.heads,
+            kv_heads=self.kv_heads,
+            tie_embeddings=self.tie_embeddings,
+        )
 
     @property
     def parameters(self) -> int:
-        """P of the bundled trainer's GPT (`paralleljob_contract.model.parameter_count`)."""
+        """P of the bundled trainer's model (`paralleljob_contract.model.parameter_count`)."""
         return model_math.parameter_count(self.shape)
 
     @property
@@ -147,23 +165,34 @@ def stage_memory(work: Workload, stage: Stage) -> Memory:
 
 
 def activation_bytes(work: Workload, stage: Stage = "first") -> float:
-    """Korthikanti et al.: per layer sbh(10 + 24/t) with TP, without their 5as/ht term for the attention
-    scores; 2sbh when only layer inputs are kept.
+    """Korthikanti et al.: per layer sbh(10 + 24/t) with TP for GPT, without their 5as/ht term for the
+    attention scores; 2sbh when only layer inputs are kept. Sequence parallelism splits the 10sbh that TP
+    leaves whole (norm and dropout inputs) and the kept inputs over the t ranks too.
+
+    Llama's block, counted the same way in 16-bit bytes: the two RMSNorm inputs and the two matmul inputs
+    they feed (8sbh, whole on every TP rank), then split over TP: Q, K and V (2sb(h + 2 kv_hidden)), the
+    attention output (2sbh) and the SwiGLU's gate, up, silu(gate) and product (8sb ffn).
 
     The trainer's attention is PyTorch's scaled_dot_product_attention, which on GPUs runs FlashAttention or
     the memory-efficient kernel: the a*s^2 scores are recomputed in the backward pass, never stored (at
     s = 8192 they would be four times the rest of the layer). Under 1F1B the first stage holds min(p, m)
-    micro-batches in flight, the last one; the last stage also keeps the fp32 logits (4sbV bytes, whole on
-    every TP rank) that cross-entropy saves for backward.
+    micro-batches in flight, the last one; the last stage also keeps the fp32 logits that cross-entropy saves
+    for backward (4sbV/t bytes: the head and loss are vocab-parallel).
     """
     s, b, h, t = work.sequence, work.micro_batch, work.hidden, work.tensor
     scale = work.element_bytes / 2  # the published figures assume 16-bit activations
-    full_layer = s * b * h * (10 + 24 / t) * scale
+    if work.architecture == "llama":
+        whole, split = 8 * h, 4 * h + 4 * work.shape.kv_hidden + 8 * work.ffn
+    else:
+        whole, split = 10 * h, 24 * h
+    shards = t if work.sequence_parallel else 1
+    full_layer = s * b * (whole / shards + split / t) * scale
     in_flight = min(work.pipeline, work.micro_batches) if stage == "first" else 1
-    logits = 4 * s * b * work.vocab if stage in ("last", "only") else 0.0
+    # The fp32 logits cross-entropy keeps: b x s x V/t on each rank (vocab-parallel, padded vocabulary).
+    logits = 4 * s * b * padded_vocab_size(work.vocab, t) / t if stage in ("last", "only") else 0.0
     if work.recompute:
         # Each kept input is 2sbh; one layer's full activations exist while it is recomputed.
-        return 2 * s * b * h * scale * work.layers_per_stage * in_flight + full_layer + logits
+        return 2 * s * b * h / shards * scale * work.layers_per_stage * in_flight + full_layer + logits
     return full_layer * work.layers_per_stage * in_flight + logits
 
 

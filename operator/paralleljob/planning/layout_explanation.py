@@ -89,8 +89,13 @@ def _regime(job: ResolvedJob, budget: Budget, gpu_memory: float | None, max_tens
 
 
 def _splits(job: ResolvedJob, tensor: int) -> bool:
-    return model_math.heads_split(job.spec.model.attention_heads, tensor) and model_math.ffn_split(
-        job.ffn_hidden_size, tensor
+    model = job.spec.model
+    kv = model.kv_heads or model.attention_heads
+    kv_fits = kv % tensor == 0 or tensor % kv == 0  # whole key/value groups per rank, or all of them
+    return (
+        model_math.heads_split(model.attention_heads, tensor)
+        and model_math.ffn_split(job.ffn_hidden_size, tensor)
+        and kv_fits
     )
 
 

@@ -85,7 +85,11 @@ def variant_job(job: ResolvedJob, variant: Variant) -> tuple[ResolvedJob | None,
         deepspeed["zero_optimization"] = {**(zero if isinstance(zero, dict) else {}), "stage": variant.zero_stage}
     interval = spec.model.activation_checkpoint_interval or 1
     model = dataclasses.replace(spec.model, activation_checkpoint_interval=interval if variant.recompute else 0)
-    parallelism = api_types.Parallelism(variant.pipeline, variant.tensor, variant.data)
+    # sequenceParallel is the user's choice and stays: layouts whose tensor size cannot carry it are invalid.
+    sequence_parallel = spec.parallelism.sequence_parallel
+    parallelism = api_types.Parallelism(
+        variant.pipeline, variant.tensor, variant.data, sequence_parallel=sequence_parallel
+    )
     # The budget fields go: the variant is a sized job, validated as the YAML with these sizes would be.
     new_spec = dataclasses.replace(spec, parallelism=parallelism, model=model, deepspeed=deepspeed)
     result = validate_job(dataclasses.replace(job.job, spec=new_spec))

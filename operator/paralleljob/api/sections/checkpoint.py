@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from paralleljob.api.fields import RawObject, api_field
 from paralleljob.api.problems import Problem, error
@@ -12,6 +12,8 @@ from paralleljob.api.sections.template import VOLUME_SOURCE_PROPERTIES
 
 if TYPE_CHECKING:
     from paralleljob.api import types as t
+
+ExportFormat = Literal["hf"]
 
 # spec.checkpoint.resumeFrom: a job name, or a folder relative to the volume's root; no segment starts with ".".
 RESUME_FROM_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
@@ -57,6 +59,13 @@ class Checkpoint:
         pattern=RESUME_FROM_PATTERN,
         pattern_fix="write a job name, or a folder relative to the volume's root with no leading / and no .. segment",
         max_length=253,
+    )
+    export: ExportFormat | None = api_field(
+        "After the last step's checkpoint, also write the model in this format to <path>/<namespace>/<name>/"
+        "export: hf is a Hugging Face folder (config.json, model.safetensors, generation_config.json) that "
+        "transformers loads as LlamaForCausalLM or GPT2LMHeadModel. `paralleljob export` does the same for any "
+        "checkpoint.",
+        default=None,
     )
 
 

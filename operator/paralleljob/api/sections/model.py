@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from paralleljob.api import types as t
 
 Precision = Literal["bf16", "fp16", "fp32"]
+Architecture = Literal["gpt", "llama"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,13 +33,15 @@ class Model:
     )
     sequence_length: int = api_field("Tokens per sample (context length).", minimum=1)
     vocab_size: int = api_field(
-        "Vocabulary size. The token embedding (first stage) and the untied LM head (last stage) are kept whole "
-        "on every tensor-parallel rank, not split, so any size works with any spec.parallelism.tensor. "
-        "Byte-level text data (spec.training.data.source: text) needs at least 256.",
+        "Vocabulary size. With spec.parallelism.tensor > 1 the token embedding (first stage) and the LM head "
+        "(last stage) are vocab-parallel: padded to a multiple of tensor x 128 (the padding masked out of the "
+        "loss) and split over the tensor-parallel ranks, so any size works with any tensor size. Byte-level "
+        "text data (spec.training.data.source: text) needs at least 256.",
         minimum=1,
     )
     ffn_hidden_size: int | None = api_field(
-        "Inner size of each MLP. Default: 4 * hiddenSize. Must be divisible by spec.parallelism.tensor.",
+        "Inner size of each MLP. Default: 4 * hiddenSize for gpt, 8/3 * hiddenSize rounded up to a multiple of "
+        "256 for llama. Must be divisible by spec.parallelism.tensor.",
         default=None,
         minimum=1,
     )
@@ -52,6 +55,29 @@ class Model:
         "(DeepSpeed PipelineModule activation_checkpoint_interval). 0 turns recomputation off.",
         default=jobfile.DEFAULT_ACTIVATION_CHECKPOINT_INTERVAL,
         minimum=0,
+    )
+    architecture: Architecture = api_field(
+        "The block the bundled trainer builds. gpt: learned positions, LayerNorm, GELU MLP, biases. llama: "
+        "rotary positions (ropeTheta), RMSNorm, SwiGLU MLP (gate, up, down), no biases, grouped-query "
+        "attention (kvHeads); exported as LlamaForCausalLM (spec.checkpoint.export).",
+        default=jobfile.DEFAULT_ARCHITECTURE,
+    )
+    kv_heads: int | None = api_field(
+        "llama only: key/value heads of grouped-query attention. Default: attentionHeads (no grouping). Must "
+        "divide attentionHeads, and kvHeads and spec.parallelism.tensor must divide one another: each "
+        "tensor-parallel rank holds whole key/value groups, or every rank holds all of them when tensor > kvHeads.",
+        default=None,
+        minimum=1,
+    )
+    rope_theta: float = api_field(
+        "llama only: base of the rotary position embeddings' frequencies (10000 in Llama 2, 500000 in Llama 3).",
+        default=jobfile.DEFAULT_ROPE_THETA,
+        minimum=1,
+    )
+    tie_embeddings: bool = api_field(
+        "llama only: share one matrix between the token embedding and the LM head. With pipeline > 1 the first "
+        "and the last stage each hold a copy whose gradients are summed every step (DeepSpeed's tied layers).",
+        default=False,
     )
 
 
@@ -105,6 +131,59 @@ def _byte_vocab(spec: t.ParallelJobSpec) -> Problem | None:
     )
 
 
+def _kv_heads_need_llama(spec: t.ParallelJobSpec) -> Problem | None:
+    model = spec.model
+    if model.kv_heads is None or model.architecture == "llama":
+        return None
+    return error("spec.model.kvHeads", "grouped-query attention is a llama feature; set architecture: llama.")
+
+
+def _tie_needs_llama(spec: t.ParallelJobSpec) -> Problem | None:
+    model = spec.model
+    if not model.tie_embeddings or model.architecture == "llama":
+        return None
+    return error(
+        "spec.model.tieEmbeddings",
+        "tied embeddings are a llama feature (gpt keeps its untied head); set architecture: llama.",
+    )
+
+
+def _kv_heads_divide_heads(spec: t.ParallelJobSpec) -> Problem | None:
+    kv, heads = spec.model.kv_heads, spec.model.attention_heads
+    if kv is None or heads % kv == 0:
+        return None
+    return error(
+        "spec.model.kvHeads",
+        f"{kv} does not divide attentionHeads {heads}: each key/value head serves a whole group of query heads; "
+        f"use a divisor of {heads}.",
+    )
+
+
+def _kv_heads_fit_tensor(spec: t.ParallelJobSpec) -> Problem | None:
+    kv, tp = spec.model.kv_heads, spec.parallelism.tensor
+    if kv is None or tp is None or kv % tp == 0 or tp % kv == 0:
+        return None
+    return error(
+        "spec.model.kvHeads",
+        f"{kv} and tensor {tp} do not divide one another: each tensor-parallel rank must hold whole key/value "
+        "groups (kvHeads a multiple of tensor), or all of them (tensor a multiple of kvHeads).",
+    )
+
+
+def _rotary_pairs(spec: t.ParallelJobSpec) -> Problem | None:
+    model = spec.model
+    head_dim = model.hidden_size // model.attention_heads
+    if model.architecture != "llama" or head_dim % 2 == 0:
+        return None
+    return error(
+        "spec.model.hiddenSize",
+        f"hiddenSize / attentionHeads = {head_dim} is odd; rotary embeddings rotate pairs of a head's dimensions, "
+        "so llama needs an even head size.",
+    )
+
+
+_LLAMA = "has(self.model.architecture) && self.model.architecture == 'llama'"
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "heads-split-across-tensor",
@@ -142,5 +221,41 @@ RULES: tuple[Rule, ...] = (
         "|| self.training.data.source != 'text' || self.model.vocabSize >= 256",
         "byte-level text needs model.vocabSize of at least 256",
         _byte_vocab,
+    ),
+    Rule(
+        "kv-heads-need-llama",
+        ".model.kvHeads",
+        f"!has(self.model.kvHeads) || ({_LLAMA})",
+        "model.kvHeads (grouped-query attention) needs model.architecture llama",
+        _kv_heads_need_llama,
+    ),
+    Rule(
+        "tie-embeddings-need-llama",
+        ".model.tieEmbeddings",
+        f"!has(self.model.tieEmbeddings) || !self.model.tieEmbeddings || ({_LLAMA})",
+        "model.tieEmbeddings needs model.architecture llama",
+        _tie_needs_llama,
+    ),
+    Rule(
+        "kv-heads-divide-heads",
+        ".model.kvHeads",
+        "!has(self.model.kvHeads) || self.model.attentionHeads % self.model.kvHeads == 0",
+        "model.kvHeads must divide model.attentionHeads",
+        _kv_heads_divide_heads,
+    ),
+    Rule(
+        "kv-heads-fit-tensor",
+        ".model.kvHeads",
+        "!has(self.model.kvHeads) || !has(self.parallelism.tensor) "
+        "|| self.model.kvHeads % self.parallelism.tensor == 0 || self.parallelism.tensor % self.model.kvHeads == 0",
+        "model.kvHeads and parallelism.tensor must divide one another",
+        _kv_heads_fit_tensor,
+    ),
+    Rule(
+        "rotary-pairs",
+        ".model.hiddenSize",
+        f"!({_LLAMA}) || (self.model.hiddenSize / self.model.attentionHeads) % 2 == 0",
+        "llama needs an even head size (model.hiddenSize / model.attentionHeads)",
+        _rotary_pairs,
     ),
 )

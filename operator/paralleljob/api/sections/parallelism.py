@@ -57,6 +57,14 @@ class Parallelism:
         default=None,
         minimum=1,
     )
+    sequence_parallel: bool = api_field(
+        "Megatron sequence parallelism inside each tensor-parallel group: norms and residual adds run on 1/tensor of "
+        "the sequence, an all-gather precedes each column-parallel linear and a reduce-scatter follows each "
+        "row-parallel one (the same bytes as the all-reduces they replace), and activations outside the "
+        "parallel regions take 1/tensor of the memory. Needs tensor > 1, given explicitly, dividing "
+        "model.sequenceLength.",
+        default=False,
+    )
 
 
 _PAR = "self.parallelism"
@@ -180,6 +188,17 @@ def _gpus_per_node_divides_world(spec: t.ParallelJobSpec) -> Problem | None:
     )
 
 
+def _sequence_parallel_needs_tensor(spec: t.ParallelJobSpec) -> Problem | None:
+    tp, seq = spec.parallelism.tensor, spec.model.sequence_length
+    if not spec.parallelism.sequence_parallel or (tp is not None and tp > 1 and seq % tp == 0):
+        return None
+    return error(
+        "spec.parallelism.sequenceParallel",
+        f"needs an explicit parallelism.tensor > 1 that divides model.sequenceLength {seq} (tensor is {tp}); "
+        "set tensor, or turn sequenceParallel off.",
+    )
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "sizes-or-budget",
@@ -249,5 +268,13 @@ RULES: tuple[Rule, ...] = (
         "% self.gpusPerNode == 0))",
         "gpusPerNode must divide pipeline * tensor * data, so that the ranks fill whole pods",
         _gpus_per_node_divides_world,
+    ),
+    Rule(
+        "sequence-parallel-needs-tensor",
+        ".parallelism.sequenceParallel",
+        f"!has({_PAR}.sequenceParallel) || !{_PAR}.sequenceParallel "
+        f"|| (has({_PAR}.tensor) && {_PAR}.tensor > 1 && self.model.sequenceLength % {_PAR}.tensor == 0)",
+        "parallelism.sequenceParallel needs parallelism.tensor > 1 dividing model.sequenceLength",
+        _sequence_parallel_needs_tensor,
     ),
 )
