@@ -144,8 +144,19 @@ def configuration(folder: Path, webhook_port: int, health_port: int) -> dict[str
     }
 
 
-def _create(state: controlplane.State, path: str, body: dict[str, Any]) -> None:
-    controlplane.post(state, path, body)
+def _create(state: controlplane.State, path: str, body: dict[str, Any], timeout: float = 120.0) -> None:
+    """Create an object as the admin (one that exists is fine). Kueue's CRDs are large: a loaded API server
+    takes longer than `controlplane.post`'s 10 s to store one, so this waits longer."""
+    request = urllib.request.Request(state.server + path, data=json.dumps(body).encode(), method="POST")
+    request.add_header("Authorization", f"Bearer {state.tokens['admin']}")
+    request.add_header("Content-Type", "application/json")
+    context = ssl.create_default_context(cafile=str(state.ca))
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=timeout):
+            return
+    except urllib.error.HTTPError as error:
+        if error.code != 409:
+            raise KueueError(f"POST {path}: {error.code} {error.read().decode(errors='replace')}") from error
 
 
 def _established(state: controlplane.State, names: list[str]) -> bool:
