@@ -28,6 +28,7 @@ from paralleljob.handlers import reconcile
 from paralleljob.handlers.nodes import NodeWatch
 from paralleljob.planning.usage import UsageIndex
 from tests.chart.conftest import RELEASE_NAMESPACE, render
+from tests.cluster.apiserver import ClusterThread
 from tests.manifests.conftest import JOB_YAML
 from tests.operator import server as upstream
 from tests.operator.server import UpstreamServer
@@ -149,7 +150,15 @@ class Cluster:
         """A namespace, once the controller-manager gave it its `default` ServiceAccount: pods are refused
         before that, on a real cluster as on this one."""
         self.core.create_namespace({"metadata": {"name": name}})
-        wait_for(lambda: self.core.read_namespaced_service_account("default", name), what=f"{name}'s ServiceAccount")
+        if isinstance(self.server, UpstreamServer):
+            wait_for(
+                lambda: self.core.read_namespaced_service_account("default", name), what=f"{name}'s ServiceAccount"
+            )
+
+    @property
+    def emulator(self) -> Any:
+        """The strict emulator (ClusterThread) of a module not moved to the upstream control plane yet."""
+        return self.server
 
     def add_nodes(self, count: int, prefix: str = "gpu-", start: int = 0, **kwargs: Any) -> None:
         """Register Nodes as their kubelets would (the object, then its status). The API server taints every new
@@ -241,9 +250,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "con
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
-def operator_requests(server: UpstreamServer) -> list[tuple[str, str, str, str]]:
+def operator_requests(server: Any) -> list[tuple[str, str, str, str]]:
     """paralleljob.k8s's requests (kopf's list-and-watch is the framework's, made once at startup)."""
-    return [c[:4] for c in server.calls if c[4].startswith("paralleljob-operator") and c[2]]
+    return [c[:4] for c in _calls(server) if c[4].startswith("paralleljob-operator") and c[2]]
 
 
 def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str = "research") -> None:
@@ -251,14 +260,14 @@ def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str =
     kopf handles one object's events one after another, so when the operator reads the job for a change made
     after it read the job for an earlier change, the earlier pass, writes included, is over."""
     for poke in ("1", "2"):
-        mark = len(cluster.server.calls)
+        mark = len(_calls(cluster.server))
         patch = {"metadata": {"labels": {"test.paralleljob.io/poke": f"{time.monotonic_ns()}-{poke}"}}}
         cluster.custom.patch_namespaced_custom_object(
             "paralleljob.io", "v1alpha1", namespace, "paralleljobs", name, patch
         )
 
         def read_since(mark: int = mark) -> bool:
-            later = cluster.server.calls[mark:]
+            later = _calls(cluster.server)[mark:]
             return any(
                 c[0] == "get" and c[2] == "paralleljobs" and c[4].startswith("paralleljob-operator") for c in later
             )
@@ -330,13 +339,20 @@ def fresh_view(cluster: Cluster) -> reconcile.NodeView:
     return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage.snapshot())
 
 
-def generations_overlapping(server: UpstreamServer, job: str = "gpt") -> list[str]:
+def _history(server: Any) -> list[Any]:
+    """The pod changes a test replays: the node agent's watch, or the strict emulator's own record."""
+    if isinstance(server, UpstreamServer):
+        assert server.agent.gaps == 0, "the pod watch expired: the history has a gap"
+        return server.history
+    return list(server.server.history)
+
+
+def generations_overlapping(server: Any, job: str = "gpt") -> list[str]:
     """Replays the history of the job's pods (the node agent's watch): every moment a pod of one attempt was
     created while a pod of another attempt still existed (Terminating included)."""
-    assert server.agent.gaps == 0, "the pod watch expired: the history has a gap"
     live: dict[str, str] = {}
     overlaps = []
-    for change in server.history:
+    for change in _history(server):
         if change.plural != "pods" or change.labels.get("paralleljob.io/job") != job:
             continue
         attempt = change.labels.get("paralleljob.io/attempt", "")
@@ -349,13 +365,12 @@ def generations_overlapping(server: UpstreamServer, job: str = "gpt") -> list[st
     return overlaps
 
 
-def gpus_oversubscribed(server: UpstreamServer, gpus_per_node: int = 4) -> list[str]:
+def gpus_oversubscribed(server: Any, gpus_per_node: int = 4) -> list[str]:
     """Replays the history of every pod: each moment the pods pinned to a node (label paralleljob.io/node)
     and not finished requested more GPUs than the node has."""
-    assert server.agent.gaps == 0, "the pod watch expired: the history has a gap"
     holding: dict[tuple[str, str], tuple[str, int]] = {}
     found = []
-    for change in server.history:
+    for change in _history(server):
         node = change.labels.get("paralleljob.io/node")
         if change.plural != "pods" or not node:
             continue
@@ -388,8 +403,24 @@ def apiserver(control_plane: UpstreamServer) -> Iterator[UpstreamServer]:
 
 
 @pytest.fixture
-def cluster(apiserver: UpstreamServer) -> Cluster:
-    return Cluster(apiserver)
+def emulator(tmp_path: Path) -> Iterator[ClusterThread]:
+    """The strict emulator of tests/cluster, for the modules marked `emulator` that are not moved yet."""
+    thread = ClusterThread(tmp_path).start()
+    yield thread
+    denied = thread.server.denied
+    thread.stop()
+    assert denied == [], "the API server refused requests (least privilege or a missing permission)"
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> Any:
+    """The API server of the test: the upstream control plane, or the emulator for a module marked `emulator`."""
+    return request.getfixturevalue("emulator" if request.node.get_closest_marker("emulator") else "apiserver")
+
+
+@pytest.fixture
+def cluster(server: Any) -> Cluster:
+    return Cluster(server)
 
 
 @pytest.fixture
@@ -399,11 +430,9 @@ def operator_args() -> Sequence[str]:
 
 
 @pytest.fixture
-def operator(
-    apiserver: UpstreamServer, cluster: Cluster, tmp_path: Path, operator_args: Sequence[str]
-) -> Iterator[Operator]:
-    kubeconfig = install_operator_rbac(apiserver, cluster.client)
-    process = Operator(apiserver, tmp_path / "operator.log", kubeconfig, operator_args).start()
+def operator(server: Any, cluster: Cluster, tmp_path: Path, operator_args: Sequence[str]) -> Iterator[Operator]:
+    kubeconfig = install_operator_rbac(server, cluster.client)
+    process = Operator(server, tmp_path / "operator.log", kubeconfig, operator_args).start()
     yield process
     process.stop()
     sys.stderr.write((tmp_path / "operator.log").read_text()[-4000:])

@@ -44,7 +44,7 @@ def test_a_node_not_ready_past_the_grace_period_restarts_the_gang(cluster, opera
 
 
 def test_the_only_pod_of_a_single_node_gang_is_not_force_deleted_until_its_node_is_out_of_service(
-    cluster, operator, emulator
+    cluster, operator, apiserver
 ):
     cluster.add_nodes(2)
     cluster.apply(job_doc(**ONE_NODE))

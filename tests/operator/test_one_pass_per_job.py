@@ -21,12 +21,12 @@ def operator_calls(server, verb: str, plural: str, namespace: str, since: int = 
     )
 
 
-def test_a_node_change_never_runs_a_second_pass_beside_an_invalid_jobs_own(cluster, emulator, operator):
-    server = emulator.server
+def test_a_node_change_never_runs_a_second_pass_beside_an_invalid_jobs_own(cluster, apiserver, operator):
+    server = apiserver
     priorities = kubernetes.client.SchedulingV1Api(cluster.client)
     priorities.create_priority_class({"metadata": {"name": "high"}, "value": 1000})
     # A job that waits for GPUs, in a namespace of its own (the recorded calls name namespaces, not objects).
-    cluster.core.create_namespace({"metadata": {"name": "waiting"}})
+    cluster.create_namespace("waiting")
     cluster.apply(job_doc("gpt", "waiting"))
     wait_for(
         lambda: any(c.get("reason") == "Unschedulable" for c in cluster.status("gpt", "waiting").get("conditions", [])),
