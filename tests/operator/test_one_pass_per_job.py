@@ -5,8 +5,12 @@ other, so no job gets two Events or two status writes for one change."""
 from __future__ import annotations
 
 import kubernetes
+import pytest
 
 from tests.operator.conftest import OPERATOR_AGENTS, finish_operator_passes, job_doc, wait_for
+
+# Not moved to the upstream control plane yet (see docs/operator.md).
+pytestmark = pytest.mark.emulator
 
 # An admission policy refusal (the chart allows no PriorityClass by default) that also puts the job first in
 # every admission round it is offered to.
@@ -21,12 +25,12 @@ def operator_calls(server, verb: str, plural: str, namespace: str, since: int = 
     )
 
 
-def test_a_node_change_never_runs_a_second_pass_beside_an_invalid_jobs_own(cluster, apiserver, operator):
-    server = apiserver
+def test_a_node_change_never_runs_a_second_pass_beside_an_invalid_jobs_own(cluster, emulator, operator):
+    server = emulator.server
     priorities = kubernetes.client.SchedulingV1Api(cluster.client)
     priorities.create_priority_class({"metadata": {"name": "high"}, "value": 1000})
     # A job that waits for GPUs, in a namespace of its own (the recorded calls name namespaces, not objects).
-    cluster.create_namespace("waiting")
+    cluster.core.create_namespace({"metadata": {"name": "waiting"}})
     cluster.apply(job_doc("gpt", "waiting"))
     wait_for(
         lambda: any(c.get("reason") == "Unschedulable" for c in cluster.status("gpt", "waiting").get("conditions", [])),

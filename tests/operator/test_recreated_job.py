@@ -3,41 +3,26 @@ which the garbage collector removes some time after the delete (asynchronously, 
 
 from __future__ import annotations
 
-import threading
+import pytest
 
 from tests.operator.conftest import job_doc, wait_for
+
+# Not moved to the upstream control plane yet (see docs/operator.md).
+pytestmark = pytest.mark.emulator
 
 
 def owner_uid(obj):
     return obj["metadata"]["ownerReferences"][0]["uid"]
 
 
-def keep_until_released(cluster, pods):
-    """A finalizer of the test's on each pod: the garbage collector's delete leaves it Terminating until the
-    test lets it go, a collection that takes its time (the real one is asynchronous, but quick)."""
-    for pod in pods:
-        patch = {"metadata": {"finalizers": [HOLD]}}
-        cluster.core.patch_namespaced_pod(pod["metadata"]["name"], "research", patch)
-
-
-def release(cluster):
-    for pod in cluster.pods():
-        if HOLD in (pod["metadata"].get("finalizers") or []):
-            cluster.core.patch_namespaced_pod(pod["metadata"]["name"], "research", {"metadata": {"finalizers": None}})
-
-
-HOLD = "test.paralleljob.io/collected-late"
-
-
-def test_a_recreated_job_waits_for_the_old_children_and_makes_its_own(cluster, operator, apiserver):
+def test_a_recreated_job_waits_for_the_old_children_and_makes_its_own(cluster, operator, emulator):
     cluster.add_nodes(16)
+    emulator.emulator.gc_delay = 2.0
     old = cluster.apply(job_doc())
     wait_for(lambda: len(cluster.pods()) == 16, what="the first job's pods")
     wait_for(lambda: cluster.status().get("message", "").startswith("16 pods"), what="placed")
-    keep_until_released(cluster, cluster.pods())
     cluster.custom.delete_namespaced_custom_object("paralleljob.io", "v1alpha1", "research", "paralleljobs", "gpt")
     new = cluster.apply(job_doc())
-    threading.Timer(2.0, release, args=(cluster,)).start()
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
     uid = new["metadata"]["uid"]
 
@@ -46,6 +31,8 @@ def test_a_recreated_job_waits_for_the_old_children_and_makes_its_own(cluster, o
         return len(pods) == 16 and all(owner_uid(p) == uid for p in pods) and cluster.status().get("message", "")
 
     wait_for(lambda: (converged() or "").startswith("16 pods"), timeout=30, what="the new job's own pods")
+    client = emulator.emulator
+    assert client is not None
     config = cluster.core.api_client.sanitize_for_serialization(
         cluster.core.read_namespaced_config_map("gpt-config", "research")
     )
