@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # DeepSpeed's shared-memory comm op is compiled once at install time instead of at every first run.
 DEEPSPEED_INSTALL := DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install --no-build-isolation deepspeed==0.19.8
 
-.PHONY: quickstart test lint setup setup-dev tools cluster-demo
+.PHONY: quickstart test lint setup setup-dev tools kwok cluster-demo
 
 quickstart: $(VENV)/.stamp-run
 	$(BIN)/paralleljob run examples/quickstart.yaml --output runs/quickstart
@@ -51,3 +51,7 @@ $(VENV)/.stamp-dev: $(VENV)/.stamp-run
 tools:
 	bash scripts/build-control-plane.sh
 	bash scripts/install-k8s-tools.sh
+
+# kwok, for the scale benchmarks only (bench/, docs/operator.md): not part of `make test`.
+kwok:
+	bash scripts/build-kwok.sh
