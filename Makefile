@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # DeepSpeed's shared-memory comm op is compiled once at install time instead of at every first run.
 DEEPSPEED_INSTALL := DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install --no-build-isolation deepspeed==0.19.8
 
-.PHONY: quickstart test lint setup setup-dev tools cluster-demo images images-operator images-test
+.PHONY: quickstart test lint setup setup-dev tools kwok cluster-demo images images-operator images-test
 
 quickstart: $(VENV)/.stamp-run
 	$(BIN)/paralleljob run examples/quickstart.yaml --output runs/quickstart
@@ -67,3 +67,7 @@ tools:
 	bash scripts/build-control-plane.sh
 	bash scripts/build-kueue.sh
 	bash scripts/install-k8s-tools.sh
+
+# kwok, for the scale benchmarks only (bench/, docs/operator.md): not part of `make test`.
+kwok:
+	bash scripts/build-kwok.sh

@@ -1,10 +1,13 @@
-"""Fixtures for operator tests: the strict cluster's API server on a real port (tests/cluster), the operator as
-a `paralleljob operator` process talking to it over HTTP as the ServiceAccount the chart renders, with the
-chart's RBAC from `helm template` applied, a kubernetes client (the admin's) for the test's own reads and
-writes, and builders.
+"""Fixtures for operator tests: the upstream control plane (tests/operator/server.py: kube-apiserver, etcd and
+kube-controller-manager, one per test worker, shared by its tests one after another and reset between them),
+the operator as a `paralleljob operator` process talking to it through the fault proxy as the ServiceAccount
+the chart renders, with the chart's RBAC from `helm template` applied, a kubernetes client (the admin's,
+straight to the server) for the test's own reads and writes, and builders.
 
 Nothing of ours is monkeypatched: the operator process runs the real kopf handlers and the real
-`paralleljob.k8s` calls, and every one of them passes RBAC or is refused with 403 (each test fails on a refusal).
+`paralleljob.k8s` calls, and every one of them passes the real server's RBAC or is refused with 403 (each
+test fails on a refusal). The test plays the scheduler and the kubelets: it writes the Nodes and binds and
+starts the pods; graceful deletions on Ready nodes are confirmed by the node agent (server.NodeAgent).
 """
 
 from __future__ import annotations
@@ -27,14 +30,21 @@ from paralleljob.planning.usage import UsageIndex
 from tests.chart.conftest import RELEASE_NAMESPACE, render
 from tests.cluster.apiserver import ClusterThread
 from tests.manifests.conftest import JOB_YAML
+from tests.operator import server as upstream
+from tests.operator.server import UpstreamServer
 
 OPERATOR_AGENTS = ("kopf", "paralleljob-operator")  # kopf's own requests, and paralleljob.k8s's
 
 
-def operator_calls(emulator: ClusterThread) -> list[tuple[str, str, str, str]]:
+def _calls(server: Any) -> list[tuple[str, str, str, str, str]]:
+    """(verb, group, resource, namespace, user agent) of the requests a server saw: the upstream server's
+    through its proxy, or the strict emulator's (tests/chart still drives the operator on it)."""
+    return list(server.calls if isinstance(server, UpstreamServer) else server.server.calls)
+
+
+def operator_calls(server: Any) -> list[tuple[str, str, str, str]]:
     """(verb, group, resource, namespace) of every resource request the operator process made."""
-    assert emulator.emulator is not None
-    return [call[:4] for call in emulator.emulator.calls if call[4].startswith(OPERATOR_AGENTS) and call[2]]
+    return [call[:4] for call in _calls(server) if call[4].startswith(OPERATOR_AGENTS) and call[2]]
 
 
 # The chart's objects that make the operator's identity and permissions (the rest is its Deployment).
@@ -53,7 +63,7 @@ def chart_rbac(
 
 
 def install_operator_rbac(
-    emulator: ClusterThread,
+    server: Any,
     client: kubernetes.client.ApiClient,
     watch_namespaces: tuple[str, ...] = (),
     values: dict[str, Any] | None = None,
@@ -72,7 +82,7 @@ def install_operator_rbac(
     for obj in objects:
         kubernetes.utils.create_from_dict(client, obj)
     (account,) = (o for o in objects if o["kind"] == "ServiceAccount")
-    return emulator.kubeconfig_for(account["metadata"]["namespace"], account["metadata"]["name"])
+    return Path(server.kubeconfig_for(account["metadata"]["namespace"], account["metadata"]["name"]))
 
 
 # The operator's scenarios run the manifests tests' job (tests/manifests/conftest.py) at 16 nodes: 4x4x4 on
@@ -109,26 +119,58 @@ def node_doc(
             },
         },
         "status": {
-            "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "96", "memory": "1Ti", **(allocatable or {})},
+            "allocatable": {
+                "nvidia.com/gpu": str(gpus),
+                "cpu": "96",
+                "memory": "1Ti",
+                "pods": "110",
+                **(allocatable or {}),
+            },
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         },
     }
 
 
-class Cluster:
-    """The test's view of the emulated cluster, through the kubernetes client (as kubectl would)."""
+def node_ready(doc: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in doc["status"]["conditions"])
 
-    def __init__(self, emulator: ClusterThread, namespaces: Sequence[str] = ("research",)) -> None:
-        self.emulator = emulator
-        self.client = kubernetes.config.new_client_from_config(str(emulator.kubeconfig))
+
+class Cluster:
+    """The test's view of the cluster, through the kubernetes client as the admin (as kubectl would)."""
+
+    def __init__(self, server: Any, namespaces: Sequence[str] = ("research",)) -> None:
+        self.server = server
+        self.client = kubernetes.config.new_client_from_config(str(server.kubeconfig))
         self.core = kubernetes.client.CoreV1Api(self.client)
         self.custom = kubernetes.client.CustomObjectsApi(self.client)
         for namespace in namespaces:
-            self.core.create_namespace({"metadata": {"name": namespace}})
+            self.create_namespace(namespace)
+
+    def create_namespace(self, name: str) -> None:
+        """A namespace, once the controller-manager gave it its `default` ServiceAccount: pods are refused
+        before that, on a real cluster as on this one."""
+        self.core.create_namespace({"metadata": {"name": name}})
+        if isinstance(self.server, UpstreamServer):
+            wait_for(
+                lambda: self.core.read_namespaced_service_account("default", name), what=f"{name}'s ServiceAccount"
+            )
+
+    @property
+    def emulator(self) -> Any:
+        """The strict emulator (ClusterThread) of a module not moved to the upstream control plane yet."""
+        return self.server
 
     def add_nodes(self, count: int, prefix: str = "gpu-", start: int = 0, **kwargs: Any) -> None:
+        """Register Nodes as their kubelets would (the object, then its status). The API server taints every new
+        Node not-ready (TaintNodesByCondition); the node-lifecycle controller lifts that from a Ready one, and the
+        test plays it."""
         for index in range(start, start + count):
-            self.core.create_node(node_doc(f"{prefix}{index:03d}", **kwargs))
+            doc = node_doc(f"{prefix}{index:03d}", **kwargs)
+            name = doc["metadata"]["name"]
+            self.core.create_node({"metadata": doc["metadata"]})
+            self.core.patch_node_status(name, {"status": doc["status"]})
+            if node_ready(doc):
+                self.core.patch_node(name, {"spec": {"taints": None}})
 
     def apply(self, doc: dict[str, Any]) -> dict[str, Any]:
         ns = doc["metadata"]["namespace"]
@@ -184,6 +226,16 @@ class Cluster:
         return [client.sanitize_for_serialization(e) for e in self.core.list_namespaced_event(namespace).items]
 
 
+# What the cluster itself puts in every namespace: the controller-manager's root CA ConfigMap and `default`
+# ServiceAccount.
+CLUSTER_MADE = frozenset({"kube-root-ca.crt", "default"})
+
+
+def made_here(listing: Any) -> list[str]:
+    """Names of the objects of a listing, less what the cluster itself puts in every namespace."""
+    return sorted(item.metadata.name for item in listing.items if item.metadata.name not in CLUSTER_MADE)
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -198,9 +250,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "con
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
-def operator_requests(emulator: ClusterThread) -> list[tuple[str, str, str, str]]:
+def operator_requests(server: Any) -> list[tuple[str, str, str, str]]:
     """paralleljob.k8s's requests (kopf's list-and-watch is the framework's, made once at startup)."""
-    return [c[:4] for c in emulator.server.calls if c[4].startswith("paralleljob-operator") and c[2]]
+    return [c[:4] for c in _calls(server) if c[4].startswith("paralleljob-operator") and c[2]]
 
 
 def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str = "research") -> None:
@@ -208,14 +260,14 @@ def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str =
     kopf handles one object's events one after another, so when the operator reads the job for a change made
     after it read the job for an earlier change, the earlier pass, writes included, is over."""
     for poke in ("1", "2"):
-        mark = len(cluster.emulator.server.calls)
+        mark = len(_calls(cluster.server))
         patch = {"metadata": {"labels": {"test.paralleljob.io/poke": f"{time.monotonic_ns()}-{poke}"}}}
         cluster.custom.patch_namespaced_custom_object(
             "paralleljob.io", "v1alpha1", namespace, "paralleljobs", name, patch
         )
 
         def read_since(mark: int = mark) -> bool:
-            later = cluster.emulator.server.calls[mark:]
+            later = _calls(cluster.server)[mark:]
             return any(
                 c[0] == "get" and c[2] == "paralleljobs" and c[4].startswith("paralleljob-operator") for c in later
             )
@@ -230,8 +282,8 @@ class Operator:
     # breaks its gang at once (tests/operator/test_not_ready.py gives it a grace period).
     ARGS = ("--force-delete-after", "1", "--not-ready-grace", "0")
 
-    def __init__(self, emulator: ClusterThread, log: Path, kubeconfig: Path, args: Sequence[str] = ARGS) -> None:
-        self.emulator, self.log, self.kubeconfig, self.args = emulator, log, kubeconfig, list(args)
+    def __init__(self, server: Any, log: Path, kubeconfig: Path, args: Sequence[str] = ARGS) -> None:
+        self.server, self.log, self.kubeconfig, self.args = server, log, kubeconfig, list(args)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Operator:
@@ -287,13 +339,20 @@ def fresh_view(cluster: Cluster) -> reconcile.NodeView:
     return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage.snapshot())
 
 
-def generations_overlapping(emulator: ClusterThread, job: str = "gpt") -> list[str]:
-    """Replays the emulator's history of the job's pods: every moment a pod of one attempt was created while
-    a pod of another attempt still existed (Terminating included)."""
-    assert emulator.emulator is not None
+def _history(server: Any) -> list[Any]:
+    """The pod changes a test replays: the node agent's watch, or the strict emulator's own record."""
+    if isinstance(server, UpstreamServer):
+        assert server.agent.gaps == 0, "the pod watch expired: the history has a gap"
+        return server.history
+    return list(server.server.history)
+
+
+def generations_overlapping(server: Any, job: str = "gpt") -> list[str]:
+    """Replays the history of the job's pods (the node agent's watch): every moment a pod of one attempt was
+    created while a pod of another attempt still existed (Terminating included)."""
     live: dict[str, str] = {}
     overlaps = []
-    for change in emulator.emulator.history:
+    for change in _history(server):
         if change.plural != "pods" or change.labels.get("paralleljob.io/job") != job:
             continue
         attempt = change.labels.get("paralleljob.io/attempt", "")
@@ -306,13 +365,12 @@ def generations_overlapping(emulator: ClusterThread, job: str = "gpt") -> list[s
     return overlaps
 
 
-def gpus_oversubscribed(emulator: ClusterThread, gpus_per_node: int = 4) -> list[str]:
+def gpus_oversubscribed(server: Any, gpus_per_node: int = 4) -> list[str]:
     """Replays the history of every pod: each moment the pods pinned to a node (label paralleljob.io/node)
     and not finished requested more GPUs than the node has."""
-    assert emulator.emulator is not None
     holding: dict[tuple[str, str], tuple[str, int]] = {}
     found = []
-    for change in emulator.emulator.history:
+    for change in _history(server):
         node = change.labels.get("paralleljob.io/node")
         if change.plural != "pods" or not node:
             continue
@@ -327,8 +385,26 @@ def gpus_oversubscribed(emulator: ClusterThread, gpus_per_node: int = 4) -> list
     return found
 
 
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamServer]:
+    """The worker's upstream control plane, started on first use (tests/operator/server.py)."""
+    yield from upstream.started(tmp_path_factory.mktemp("operator-control-plane"))
+
+
+@pytest.fixture
+def apiserver(control_plane: UpstreamServer) -> Iterator[UpstreamServer]:
+    """The control plane for one test: nothing recorded at the start; reset to how it was after start-up, and
+    every fault lifted, at the end."""
+    control_plane.begin()
+    yield control_plane
+    denied = list(control_plane.denied)
+    control_plane.reset()
+    assert denied == [], "the API server refused requests (least privilege or a missing permission)"
+
+
 @pytest.fixture
 def emulator(tmp_path: Path) -> Iterator[ClusterThread]:
+    """The strict emulator of tests/cluster, for the modules marked `emulator` that are not moved yet."""
     thread = ClusterThread(tmp_path).start()
     yield thread
     denied = thread.server.denied
@@ -337,8 +413,14 @@ def emulator(tmp_path: Path) -> Iterator[ClusterThread]:
 
 
 @pytest.fixture
-def cluster(emulator: ClusterThread) -> Cluster:
-    return Cluster(emulator)
+def server(request: pytest.FixtureRequest) -> Any:
+    """The API server of the test: the upstream control plane, or the emulator for a module marked `emulator`."""
+    return request.getfixturevalue("emulator" if request.node.get_closest_marker("emulator") else "apiserver")
+
+
+@pytest.fixture
+def cluster(server: Any) -> Cluster:
+    return Cluster(server)
 
 
 @pytest.fixture
@@ -348,11 +430,9 @@ def operator_args() -> Sequence[str]:
 
 
 @pytest.fixture
-def operator(
-    emulator: ClusterThread, cluster: Cluster, tmp_path: Path, operator_args: Sequence[str]
-) -> Iterator[Operator]:
-    kubeconfig = install_operator_rbac(emulator, cluster.client)
-    process = Operator(emulator, tmp_path / "operator.log", kubeconfig, operator_args).start()
+def operator(server: Any, cluster: Cluster, tmp_path: Path, operator_args: Sequence[str]) -> Iterator[Operator]:
+    kubeconfig = install_operator_rbac(server, cluster.client)
+    process = Operator(server, tmp_path / "operator.log", kubeconfig, operator_args).start()
     yield process
     process.stop()
     sys.stderr.write((tmp_path / "operator.log").read_text()[-4000:])

@@ -20,7 +20,7 @@ def test_job_that_does_not_fit_waits_with_the_reason_and_starts_when_nodes_arriv
     wait_for(lambda: len(cluster.pods()) == 16, what="pods after nodes were added")
 
 
-def test_two_jobs_competing_never_oversubscribe_and_the_second_waits(cluster, operator, emulator):
+def test_two_jobs_competing_never_oversubscribe_and_the_second_waits(cluster, operator, apiserver):
     cluster.add_nodes(20)
     cluster.apply(job_doc("first"))
     cluster.apply(job_doc("second"))
@@ -39,10 +39,10 @@ def test_two_jobs_competing_never_oversubscribe_and_the_second_waits(cluster, op
     for pod in cluster.pods(running) + cluster.pods(waiting):
         per_node[pod["metadata"]["labels"]["paralleljob.io/node"]] += 4
     assert max(per_node.values()) <= 4
-    assert gpus_oversubscribed(emulator) == []
+    assert gpus_oversubscribed(apiserver) == []
 
 
-def test_a_waiting_job_starts_when_the_job_holding_the_gpus_finishes(cluster, operator, emulator):
+def test_a_waiting_job_starts_when_the_job_holding_the_gpus_finishes(cluster, operator, apiserver):
     cluster.add_nodes(16)
     cluster.apply(job_doc("first"))
     wait_for(lambda: len(cluster.pods("first")) == 16, what="the first job's pods")
@@ -55,4 +55,4 @@ def test_a_waiting_job_starts_when_the_job_holding_the_gpus_finishes(cluster, op
     cluster.set_pod_phase("first-0", "Succeeded")
     wait_for(lambda: cluster.status("first").get("phase") == "Succeeded", what="the first job done")
     wait_for(lambda: len(cluster.pods("second")) == 16, timeout=20, what="the second job's pods")
-    assert gpus_oversubscribed(emulator) == []
+    assert gpus_oversubscribed(apiserver) == []

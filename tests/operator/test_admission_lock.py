@@ -1,4 +1,4 @@
-"""The cluster-wide admission lock (`paralleljob.k8s.admission_lock`) on the strict cluster, as the chart's
+"""The cluster-wide admission lock (`paralleljob.k8s.admission_lock`) on the upstream API server, as the chart's
 ServiceAccount with the chart's RBAC for that one Lease: one holder at a time, a dead holder's lock free again
 once a waiter has seen it unchanged for its duration (whatever the clocks say: this API server's is an hour
 behind the operator's), the times written in the server's clock, a hold too old to write under refused, and a
@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import kubernetes
 import pytest
@@ -18,24 +16,22 @@ import pytest
 from paralleljob.commands import operator as operator_command
 from paralleljob.k8s import admission_lock
 from paralleljob.k8s import session as k8s_session
-from tests.cluster.apiserver import ClusterThread
 from tests.operator.conftest import install_operator_rbac
+from tests.operator.server import UpstreamServer
 
 AN_HOUR = 3600.0
 
 
 @pytest.fixture
-def emulator(tmp_path: Path) -> Iterator[ClusterThread]:
-    thread = ClusterThread(tmp_path, clock_offset=-AN_HOUR).start()
-    yield thread
-    denied = thread.server.denied
-    thread.stop()
-    assert denied == [], "the API server refused requests (least privilege or a missing permission)"
+def apiserver(apiserver: UpstreamServer) -> UpstreamServer:
+    """An API server whose clock is an hour behind the operator's: every answer's Date says so (the proxy)."""
+    apiserver.clock_offset = -AN_HOUR
+    return apiserver
 
 
 @pytest.fixture
-def session(emulator: ClusterThread, cluster) -> k8s_session.Session:
-    return k8s_session.connect(str(install_operator_rbac(emulator, cluster.client)))
+def session(apiserver: UpstreamServer, cluster) -> k8s_session.Session:
+    return k8s_session.connect(str(install_operator_rbac(apiserver, cluster.client)))
 
 
 # The Lease every operator takes by default, as the chart's RBAC grants it.

@@ -3,7 +3,12 @@ rule, a Warning Event, and nothing created for them, while the cluster has room 
 
 from __future__ import annotations
 
+import pytest
+
 from tests.operator.conftest import job_doc, wait_for
+
+# Not moved to the upstream control plane yet (see docs/operator.md).
+pytestmark = pytest.mark.emulator
 
 ESCALATIONS = {
     "host-path-root": (

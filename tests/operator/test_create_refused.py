@@ -8,9 +8,9 @@ from tests.operator.conftest import finish_operator_passes, job_doc, operator_ca
 INVALID = 'Pod "gpt-0" is invalid: spec.volumes[4].persistentVolumeClaim.claimName: Required value'
 
 
-def test_a_refused_pod_fails_the_attempt_with_the_api_message_and_no_storm(cluster, operator, emulator):
+def test_a_refused_pod_fails_the_attempt_with_the_api_message_and_no_storm(cluster, operator, apiserver):
     cluster.add_nodes(16)
-    emulator.emulator.rejects["pods"] = (422, "Invalid", INVALID)
+    apiserver.rejects["pods"] = (422, "Invalid", INVALID)
     cluster.apply(job_doc(failurePolicy={"backoffLimit": 1}))
     status = wait_for(lambda: cluster.status().get("phase") == "Failed" and cluster.status(), what="Failed")
     conditions = {c["type"]: c for c in status["conditions"]}
@@ -20,5 +20,5 @@ def test_a_refused_pod_fails_the_attempt_with_the_api_message_and_no_storm(clust
     refused = [e for e in cluster.events() if e["reason"] == "CreateFailed"]
     assert len(refused) == 2 and INVALID in refused[0]["message"]  # one per attempt
     finish_operator_passes(cluster)  # every pass so far has ended: no retry is on its way
-    pod_creates = [c for c in operator_calls(emulator) if c[:3] == ("create", "", "pods")]
+    pod_creates = [c for c in operator_calls(apiserver) if c[:3] == ("create", "", "pods")]
     assert len(pod_creates) == 2  # the first pod of each attempt, then nothing more

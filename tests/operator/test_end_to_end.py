@@ -83,7 +83,7 @@ def test_sixteen_node_job_gets_its_children_and_status(cluster, operator):
     assert "last checkpoint step 100 in /checkpoints/research/gpt/global_step100" in completed[0]["message"]
 
 
-def test_failed_pod_restarts_the_gang_and_backoff_limit_fails_the_job(cluster, operator, emulator):
+def test_failed_pod_restarts_the_gang_and_backoff_limit_fails_the_job(cluster, operator, apiserver):
     cluster.add_nodes(17)
     cluster.apply(job_doc(failurePolicy={"backoffLimit": 1}))
     wait_for(lambda: len(cluster.pods()) == 16, what="16 pods")
@@ -108,8 +108,8 @@ def test_failed_pod_restarts_the_gang_and_backoff_limit_fails_the_job(cluster, o
     assert status["restarts"] == 1
     wait_for(lambda: cluster.pods() == [], what="pods deleted")
     assert "Failed" in {e["reason"] for e in cluster.events()}
-    assert generations_overlapping(emulator) == []
-    assert emulator.emulator.force_deleted == []
+    assert generations_overlapping(apiserver) == []
+    assert apiserver.force_deleted == []
 
 
 def restarted(cluster, attempt, pods=16):
@@ -136,7 +136,7 @@ def lose_node(cluster, pod):
     [(evict, []), (delete, []), (lose_node, ["gpt-7"])],
     ids=["evicted", "deleted", "node-not-ready"],
 )
-def test_a_lost_pod_restarts_the_whole_gang_one_generation_at_a_time(cluster, operator, emulator, breakage, forced):
+def test_a_lost_pod_restarts_the_whole_gang_one_generation_at_a_time(cluster, operator, apiserver, breakage, forced):
     cluster.add_nodes(17)
     cluster.apply(job_doc())
     wait_for(lambda: len(cluster.pods()) == 16 and placed(cluster), what="placed")
@@ -152,5 +152,5 @@ def test_a_lost_pod_restarts_the_whole_gang_one_generation_at_a_time(cluster, op
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Ready"] == "GangRestart"
     # No pod of attempt 1 was created while any pod of attempt 0 (Terminating included) still existed, and
     # only a pod whose kubelet is gone was force-deleted: the others stopped their containers first.
-    assert generations_overlapping(emulator) == []
-    assert emulator.emulator.force_deleted == forced
+    assert generations_overlapping(apiserver) == []
+    assert apiserver.force_deleted == forced

@@ -7,6 +7,9 @@ import pytest
 
 from tests.operator.conftest import finish_operator_passes, job_doc, operator_requests, wait_for
 
+# Not moved to the upstream control plane yet (see docs/operator.md).
+pytestmark = pytest.mark.emulator
+
 ZERO_2_WITH_PIPELINE = {
     "deepspeed": {
         "train_micro_batch_size_per_gpu": 1,

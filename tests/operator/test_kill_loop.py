@@ -20,6 +20,7 @@ import os
 import random
 
 import kubernetes
+import pytest
 
 from paralleljob.handlers import reconcile
 from paralleljob.k8s import session as k8s_session
@@ -30,6 +31,9 @@ from tests.operator.conftest import (
     install_operator_rbac,
     job_doc,
 )
+
+# Not moved to the upstream control plane yet (see docs/operator.md).
+pytestmark = pytest.mark.emulator
 
 FOUR_NODES = {"parallelism": {"pipeline": 1, "tensor": 4, "data": 4}, "failurePolicy": {"backoffLimit": 3}}
 FAILURES = 2  # gang restarts the world causes before letting rank 0 finish

@@ -17,6 +17,9 @@ import pytest
 from tests.chart.conftest import RELEASE_NAMESPACE, only, render
 from tests.operator.conftest import Operator, install_operator_rbac, job_doc, operator_requests, wait_for
 
+# Not moved to the upstream control plane yet (see docs/operator.md).
+pytestmark = pytest.mark.emulator
+
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
 LEASE_SECONDS = "6"  # short, for the test; still above what this loaded machine needs to renew in time
 WRITES = ("create", "patch", "update", "delete")

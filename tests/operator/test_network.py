@@ -3,9 +3,14 @@ NetworkReady condition, and the job fails at once instead of spending its restar
 
 from __future__ import annotations
 
+import pytest
+
 from paralleljob.manifests import labels
 from paralleljob_trainer import k8s_status, nccl_log
 from tests.operator.conftest import job_doc, wait_for
+
+# Not moved to the upstream control plane yet (see docs/operator.md).
+pytestmark = pytest.mark.emulator
 
 # What the trainer writes to /dev/termination-log on a node without RDMA devices (paralleljob_trainer.preflight).
 NO_RDMA_DEVICE = (

@@ -18,6 +18,9 @@ import pytest
 from paralleljob.api import crd
 from tests.operator.conftest import job_doc, wait_for
 
+# Not moved to the upstream control plane yet (see docs/operator.md).
+pytestmark = pytest.mark.emulator
+
 KUBECTL = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
 
 

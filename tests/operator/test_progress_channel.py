@@ -4,7 +4,12 @@ restarts. (Which calls rank 0's token may make at all is tests/cluster's RBAC, s
 
 from __future__ import annotations
 
+import pytest
+
 from tests.operator.conftest import job_doc, wait_for
+
+# Not moved to the upstream control plane yet (see docs/operator.md).
+pytestmark = pytest.mark.emulator
 
 TWO_NODES = {"parallelism": {"pipeline": 2, "tensor": 4, "data": 1}}
 

@@ -14,6 +14,9 @@ import pytest
 from tests.cluster.apiserver import ClusterThread
 from tests.operator.conftest import Operator, job_doc, wait_for
 
+# Not moved to the upstream control plane yet (see docs/operator.md).
+pytestmark = pytest.mark.emulator
+
 AN_HOUR = 3600.0
 TIMEOUT = 4
 

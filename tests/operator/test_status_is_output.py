@@ -11,6 +11,9 @@ import pytest
 
 from tests.operator.conftest import Operator, finish_operator_passes, install_operator_rbac, job_doc, wait_for
 
+# Not moved to the upstream control plane yet (see docs/operator.md).
+pytestmark = pytest.mark.emulator
+
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
 VERDICTS = ("Admitted", "Placed", "Unschedulable")
 

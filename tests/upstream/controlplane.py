@@ -310,12 +310,13 @@ def _etcd_ready(port: int) -> bool:
         return b'"health":"true"' in response.read()
 
 
-def up(folder: Path, controllers: str = "*") -> State:
+def up(folder: Path, controllers: str = "*", *, scheduler: bool = True) -> State:
     """Start etcd, the API server, the scheduler and the controller-manager; return once the API server is ready
     and the controller-manager has published the root CA to the default namespace (its controllers run).
 
     `controllers` is the controller-manager's `--controllers`: a benchmark whose nodes are written once, with no
-    kubelet to renew them, turns off `node-lifecycle-controller` so that they stay Ready."""
+    kubelet to renew them, turns off `node-lifecycle-controller` so that they stay Ready. Without `scheduler`
+    no kube-scheduler runs: tests that play the scheduler bind pods themselves (pods/binding)."""
     folder = folder.resolve()
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     keys = pki.make_keys(folder / "pki")
@@ -332,7 +333,8 @@ def up(folder: Path, controllers: str = "*") -> State:
         )
         state.save()
         wait_until(state, "kube-apiserver", lambda: get(state, "/readyz")[0] == 200)
-        state.pids["kube-scheduler"] = _start(folder, "kube-scheduler", _scheduler_args(folder, state, free_port()))
+        if scheduler:
+            state.pids["kube-scheduler"] = _start(folder, "kube-scheduler", _scheduler_args(folder, state, free_port()))
         state.pids["kube-controller-manager"] = _start(
             folder, "kube-controller-manager", _controller_manager_args(state, keys, free_port(), controllers)
         )
@@ -355,13 +357,23 @@ def down(folder: Path, grace: float = 10.0) -> None:
     except FileNotFoundError:
         return
     for name, pid in reversed(list(state.pids.items())):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        stop_process(pid, grace)
         del state.pids[name]
         state.save()
+
+
+def stop_process(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def start_scheduler(state: State) -> int:
+    """A kube-scheduler for a cluster started without one; its process id (stop it with `stop_process`)."""
+    return _start(state.folder, "kube-scheduler", _scheduler_args(state.folder, state, free_port()))

@@ -10,9 +10,14 @@ Faults (attributes of `FaultProxy`, safe to set from the test's thread):
 - `held`: (method, resource) pairs, e.g. ("POST", "configmaps"), whose requests wait until the pair is removed:
   an API server that stalls;
 - `muted`: resources whose watch streams carry no events (the connection stays open): a watch that lost events;
-- `clock_offset`: seconds added to every answer's `Date` header: a server whose clock is skewed.
+- `clock_offset`: seconds added to every answer's `Date` header: a server whose clock is skewed;
+- by RBAC verb and resource (`verb_of`; a subresource as "pods/binding"), for faults that must tell a list from
+  a get or a status patch from a patch: `latency` (seconds a request waits before it is forwarded: a slow
+  server), `held_verbs` (as `held`), and `rejects` (creates of a resource answered with this (HTTP status,
+  reason, message) and never forwarded: an admission webhook or a quota that refuses).
 
-Every request is recorded in `calls` as (method, resource, namespace, user agent, status).
+Every request is recorded in `calls` as (method, resource, namespace, user agent, status), and in `requests`
+with its verb, group, subresource, name, and whether it was a delete with `gracePeriodSeconds=0` (a force delete).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import email.utils
+import json
 import re
 import ssl
 import threading
@@ -55,6 +61,65 @@ def resource_of(path: str) -> tuple[str, str]:
     return resource, namespace
 
 
+class Request(NamedTuple):
+    """A request as RBAC sees it (the verb, the resource with its subresource), with the proxy's answer."""
+
+    verb: str
+    group: str
+    resource: str
+    namespace: str
+    agent: str
+    status: int
+    name: str
+    force: bool  # a delete with gracePeriodSeconds=0
+
+
+ANY_PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/[^/]+)(?P<rest>(?:/[^/]+)*)/?$")
+
+
+def verb_of(method: str, path: str, watching: bool) -> tuple[str, str, str, str, str]:
+    """(verb, group, resource[/subresource], namespace, name) of an API path, as RBAC names them; ("", ...)
+    for discovery and other paths that name no resource."""
+    match = ANY_PATH.match(path)
+    parts = [p for p in (match.group("rest") if match else "").split("/") if p]
+    if not match or not parts:
+        return "", "", "", "", ""
+    group, namespace = match.group("group") or "", ""
+    if parts[0] == "namespaces" and len(parts) >= 3:
+        namespace, parts = parts[1], parts[2:]
+    resource = parts[0]
+    name = parts[1] if len(parts) > 1 else ""
+    if len(parts) > 2:
+        resource = f"{resource}/{parts[2]}"
+    if watching:
+        verb = "watch"
+    elif method == "GET":
+        verb = "get" if name else "list"
+    elif method == "DELETE":
+        verb = "delete" if name else "deletecollection"
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+    return verb, group, resource, namespace, name
+
+
+def _force(method: str, query: Any, body: bytes) -> bool:
+    if method != "DELETE":
+        return False
+    if query.get("gracePeriodSeconds") == "0":
+        return True
+    try:
+        return bool(body) and json.loads(body).get("gracePeriodSeconds") == 0
+    except (ValueError, AttributeError):
+        return False
+
+
+def _message(body: bytes) -> str:
+    try:
+        return str(json.loads(body).get("message", ""))
+    except (ValueError, AttributeError):
+        return body.decode(errors="replace")
+
+
 class FaultProxy:
     def __init__(self, state: controlplane.State) -> None:
         self.state = state
@@ -65,6 +130,11 @@ class FaultProxy:
         self.held: set[tuple[str, str]] = set()
         self.muted: set[str] = set()
         self.clock_offset = 0.0
+        self.requests: list[Request] = []
+        self.denied: list[str] = []  # the message of every 403 the server answered
+        self.latency: dict[tuple[str, str], float] = {}
+        self.held_verbs: set[tuple[str, str]] = set()
+        self.rejects: dict[str, tuple[int, str, str]] = {}
         self.port = 0
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -123,16 +193,9 @@ class FaultProxy:
         moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=self.clock_offset)
         return email.utils.format_datetime(moment, usegmt=True)
 
-    def _refusal(self, message: str) -> aiohttp.web.Response:
-        body = {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "status": "Failure",
-            "message": message,
-            "reason": "ServiceUnavailable",
-            "code": 503,
-        }
-        return aiohttp.web.json_response(body, status=503, headers={"Date": self._date()})
+    def _refusal(self, message: str, code: int = 503, reason: str = "ServiceUnavailable") -> aiohttp.web.Response:
+        body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason}
+        return aiohttp.web.json_response(body | {"code": code}, status=code, headers={"Date": self._date()})
 
     def _outage(self, agent: str) -> tuple[bool, bool]:
         """(refuse now, this is the last request and its answer is lost)."""
@@ -146,29 +209,45 @@ class FaultProxy:
     async def _forward(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         agent = request.headers.get("User-Agent", "")
         resource, namespace = resource_of(request.path)
+        watching = request.query.get("watch") in ("1", "true")
+        verb, group, full_resource, _, name = verb_of(request.method, request.path, watching)
+        body = await request.read()
+        force = _force(request.method, request.query, body)
+
+        def record(status: int) -> None:
+            self.calls.append(Call(request.method, resource, namespace, agent, status))
+            self.requests.append(Request(verb, group, full_resource, namespace, agent, status, name, force))
+
         refuse, lose_answer = self._outage(agent)
         if refuse:
-            self.calls.append(Call(request.method, resource, namespace, agent, 503))
+            record(503)
             return self._refusal("the operator was killed here")
-        while (request.method, resource) in self.held:
+        await asyncio.sleep(self.latency.get((verb, full_resource), 0.0))
+        while (request.method, resource) in self.held or (verb, full_resource) in self.held_verbs:
             await asyncio.sleep(0.05)
+        if verb == "create" and full_resource in self.rejects:
+            code, reason, message = self.rejects[full_resource]
+            record(code)
+            return self._refusal(message, code, reason)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        body = await request.read()
         url = self.state.server + request.path_qs
         # Only the client's own headers: aiohttp would add a Content-Type of its own to a body without one.
         forwarded = self._upstream.request(
             request.method, url, headers=headers, data=body or None, skip_auto_headers=("Content-Type",)
         )
         async with forwarded as upstream:
-            self.calls.append(Call(request.method, resource, namespace, agent, upstream.status))
+            record(upstream.status)
             if lose_answer:
                 await upstream.read()
                 return self._refusal("the operator was killed awaiting this answer")
             answer_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
             answer_headers["Date"] = self._date()
+            if upstream.status == 403:  # a short Status: read whole, to keep its message
+                refused = await upstream.read()
+                self.denied.append(_message(refused))
+                return aiohttp.web.Response(status=403, body=refused, headers=answer_headers)
             response = aiohttp.web.StreamResponse(status=upstream.status, headers=answer_headers)
             await response.prepare(request)
-            watching = request.query.get("watch") in ("1", "true")
             async for chunk in self._chunks(upstream, watching):
                 if watching and resource in self.muted:
                     continue  # the stream stays open and carries nothing

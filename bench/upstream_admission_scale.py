@@ -1,0 +1,213 @@
+"""Admission at 10,000 nodes and 50,000 pods on the upstream control plane (tests/upstream): the CPU cost of one
+admission pass with a warm usage index, and the memory of `paralleljob operator` once its watches hold that
+cluster. The same cluster, jobs and job as bench/admission_scale.py (which runs against the strict emulator),
+served by the real kube-apiserver and etcd.
+
+    .venv/bin/python bench/upstream_admission_scale.py [--nodes 10000] [--pods-per-node 5] [--pending 100]
+
+The bench writes the Nodes (the object, then its status; Ready, untainted) and the pods (bound with
+`spec.nodeName`, four CPU-only DaemonSet-like pods per node and a GPU pod holding all 8 GPUs on every other
+node) itself, 32 requests in flight: there is no kubelet, so the controller-manager runs without its
+node-lifecycle controller, and no scheduler runs. Then `--pending` ParallelJobs wait unplaced and 20 placed ones
+hold nodes in their attempt records.
+
+Prints:
+1. one whole admission pass (`reconcile(..., admit=True)`) in this process, as the admin over HTTPS, from warm
+   caches listed from the server: wall time and CPU time of the pass's thread (the API server is another process
+   here, so the CPU time is the operator's alone), and the round's own read of every job's reservations;
+2. `paralleljob operator` started against the cluster: its resident memory once both pod informers have listed
+   the cluster and watch it (VmRSS), and its peak (VmHWM), from /proc.
+Figures are recorded in docs/operator.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.admission_scale import (  # noqa: E402
+    JOB,
+    JOB_DEEPSPEED,
+    PLACED,
+    best_and_median,
+    other_jobs,
+    placed_record,
+    synth_objects,
+)
+from paralleljob.handlers import reconcile  # noqa: E402
+from paralleljob.handlers.nodes import NodeWatch  # noqa: E402
+from paralleljob.k8s import reads  # noqa: E402
+from paralleljob.k8s import session as k8s_session  # noqa: E402
+from paralleljob.manifests import records  # noqa: E402
+from paralleljob.planning.inventory import ClusterBuilder  # noqa: E402
+from paralleljob.planning.usage import UsageIndex  # noqa: E402
+from tests.operator import server as upstream  # noqa: E402
+from tests.operator.conftest import Operator, job_doc, wait_for  # noqa: E402
+from tests.upstream import controlplane  # noqa: E402
+from tests.upstream.conftest import Api  # noqa: E402
+from tests.upstream.proxy import FaultProxy  # noqa: E402
+
+JOBS = "/apis/paralleljob.io/v1alpha1/namespaces/{}/paralleljobs"
+
+
+def in_parallel(work: Any, items: list[Any], threads: int = 32) -> None:
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for _ in pool.map(work, items):
+            pass
+
+
+def write_cluster(api: Api, node_dicts: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+    def node(doc: dict[str, Any]) -> None:
+        name = doc["metadata"]["name"]
+        api.ok(api.send("POST", "/api/v1/nodes", {"metadata": doc["metadata"]}))
+        status = {**doc["status"], "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
+        api.ok(api.send("PATCH", f"/api/v1/nodes/{name}/status", {"status": status}))
+        api.ok(api.send("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}}))
+
+    def pod(doc: dict[str, Any]) -> None:
+        meta = {k: v for k, v in doc["metadata"].items() if k not in ("uid", "resourceVersion", "ownerReferences")}
+        api.ok(api.send("POST", f"/api/v1/namespaces/{meta['namespace']}/pods", {**doc, "metadata": meta}))
+
+    for namespace in ("other-team", "queue", "research"):
+        api.ok(api.send("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}}))
+    wait_for(lambda: api.send("GET", "/api/v1/namespaces/other-team/serviceaccounts/default").ok, what="accounts")
+    started = time.perf_counter()
+    in_parallel(node, node_dicts)
+    print(f"   wrote {len(node_dicts)} nodes in {time.perf_counter() - started:.0f} s", flush=True)
+    started = time.perf_counter()
+    in_parallel(pod, pods)
+    print(f"   wrote {len(pods)} pods in {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def warm_view(session: k8s_session.Session, api: Api) -> reconcile.NodeView:
+    """The caches an operator's informers hold, filled from a listing of the server."""
+    nodes, usage = NodeWatch(), UsageIndex()
+    nodes.replace(iter(list_all(api, "/api/v1/nodes")))
+    usage.replace(iter(list_all(api, "/api/v1/pods", fieldSelector="spec.nodeName!=")))
+    snapshot = nodes.snapshot()
+    return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage.snapshot(), ClusterBuilder())
+
+
+def list_all(api: Api, path: str, **params: str) -> list[dict[str, Any]]:
+    items, token = [], ""
+    while True:
+        page = api.ok(api.send("GET", path, limit="500", **params, **({"continue": token} if token else {})))
+        items += page["items"]
+        token = page["metadata"].get("continue") or ""
+        if not token:
+            return items
+
+
+def admission(api: Api, session: k8s_session.Session, view: reconcile.NodeView, repeat: int) -> None:
+    wall, cpu, round_wall = [], [], []
+    for attempt in range(repeat):
+        name = f"gpt-{attempt}"
+        api.create(JOBS.format("research"), job_doc(name, **JOB, deepspeed=JOB_DEEPSPEED))
+        started = time.perf_counter()
+        held = frozenset(records.reservations_of(reads.list_reserving_config_maps(session), bound=view.usage.bound))
+        round_wall.append(time.perf_counter() - started)
+        in_round = dataclasses.replace(view, round_held=held)
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        outcome = reconcile.reconcile(session, reconcile.Settings(), "research", name, in_round, admit=True)
+        wall.append(time.perf_counter() - started)
+        cpu.append(time.thread_time() - started_cpu)
+        assert outcome.step == "admitted", outcome
+    print(
+        f"1. whole admission pass over HTTPS: CPU of the pass's thread {best_and_median(cpu)}; wall "
+        f"{best_and_median(wall)}; the round's own read of every job's reservations (once per round): wall "
+        f"{best_and_median(round_wall)}",
+        flush=True,
+    )
+
+
+def memory(state: controlplane.State, workdir: Path, pods: int) -> None:
+    """The operator through the fault proxy (no faults: it only counts the operator's requests)."""
+    proxy = FaultProxy(state).start()
+    kubeconfig = proxy.kubeconfig_for("admin", workdir)
+    operator = Operator(None, workdir / "operator.log", kubeconfig, ["--log-level", "info"]).start()
+    assert operator.process is not None
+    try:
+        started = time.perf_counter()
+        pages = -(-pods // 500)
+
+        def ours(verb: str, resource: str) -> int:
+            return sum(
+                1
+                for r in list(proxy.requests)
+                if (r.verb, r.resource) == (verb, resource) and r.agent.startswith("paralleljob")
+            )
+
+        # Synced: every page of the usage informer's listing was asked for, and then both pod informers (the
+        # usage index's and the job pods') watch.
+        wait_for(
+            lambda: ours("list", "pods") >= pages and ours("watch", "pods") >= 2,
+            timeout=1800,
+            what="the usage informer watching",
+        )
+        listed = time.perf_counter() - started
+        time.sleep(10)  # whatever the listings left behind is collected
+        status = Path(f"/proc/{operator.process.pid}/status").read_text()
+        fields = {line.split(":")[0]: line.split(":")[1].strip() for line in status.splitlines()}
+        rss, peak = (int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM"))
+        print(
+            f"2. operator memory with {pods} pods watched: RSS {rss:.0f} MiB, peak {peak:.0f} MiB (listed and "
+            f"watching after {listed:.0f} s)",
+            flush=True,
+        )
+    finally:
+        operator.stop()
+        proxy.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--pods-per-node", type=int, default=5)
+    parser.add_argument("--pending", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    node_dicts, pods = synth_objects(args.nodes, args.pods_per_node)
+    print(f"cluster: {len(node_dicts)} nodes, {len(pods)} pods", flush=True)
+    workdir = Path(tempfile.mkdtemp(prefix="upstream-admission-"))
+    state = controlplane.up(workdir / "cluster", controllers=upstream.CONTROLLERS, scheduler=False)
+    try:
+        upstream.install_crd(state)
+        api = Api(state, state.tokens["admin"])
+        api.session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=64))
+        write_cluster(api, node_dicts, pods)
+        jobs = other_jobs(args.pending)
+        placed = 0
+        for job in jobs:
+            created = api.create(JOBS.format("queue"), job)
+            if created["metadata"]["name"].startswith("placed-"):
+                api.create("/api/v1/namespaces/queue/configmaps", placed_record(node_dicts, created, placed))
+                placed += 1
+        assert placed == PLACED
+        session = k8s_session.connect(str(state.kubeconfig))
+        view = warm_view(session, api)
+        admission(api, session, view, args.repeat)
+        # The operator's memory is measured over the nodes and pods alone, as bench/admission_scale.py does.
+        for namespace in ("queue", "research"):
+            api.send("DELETE", f"/api/v1/namespaces/{namespace}")
+        wait_for(lambda: api.send("GET", "/api/v1/namespaces/queue").status_code == 404, 300, "queue deleted")
+        memory(state, workdir, len(pods))
+    finally:
+        controlplane.down(workdir / "cluster")
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
