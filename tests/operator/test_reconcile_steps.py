@@ -14,6 +14,7 @@ from paralleljob.api import validate_document
 from paralleljob.handlers.passes import INVALID_NOTE
 from paralleljob.handlers.steps import admission, conflicts, creation, draining, finished, invalid, supervision
 from paralleljob.manifests import configmap, labels
+from tests.api.test_policy import BASE
 
 
 def pod(name: str, node: str = "n0", *, terminating: bool = False) -> dict[str, Any]:
@@ -161,22 +162,10 @@ def test_a_broken_gang_restarts_until_its_backoff_limit(attempt, limit, restarts
     assert supervision.restarts_left(attempt, limit) is restarts
 
 
-SIZED_JOB = """
-apiVersion: paralleljob.io/v1alpha1
-kind: ParallelJob
-metadata: {name: gpt, namespace: research}
-spec:
-  parallelism: {pipeline: 2, tensor: 2, data: 2}
-  gpusPerNode: 4
-  topology: {axisOrder: "pipe,data,model"}
-  model: {layers: 4, hiddenSize: 256, attentionHeads: 8, sequenceLength: 128, vocabSize: 512}
-  training: {steps: 10}
-  checkpoint: {volume: {persistentVolumeClaim: {claimName: ckpt}}}
-"""
-
-
 def test_an_admitted_jobs_placement_names_each_pods_node_ranks_and_stages():
-    resolved = validate_document(yaml.safe_load(SIZED_JOB)).resolved
+    doc = yaml.safe_load(BASE)  # 2x2x2 on nodes of 4 GPUs
+    doc["spec"]["topology"] = {"axisOrder": "pipe,data,model"}
+    resolved = validate_document(doc).resolved
     assert resolved is not None
     plan = planning.plan_job(resolved, planning.build_cluster(planning.local_cluster_nodes(2, 4)))
     assert isinstance(plan, planning.Plan)
