@@ -23,7 +23,9 @@ images_dir="$(realpath -m "${IMAGES_DIR:-${repo_root}/.images}")"
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "${repo_root}/pyproject.toml" | head -1)"
 
 readonly DEBIAN_SUITE="bookworm"
-readonly DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# Where Debian's packages come from: this machine's own apt sources (mmdebstrap pastes a file given as its mirror
+# into the new root's sources), or DEBIAN_MIRROR (a mirror URI or a sources file) where those are not Debian 12's.
+readonly DEBIAN_MIRROR="${DEBIAN_MIRROR:-$(ls /etc/apt/sources.list.d/debian.sources /etc/apt/sources.list 2>/dev/null | head -1)}"
 # What python:3.11-slim-bookworm offers the Dockerfiles: python, python -m venv and pip, and CA certificates.
 readonly BASE_PACKAGES="python3,python3-venv,python3-pip,python-is-python3,ca-certificates"
 readonly BASE_IMAGE="localhost/paralleljob/python:3.11-${DEBIAN_SUITE}"
