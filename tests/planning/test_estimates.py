@@ -16,6 +16,7 @@ from paralleljob.planning import estimates
 from paralleljob.planning.estimates import Workload
 from paralleljob_contract import jobfile
 from paralleljob_contract import model as model_math
+from paralleljob_contract.layout import Layout
 
 SHAPES = [
     pytest.param(layers, hidden, heads, seq, vocab, ffn, id=f"l{layers}-h{hidden}-s{seq}-V{vocab}-ffn{ffn}")
@@ -41,13 +42,13 @@ def workload(**changes: object) -> Workload:
         ffn=4 * 12288,
         micro_batch=1,
         micro_batches=768,
-        pipeline=8,
-        tensor=4,
-        data=2,
+        layout=Layout(8, 4, 2),
         zero_stage=1,
         recompute=True,
     )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    # Sizes are given by name, as a job gives them; the workload holds them as the contract's Layout.
+    sizes = {axis: changes.pop(axis, getattr(base, axis)) for axis in ("pipeline", "tensor", "data")}
+    return dataclasses.replace(base.with_sizes(**sizes), **changes)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("layers", "hidden", "heads", "seq", "vocab", "ffn"), SHAPES)

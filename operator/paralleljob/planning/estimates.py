@@ -16,6 +16,7 @@ from typing import Any
 from paralleljob.api import rules
 from paralleljob.api.validation import ResolvedJob
 from paralleljob_contract import model as model_math
+from paralleljob_contract.layout import Layout
 from paralleljob_contract.model import Architecture, ModelShape, Stage, padded_vocab_size
 
 GIB = 1024**3
@@ -35,9 +36,7 @@ class Workload:
     ffn: int
     micro_batch: int
     micro_batches: int  # gradient accumulation steps: micro-batches per step through the pipeline
-    pipeline: int
-    tensor: int
-    data: int
+    layout: Layout  # the contract's pipeline x tensor x data sizes
     zero_stage: int = 0
     offload_optimizer: bool = False
     precision: str = "bf16"
@@ -60,9 +59,7 @@ class Workload:
             ffn=job.ffn_hidden_size,
             micro_batch=job.batch.micro_batch,
             micro_batches=job.batch.gradient_accumulation_steps,
-            pipeline=job.pipeline,
-            tensor=job.tensor,
-            data=job.data,
+            layout=Layout(job.pipeline, job.tensor, job.data),
             zero_stage=rules.zero_stage(job.spec),
             offload_optimizer=_offloads(zero),
             precision=model.precision,
@@ -74,8 +71,24 @@ class Workload:
         )
 
     @property
+    def pipeline(self) -> int:
+        return self.layout.pipeline
+
+    @property
+    def tensor(self) -> int:
+        return self.layout.tensor
+
+    @property
+    def data(self) -> int:
+        return self.layout.data
+
+    @property
     def world_size(self) -> int:
-        return self.pipeline * self.tensor * self.data
+        return self.layout.world_size
+
+    def with_sizes(self, pipeline: int, tensor: int, data: int) -> Workload:
+        """The same workload at other pipeline x tensor x data sizes."""
+        return dataclasses.replace(self, layout=Layout(pipeline, tensor, data))
 
     @property
     def train_batch(self) -> int:

@@ -172,12 +172,9 @@ def fits_memory(memory: float, gpu_memory: float | None) -> bool:
 
 
 def workload(job: ResolvedJob, variant: Variant) -> Workload:
-    base = Workload.from_job(job)
+    base = Workload.from_job(job).with_sizes(variant.pipeline, variant.tensor, variant.data)
     return dataclasses.replace(
         base,
-        pipeline=variant.pipeline,
-        tensor=variant.tensor,
-        data=variant.data,
         micro_batch=variant.micro_batch,
         micro_batches=variant.accumulation,
         recompute=variant.recompute,

@@ -318,7 +318,7 @@ def _smaller_model_parallel(work: Workload, gpu_memory: float) -> str | None:
             group = tp * pp
             if group >= work.world_size or work.world_size % group or work.heads % tp or work.tensor % tp:
                 continue
-            trial = dataclasses.replace(work, tensor=tp, pipeline=pp, data=work.world_size // group)
+            trial = work.with_sizes(pp, tp, work.world_size // group)
             total = estimates.memory_per_gpu(trial).total
             if total <= gpu_memory:
                 options.append((group, -tp, pp, total))
