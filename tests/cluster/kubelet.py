@@ -29,6 +29,7 @@ from typing import Any
 
 from paralleljob.k8s import timestamps
 from tests.cluster import apiserver, containers
+from tests.cluster import sandbox as sandbox_program
 
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 # The longest a test waits for a pod's processes to exit after SIGTERM (its own grace period may be longer).
@@ -205,8 +206,7 @@ class ProcessKubelet(apiserver.Controller):
         (folder / "sandbox.json").write_text(json.dumps(sandbox, indent=1))
         log = (folder / "container.log").open("ab")
         process = await asyncio.create_subprocess_exec(
-            "unshare", "--mount", "--uts", "--propagation", "private",
-            sys.executable, "-m", "tests.cluster.sandbox", str(folder / "sandbox.json"),
+            *sandbox_program.argv(folder / "sandbox.json"),
             cwd=apiserver.REPO, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         log.close()

@@ -34,6 +34,21 @@ FROM_THE_MACHINE = ("/dev", "/proc", "/sys")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+def argv(spec_file: Path) -> list[str]:
+    """The command line that runs SPEC in a sandbox of its own: what a kubelet (or a test) starts."""
+    return [
+        "unshare",
+        "--mount",
+        "--uts",
+        "--propagation",
+        "private",
+        sys.executable,
+        "-m",
+        "tests.cluster.sandbox",
+        str(spec_file),
+    ]
+
+
 def mount(source: str, target: str, fstype: str | None = None, flags: int = 0, data: str | None = None) -> None:
     result = _libc.mount(
         source.encode(), target.encode(), fstype.encode() if fstype else None, flags, data.encode() if data else None

@@ -12,13 +12,13 @@ import dataclasses
 import json
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.cluster import containers
+from tests.cluster import sandbox as sandbox_program
 from tests.upstream import controlplane, images
 
 REPO = controlplane.REPO
@@ -83,8 +83,7 @@ class InImage:
         }
         (run / "sandbox.json").write_text(json.dumps(spec))
         return subprocess.run(
-            ["unshare", "--mount", "--uts", "--propagation", "private",
-             sys.executable, "-m", "tests.cluster.sandbox", str(run / "sandbox.json")],
+            sandbox_program.argv(run / "sandbox.json"),
             cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False,
         )  # fmt: skip
 

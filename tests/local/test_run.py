@@ -152,17 +152,18 @@ def metrics(output: pathlib.Path) -> dict[int, float]:
     return losses
 
 
-def test_the_quickstart_trains_and_its_loss_falls(tmp_path) -> None:
-    output = tmp_path / "out"
+def run_to_success(job: pathlib.Path, output: pathlib.Path) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """`paralleljob run JOB --output OUTPUT`, which must succeed: the run and its summary.json."""
     proc = subprocess.run(
-        [*PARALLELJOB, "run", str(QUICKSTART), "--output", str(output)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        cwd=ROOT,
+        [*PARALLELJOB, "run", str(job), "--output", str(output)], capture_output=True, text=True, timeout=400, cwd=ROOT
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((output / "summary.json").read_text())
+    return proc, json.loads((output / "summary.json").read_text())
+
+
+def test_the_quickstart_trains_and_its_loss_falls(tmp_path) -> None:
+    output = tmp_path / "out"
+    proc, summary = run_to_success(QUICKSTART, output)
     assert summary["succeeded"] and summary["restarts"] == 0 and summary["steps_done"] == 60
     assert summary["last_loss"] < summary["first_loss"] - 1.0
     assert (output / "loss.png").stat().st_size > 0
@@ -320,15 +321,7 @@ def test_a_run_whose_output_disk_fills_up_still_writes_its_summary(tmp_path) -> 
 
 def test_the_tiny_llama_trains_its_loss_falls_and_it_exports_a_hugging_face_folder(tmp_path) -> None:
     output = tmp_path / "out"
-    proc = subprocess.run(
-        [*PARALLELJOB, "run", str(ROOT / "examples" / "llama-tiny.yaml"), "--output", str(output)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((output / "summary.json").read_text())
+    _, summary = run_to_success(ROOT / "examples" / "llama-tiny.yaml", output)
     assert summary["succeeded"] and summary["steps_done"] == 40
     assert summary["last_loss"] < summary["first_loss"] - 1.0
     config = json.loads((output / "checkpoints" / "export" / "config.json").read_text())

@@ -51,6 +51,7 @@ import requests
 
 from paralleljob.k8s import timestamps
 from tests.cluster import containers
+from tests.cluster import sandbox as sandbox_program
 from tests.upstream import controlplane, images
 
 HEARTBEAT_SECONDS = controlplane.HEARTBEAT_SECONDS
@@ -410,8 +411,7 @@ class Kubelet:
         (folder / "sandbox.json").write_text(json.dumps(sandbox, indent=1))
         with (folder / "container.log").open("ab") as log:
             process = subprocess.Popen(
-                ["unshare", "--mount", "--uts", "--propagation", "private",
-                 sys.executable, "-m", "tests.cluster.sandbox", str(folder / "sandbox.json")],
+                sandbox_program.argv(folder / "sandbox.json"),
                 cwd=controlplane.REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip

@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from paralleljob.api import types as api_types
+from tests.cluster import sandbox as sandbox_program
 from tests.upstream import controlplane, pki
 
 MODULE = "sigs.k8s.io/kueue"
@@ -212,8 +213,7 @@ def up(state: controlplane.State) -> None:
     (folder / "sandbox.json").write_text(json.dumps(sandbox, indent=1))
     log = (state.folder / "logs" / "kueue.log").open("ab")
     process = subprocess.Popen(
-        ["unshare", "--mount", "--uts", "--propagation", "private",
-         sys.executable, "-m", "tests.cluster.sandbox", str(folder / "sandbox.json")],
+        sandbox_program.argv(folder / "sandbox.json"),
         cwd=controlplane.REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         start_new_session=True,
     )  # fmt: skip

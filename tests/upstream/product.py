@@ -7,7 +7,9 @@ Used by the whole-product test (tests/upstream/test_whole_product.py) and by `ma
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.cluster.product import CLAIM, JOB
@@ -26,6 +28,16 @@ class Product:
         self.kubectl = Tool("kubectl", self.cluster.kubeconfig)
         self.helm = Tool("helm", self.cluster.kubeconfig)
         self.admin = Api(self.cluster.state, self.cluster.state.tokens["admin"])
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, folder: Path, nodes: int = 2) -> Iterator[Product]:
+        """A product for one test, stopped afterwards whatever the test did."""
+        made = cls(folder, nodes)
+        try:
+            yield made
+        finally:
+            made.stop()
 
     def install(self, *values: str) -> None:
         """`helm install` of the chart with free ports and `values` (NAME=VALUE, as --set takes them)."""

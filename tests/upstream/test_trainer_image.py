@@ -33,11 +33,8 @@ STEPS = CHECKPOINT_EVERY
 
 @pytest.fixture
 def product(tmp_path: Path) -> Iterator[Product]:
-    made = Product(tmp_path)
-    try:
+    with Product.running(tmp_path) as made:
         yield made
-    finally:
-        made.stop()
 
 
 def test_the_quickstart_trains_from_the_cpu_trainer_image_on_the_single_process_loss_curve(

@@ -75,11 +75,8 @@ def check_the_operator_ran_from_its_image(product: Product) -> None:
 
 @pytest.fixture
 def product(tmp_path: Path) -> Iterator[Product]:
-    made = Product(tmp_path)
-    try:
+    with Product.running(tmp_path) as made:
         yield made
-    finally:
-        made.stop()
 
 
 def wait_for(what: str, condition: Any, product: Product, timeout: float) -> Any:
