@@ -28,11 +28,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import kubernetes
 import yaml
 
+from tests.cluster.apiserver import Change  # one history entry for both servers, so tests replay either
 from tests.upstream import controlplane
 from tests.upstream.proxy import FaultProxy
 
@@ -42,27 +43,6 @@ CRD_NAME = "paralleljobs.paralleljob.io"
 # The test writes Node status itself: no node-lifecycle controller to overrule it (nor taints to evict by).
 CONTROLLERS = "*,-node-lifecycle-controller"
 KUBELET_AGENT = "paralleljob-test-node-agent"
-
-
-class Change(NamedTuple):
-    """One pod change as a watch delivered it, with the fields tests replay."""
-
-    kind: str  # ADDED, MODIFIED, DELETED
-    plural: str
-    namespace: str
-    name: str
-    labels: dict[str, str]
-    phase: str | None
-    gpus: int  # nvidia.com/gpu requested by the pod's containers
-
-    @classmethod
-    def of(cls, kind: str, pod: dict[str, Any]) -> Change:
-        meta = pod.get("metadata") or {}
-        containers = (pod.get("spec") or {}).get("containers") or []
-        gpus = sum(int(((c.get("resources") or {}).get("requests") or {}).get("nvidia.com/gpu", 0)) for c in containers)
-        phase = (pod.get("status") or {}).get("phase")
-        name, namespace = meta.get("name") or "", meta.get("namespace") or ""
-        return cls(kind, "pods", namespace, name, dict(meta.get("labels") or {}), phase, gpus)
 
 
 def admin_client(state: controlplane.State, agent: str = "paralleljob-tests") -> kubernetes.client.ApiClient:
@@ -126,7 +106,7 @@ class NodeAgent:
                 raise kubernetes.client.ApiException(status=pod.get("code", 500), reason=pod.get("message"))
             if event["type"] == "BOOKMARK":
                 continue
-            self.history.append(Change.of(event["type"], pod))
+            self.history.append(Change.of(event["type"], "pods", pod))
             if event["type"] != "DELETED":
                 self._maybe_confirm(pod)
         return version
