@@ -67,7 +67,7 @@ class Workload:
             architecture=model.architecture,
             kv_heads=model.kv_heads,
             tie_embeddings=model.tie_embeddings,
-            sequence_parallel=job.spec.parallelism.sequence_parallel,
+            sequence_parallel=bool(job.spec.parallelism.sequence_parallel),
         )
 
     @property

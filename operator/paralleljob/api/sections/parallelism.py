@@ -57,13 +57,13 @@ class Parallelism:
         default=None,
         minimum=1,
     )
-    sequence_parallel: bool = api_field(
+    sequence_parallel: bool | None = api_field(
         "Megatron sequence parallelism inside each tensor-parallel group: norms and residual adds run on 1/tensor of "
         "the sequence, an all-gather precedes each column-parallel linear and a reduce-scatter follows each "
         "row-parallel one (the same bytes as the all-reduces they replace), and activations outside the "
         "parallel regions take 1/tensor of the memory. Needs tensor > 1, given explicitly, dividing "
-        "model.sequenceLength.",
-        default=False,
+        "model.sequenceLength. Default: off.",
+        default=None,
     )
 
 
