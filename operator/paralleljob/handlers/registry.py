@@ -56,6 +56,7 @@ from paralleljob.handlers.runtime import (
     on_loop_wait,
 )
 from paralleljob.k8s import admission_lock, events, informer, leadership, reads
+from paralleljob.k8s import session as session_config
 from paralleljob.k8s.session import Session, connect
 from paralleljob.manifests import labels as child_labels
 from paralleljob.manifests import progress as progress_manifests
@@ -85,6 +86,8 @@ def configure(
     admission_lock: admission_lock.LockSettings | None = None,
 ) -> None:
     RUNTIME.settings, RUNTIME.metrics_port, RUNTIME.kubeconfig = settings, metrics_port, kubeconfig
+    if kubeconfig is not None:
+        kopf.on.login()(_login_with_kubeconfig)
     RUNTIME.lease, RUNTIME.lock_settings = lease, admission_lock
     if settings.kueue:  # Kueue hook (handlers.queueing): a Workload's admission or eviction asks for a pass
         queueing.watch_workloads(_request)
@@ -251,6 +254,23 @@ def _every_job(session: Session) -> list[tuple[str, str]]:
 def _request(key: Hashable) -> None:
     if RUNTIME.coalescer is not None:
         RUNTIME.coalescer.request(key)
+
+
+def _login_with_kubeconfig(**_: Any) -> kopf.ConnectionInfo:
+    """kopf's connection from `--kubeconfig`: kopf's own login reads only in-cluster or $KUBECONFIG, so with the
+    flag alone the operator ran out of credentials and exited. Registered only when the flag is given."""
+    config = session_config.configuration_of(RUNTIME.kubeconfig)
+    header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
+    scheme, _, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=config.host,
+        ca_path=config.ssl_ca_cert,
+        insecure=not config.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=config.cert_file,
+        private_key_path=config.key_file,
+    )
 
 
 @kopf.on.startup()

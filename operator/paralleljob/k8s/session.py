@@ -97,12 +97,17 @@ def connect(
     kubeconfig: str | None = None, context: str | None = None, timeout: tuple[float, float] = REQUEST_TIMEOUT
 ) -> Session:
     """In-cluster configuration when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    return from_configuration(configuration_of(kubeconfig, context), timeout)
+
+
+def configuration_of(kubeconfig: str | None = None, context: str | None = None) -> kubernetes.client.Configuration:
+    """The client configuration `connect` uses: in-cluster when running in a pod, else the kubeconfig."""
     configuration = kubernetes.client.Configuration()
     try:
         kubernetes.config.load_incluster_config(client_configuration=configuration)
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
-    return from_configuration(configuration, timeout)
+    return configuration
 
 
 def from_configuration(
