@@ -24,7 +24,10 @@ SGD = {"type": "SGD", "params": {"lr": 0.3}}
 ADAMW = {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}
 # A clip threshold below the natural gradient norm (~1.3 at the start), so clipping changes every step.
 CLIP = 0.5
-BF16_NORM_TOLERANCE = 0.05
+# 0.05 before the vocab-parallel head and per-shard initialisation (issue 25), which move the bf16 run to other
+# weights and another order of the head's sums: the CI rehearsal measured 5.27%. The bug this guards against
+# (replicated parameters counted on every TP rank) is 41% off.
+BF16_NORM_TOLERANCE = 0.10
 
 LAYOUTS = [
     Layout(pipeline=2, tensor=2, data=2),
@@ -133,7 +136,8 @@ def test_bf16_follows_the_fp32_reference_within_bf16_precision(tmp_path: Path) -
     reference, logged = _reference("adamw-clip"), harness.steps_by_number(tmp_path / "out")
     # bf16 keeps 8 bits of mantissa: a few 1e-3 of loss is its noise, a layout or scale bug is far more.
     assert max(abs(logged[s]["loss"] - reference[s].loss) for s in reference) < 3e-2
-    # The norm (before clipping) of bf16 gradients: measured within 2.5% of the reference; with the replicated
+    # The norm (before clipping) of bf16 gradients: measured within 2.5% of the reference (5.27% since issue 25's
+    # head and initialisation); with the replicated
     # parameters counted on both TP ranks it is 41% off.
     norm_diff = max(abs(logged[s]["grad_norm"] - reference[s].grad_norm) / reference[s].grad_norm for s in reference)
     assert norm_diff < BF16_NORM_TOLERANCE, f"grad norm differs by {norm_diff:.2%}"
