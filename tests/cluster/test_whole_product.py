@@ -59,6 +59,12 @@ def checkpoint_saved(folder: Path, step: int) -> bool:
     return latest.exists() and latest.read_text().strip() == f"global_step{step}"
 
 
+# Losses of a cluster run against one process: 1e-5 of the loss. The vocab-parallel head (issue 25) sums the
+# softmax over two ranks in another order than one process does; after a kill and a resume that rounding reached
+# 1.9e-5 on a loss of 3.9 (4.8e-6 of it) in one run of the upstream whole-product test, over the old absolute 1e-5.
+LOSS_TOLERANCE = {"rel": 1e-5, "abs": 1e-5}
+
+
 def losses(metrics: Path) -> dict[int, float]:
     """Loss by step from a metrics.jsonl; a step trained again after a restart keeps its last value."""
     found = {}
@@ -121,4 +127,4 @@ def test_the_quickstart_survives_a_killed_pod_on_the_strict_cluster_on_the_singl
     reference = train_reference(jobfile.parse_job_config(json.loads(config["data"][jobfile.FILE_NAME])))
     on_cluster = losses(product.checkpoints() / "metrics" / "metrics.jsonl")
     assert max(on_cluster) == TOTAL_STEPS
-    assert on_cluster == pytest.approx({step: reference[step].loss for step in on_cluster}, abs=1e-5)
+    assert on_cluster == pytest.approx({step: reference[step].loss for step in on_cluster}, **LOSS_TOLERANCE)

@@ -23,7 +23,7 @@ import yaml
 
 from paralleljob_contract import jobfile
 from tests.cluster.product import cluster_quickstart
-from tests.cluster.test_whole_product import losses
+from tests.cluster.test_whole_product import LOSS_TOLERANCE, losses
 from tests.trainer.reference import train_reference
 from tests.upstream import cluster as upstream_cluster
 from tests.upstream import controlplane, kueue
@@ -337,4 +337,4 @@ def test_preemption_checkpoints_the_lower_priority_job_which_resumes_on_the_same
     reference = train_reference(jobfile.parse_job_config(trained))
     on_cluster = losses(metrics)
     assert max(on_cluster) == 40
-    assert on_cluster == pytest.approx({step: reference[step].loss for step in on_cluster}, abs=1e-5)
+    assert on_cluster == pytest.approx({step: reference[step].loss for step in on_cluster}, **LOSS_TOLERANCE)

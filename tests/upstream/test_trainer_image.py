@@ -20,7 +20,7 @@ import yaml
 
 from paralleljob_contract import jobfile
 from tests.cluster.product import CHECKPOINT_EVERY, JOB
-from tests.cluster.test_whole_product import losses
+from tests.cluster.test_whole_product import LOSS_TOLERANCE, losses
 from tests.trainer.reference import train_reference
 from tests.upstream.conftest import REPO
 from tests.upstream.product import Product
@@ -63,4 +63,4 @@ def test_the_quickstart_trains_from_the_cpu_trainer_image_on_the_single_process_
     reference = train_reference(jobfile.parse_job_config(trained))
     on_cluster = losses(product.checkpoints() / "metrics" / "metrics.jsonl")
     assert max(on_cluster) == STEPS
-    assert on_cluster == pytest.approx({step: reference[step].loss for step in on_cluster}, abs=1e-5)
+    assert on_cluster == pytest.approx({step: reference[step].loss for step in on_cluster}, **LOSS_TOLERANCE)

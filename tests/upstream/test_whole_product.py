@@ -26,7 +26,7 @@ import yaml
 
 from paralleljob_contract import jobfile
 from tests.cluster.product import CHECKPOINT_EVERY, JOB, TOTAL_STEPS
-from tests.cluster.test_whole_product import checkpoint_saved, losses
+from tests.cluster.test_whole_product import LOSS_TOLERANCE, checkpoint_saved, losses
 from tests.trainer.reference import train_reference
 from tests.upstream import cluster as upstream_cluster
 from tests.upstream import images
@@ -158,4 +158,4 @@ def test_the_quickstart_survives_a_killed_pod_on_the_upstream_control_plane(prod
     reference = train_reference(jobfile.parse_job_config(trained))
     on_cluster = losses(product.checkpoints() / "metrics" / "metrics.jsonl")
     assert max(on_cluster) == TOTAL_STEPS
-    assert on_cluster == pytest.approx({step: reference[step].loss for step in on_cluster}, abs=1e-5)
+    assert on_cluster == pytest.approx({step: reference[step].loss for step in on_cluster}, **LOSS_TOLERANCE)
