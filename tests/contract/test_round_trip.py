@@ -55,7 +55,7 @@ def operator_objects(resolved: ResolvedJob) -> tuple[dict[str, Any], list[dict[s
     assert isinstance(plan, planning.Plan), plan
     plan_dict = plan.to_dict()
     owner = {"metadata": {"name": resolved.name, "namespace": resolved.namespace, "uid": OWNER_UID}}
-    config_map = children.build_attempt(owner, resolved, plan_dict, [], attempt=0).config_map
+    config_map = children.build_attempt(owner, resolved, plan, [], attempt=0).config_map
     names = [node.node for node in plan.nodes]
     pods = children.build_children(owner, resolved, config_map, names, image="trainer:1").pods
     return config_map, pods, plan_dict

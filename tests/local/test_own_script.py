@@ -28,7 +28,7 @@ def planned_ranks() -> tuple[planning.Plan, dict[int, dict[str, object]]]:
     assert resolved is not None
     plan = plan_locally(resolved, choose_shape(resolved, None, None))
     assert isinstance(plan, planning.Plan)
-    layout = contract_plan(plan.to_dict()).layout
+    layout = contract_plan(plan).layout
     expected = {}
     for node in plan.nodes:
         for rank, coord in zip(node.ranks, node.coords, strict=True):

@@ -1,13 +1,16 @@
-"""Builders for manifest tests: a job from YAML a user could write, a plan in its JSON form, node dicts."""
+"""Builders for manifest tests: a job from YAML a user could write, a planner's Plan, node dicts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import yaml
 
 from paralleljob.api import ResolvedJob, validate_document
+from paralleljob.planning import Estimates, NodePlan, PlacementCost, Plan
+from paralleljob_contract.layout import Layout
 
 JOB_YAML = """
 apiVersion: paralleljob.io/v1alpha1
@@ -34,21 +37,18 @@ def resolve(text: str = JOB_YAML, **spec_patch: Any) -> ResolvedJob:
     return result.resolved
 
 
-def make_plan(nodes: int = 4, gpus: int = 4, layout: tuple[int, int, int] = (2, 4, 2)) -> dict[str, Any]:
-    """A plan in job.json form, node rank r on node `node-r`, pipe,data,model order."""
-    pipeline, tensor, data = layout
+def make_plan(
+    nodes: int = 4, gpus: int = 4, layout: tuple[int, int, int] = (2, 4, 2), names: Sequence[str] = ()
+) -> Plan:
+    """A planner's Plan, node rank r on `names[r]` (default `node-r`), pipe,data,model order, no estimates."""
+    sizes = Layout(*layout)
     entries = []
     for rank in range(nodes):
-        ranks = list(range(rank * gpus, (rank + 1) * gpus))
-        entries.append({"nodeRank": rank, "node": f"node-{rank}", "gpus": gpus, "ranks": ranks, "stages": [0]})
-    return {
-        "layout": {"pipeline": pipeline, "tensor": tensor, "data": data},
-        "worldSize": pipeline * tensor * data,
-        "ranksPerNode": gpus,
-        "axisOrder": ["pipe", "data", "model"],
-        "nodes": entries,
-        "estimates": {"bubble": 0.1},
-    }
+        ranks = tuple(range(rank * gpus, (rank + 1) * gpus))
+        name = names[rank] if names else f"node-{rank}"
+        entries.append(NodePlan(rank, name, gpus, ranks, tuple(sizes.coord(r) for r in ranks)))
+    nothing = Estimates(0.0, {}, None, 0.1, {}, 0.0, 0.0, 0.0, {})
+    return Plan(sizes, gpus, tuple(entries), nothing, PlacementCost(0.0, {}, {}), None)
 
 
 def make_node(
@@ -64,5 +64,5 @@ def resolved() -> ResolvedJob:
 
 
 @pytest.fixture
-def plan() -> dict[str, Any]:
+def plan() -> Plan:
     return make_plan()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 
@@ -23,7 +24,7 @@ def build(nodes=PLAIN_NODES, attempt=0, plan=None, default_nccl_env=None, **spec
     made = children.build_attempt(
         OWNER, resolved, plan or make_plan(), nodes, attempt=attempt, default_nccl_env=default_nccl_env
     )
-    nodes = [entry["node"] for entry in (plan or make_plan())["nodes"]]
+    nodes = (plan or make_plan()).node_names()
     built = children.build_children(OWNER, resolved, made.config_map, nodes, image="trainer:1")
     return types.SimpleNamespace(attempt=made, config_map=made.config_map, **vars(built))
 
@@ -185,7 +186,9 @@ def test_config_map_holds_job_file_deepspeed_plan_and_nccl_for_its_attempt():
     data = built.config_map["data"]
     assert json.loads(data["job.json"])["plan"]["ranksPerNode"] == 4
     assert json.loads(data["deepspeed.json"])["train_batch_size"] == 32
-    assert json.loads(data["plan.json"]) == {key: value for key, value in make_plan().items() if key != "nodes"}
+    assert json.loads(data["plan.json"]) == {
+        key: value for key, value in make_plan().to_dict().items() if key != "nodes"
+    }
     assert configmap.plan_of(built.config_map) == trainer_config.contract_plan(make_plan())
     assert built.config_map["metadata"]["labels"][labels.ATTEMPT_LABEL] == "2"
     assert all(p["metadata"]["labels"][labels.ATTEMPT_LABEL] == "2" for p in built.pods)
@@ -301,9 +304,9 @@ def test_mnnvl_follows_the_nvlink_label_the_plan_used_not_only_the_specs():
     # Topograph's label, found on the nodes by the planner; the spec names none.
     label = "network.topology.nvidia.com/accelerator"
     rack = [make_node(f"node-{i}", {label: "nvl72-a"}, {"nvidia.com/gpu": "4", "rdma/ib": "4"}) for i in range(4)]
-    plan = {**make_plan(), "nvlinkDomainLabel": label}
+    plan = dataclasses.replace(make_plan(), nvlink_domain_label=label)
     imex = {"resourceClaims": IMEX_CLAIMS}
     with_claim = build(rack, plan=plan, network={"imexChannelClaim": "imex"}, template=imex).attempt.nccl_env
     assert with_claim.get("PARALLELJOB_MNNVL") == "1" and "NCCL_MNNVL_ENABLE" not in with_claim
-    without = build(rack, plan={**plan, "nvlinkDomainLabel": None}).attempt.nccl_env
+    without = build(rack, plan=dataclasses.replace(plan, nvlink_domain_label=None)).attempt.nccl_env
     assert without["NCCL_MNNVL_ENABLE"] == "0" and "PARALLELJOB_MNNVL" not in without

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from paralleljob.manifests import children
+from paralleljob.planning import Plan
 from tests.manifests.conftest import make_plan, resolve
 
 OWNER = {"metadata": {"name": "gpt", "namespace": "research", "uid": "u-1"}}
@@ -16,11 +17,9 @@ LARGE = {"nodes": 4096, "gpus": 8, "layout": (16, 8, 256)}
 SMALL = {"nodes": 4, "gpus": 4, "layout": (2, 4, 2)}
 
 
-def planned(nodes: int, gpus: int, layout: tuple[int, int, int]) -> dict:
-    plan = make_plan(nodes=nodes, gpus=gpus, layout=layout)
-    for entry in plan["nodes"]:
-        entry["node"] = f"gpu-node-{entry['nodeRank']:05d}.rack-{entry['nodeRank'] // 18:03d}.example.com"
-    return plan
+def planned(nodes: int, gpus: int, layout: tuple[int, int, int]) -> Plan:
+    names = [f"gpu-node-{rank:05d}.rack-{rank // 18:03d}.example.com" for rank in range(nodes)]
+    return make_plan(nodes=nodes, gpus=gpus, layout=layout, names=names)
 
 
 def built_for(nodes: int, gpus: int, layout: tuple[int, int, int]):  # type: ignore[no-untyped-def]
@@ -51,7 +50,7 @@ def test_a_4096_node_config_map_is_as_small_as_a_4_node_one() -> None:
 @pytest.fixture(scope="module")
 def large_pods() -> tuple[list[str], list[dict]]:
     config_map, resolved, plan = built_for(**LARGE)
-    names = [entry["node"] for entry in plan["nodes"]]
+    names = plan.node_names()
     return names, children.build_children(OWNER, resolved, config_map, names, image="trainer:1").pods
 
 

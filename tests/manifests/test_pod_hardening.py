@@ -20,7 +20,7 @@ def pods_of(nodes=PLAIN_NODES, pod_security=security.DEFAULT, resolved=None):
     resolved = resolved or resolve()
     plan = make_plan()
     made = children.build_attempt(OWNER, resolved, plan, nodes, attempt=0)
-    placed = [entry["node"] for entry in plan["nodes"]]
+    placed = plan.node_names()
     return children.build_children(
         OWNER, resolved, made.config_map, placed, image="t:1", pod_security=pod_security
     ).pods

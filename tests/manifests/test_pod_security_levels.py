@@ -45,7 +45,7 @@ def example_pods(name: str, network: dict | None = None, pod_security=security.D
     plan = planning.plan_job(resolved, build_cluster(nodes, []))
     assert isinstance(plan, planning.Plan)
     planned = [n for n in nodes if n["metadata"]["name"] in {e.node for e in plan.nodes}]
-    attempt = children.build_attempt(doc, resolved, plan.to_dict(), planned, attempt=0)
+    attempt = children.build_attempt(doc, resolved, plan, planned, attempt=0)
     placed = [entry.node for entry in plan.nodes]
     built = children.build_children(doc, resolved, attempt.config_map, placed, image="t:1", pod_security=pod_security)
     return built.pods

@@ -87,7 +87,7 @@ def run_valid(args: argparse.Namespace, resolved: ResolvedJob, console: Console)
     )
     console.file.write(plan_text.render_table(resolved.name, outcome))
     output = (args.output or Path("runs") / resolved.name).resolve()
-    local = runner.LocalRun(resolved, shape, outcome.to_dict(), output, console, devices)
+    local = runner.LocalRun(resolved, shape, outcome, output, console, devices)
     try:
         local.prepare(Path(args.job).resolve(), resume=args.resume)
     except OSError as error:

@@ -31,6 +31,7 @@ from paralleljob.local import progress, report, startup
 from paralleljob.manifests import env as node_env
 from paralleljob.manifests import nccl
 from paralleljob.manifests.trainer_config import build_trainer_config, contract_plan
+from paralleljob.planning import Plan
 from paralleljob_contract import environment, launcher
 from paralleljob_contract.layout import tensor_fits
 from paralleljob_contract.network import NetworkFailure, parse_failure
@@ -158,7 +159,7 @@ class LocalRun:
 
     resolved: ResolvedJob
     shape: LocalShape
-    plan: dict[str, Any]
+    plan: Plan
     output: Path
     console: Console
     # CUDA_VISIBLE_DEVICES per node rank (see gpu_slices); None runs on the CPU.
@@ -196,15 +197,15 @@ class LocalRun:
         env_nccl = local_nccl_env(self.resolved)
         launches = []
         plan = contract_plan(self.plan)
-        for node in self.plan["nodes"]:
-            rank = node["nodeRank"]
+        for node in self.plan.nodes:
+            rank = node.node_rank
             self.termination_log(rank).unlink(missing_ok=True)
             env = node_env.build_node_env(
                 plan,
                 rank,
                 job_name=self.resolved.name,
                 namespace=self.resolved.namespace,
-                node_name=node["node"],
+                node_name=node.node,
                 config_path=str(self.output / "job.json"),
                 output_dir=str(self.output),
                 checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None,
@@ -243,7 +244,7 @@ class LocalRun:
         preflight has written why."""
         if outcome.failed_node is None:
             return None
-        others = [n["nodeRank"] for n in self.plan["nodes"] if n["nodeRank"] != outcome.failed_node]
+        others = [n.node_rank for n in self.plan.nodes if n.node_rank != outcome.failed_node]
         for node in [outcome.failed_node, *others]:
             path = self.termination_log(node)
             found = parse_failure(path.read_text() if path.exists() else None)
@@ -260,15 +261,15 @@ class LocalRun:
 
     def node_lines(self) -> list[progress.NodeLine]:
         lines = []
-        for node in self.plan["nodes"]:
-            ranks = node["ranks"]
+        for node in self.plan.nodes:
+            ranks = node.ranks
             lines.append(
                 progress.NodeLine(
-                    node["nodeRank"],
-                    node["node"],
+                    node.node_rank,
+                    node.node,
                     f"{ranks[0]}-{ranks[-1]}",
-                    ",".join(str(s) for s in node.get("stages", [])),
-                    self.output / f"node-{node['nodeRank']}.log",
+                    ",".join(str(s) for s in node.stages),
+                    self.output / f"node-{node.node_rank}.log",
                 )
             )
         return lines
@@ -284,7 +285,7 @@ class LocalRun:
             while True:
                 view.attempt = restarts + 1
                 marker = uuid.uuid4().hex
-                logs = {node["nodeRank"]: self.node_log(node["nodeRank"]) for node in self.plan["nodes"]}
+                logs = {node.node_rank: self.node_log(node.node_rank) for node in self.plan.nodes}
                 offsets = {rank: startup.log_size(path) for rank, path in logs.items()}
                 try:
                     gang = gangs.Gang(self.launches(free_port(), self.devices), marker=marker)

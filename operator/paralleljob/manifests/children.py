@@ -27,6 +27,7 @@ from paralleljob.manifests import (
     service,
     trainer_config,
 )
+from paralleljob.planning import Plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,7 @@ def network_of(
 def build_attempt(
     owner: Mapping[str, Any],
     resolved: ResolvedJob,
-    plan: Mapping[str, Any],
+    plan: Plan,
     planned_nodes: Sequence[Mapping[str, Any]],
     *,
     attempt: int,
@@ -95,7 +96,7 @@ def build_attempt(
     (`manifests.records`) when given."""
     network = network_of(resolved, default_fabric, default_nccl_env)
     # MNNVL follows the NVLink-domain label the planner used (the spec's, or one it found on the nodes).
-    facts, request, env = nccl.build_network(network, planned_nodes, plan.get("nvlinkDomainLabel"))
+    facts, request, env = nccl.build_network(network, planned_nodes, plan.nvlink_domain_label)
     network_record = configmap.network_record(
         facts.fabric,
         env,

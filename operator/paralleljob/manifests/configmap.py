@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob.manifests import labels
+from paralleljob.planning import Plan
 from paralleljob_contract import environment, jobfile
 
 JOB_FILE = jobfile.FILE_NAME
@@ -35,7 +36,7 @@ def render_env_file(env: Mapping[str, str]) -> str:
 def build_config_map(
     owner: Mapping[str, Any],
     trainer_config: Mapping[str, Any],
-    plan: Mapping[str, Any],
+    plan: Plan,
     network: Mapping[str, Any],
     attempt: int,
 ) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def build_config_map(
         "data": {
             JOB_FILE: _compact(trainer_config),
             "deepspeed.json": json.dumps(trainer_config["deepspeed"], indent=2, sort_keys=True),
-            PLAN_FILE: _compact({key: value for key, value in plan.items() if key != "nodes"}),
+            PLAN_FILE: _compact({key: value for key, value in plan.to_dict().items() if key != "nodes"}),
             "nccl.env": render_env_file(network["ncclEnv"]),
             NETWORK_FILE: _compact(network),
         },

@@ -7,24 +7,20 @@ operator stores it in the job's ConfigMap (`manifests.configmap`); the local run
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from paralleljob.api import ResolvedJob
 from paralleljob.api import types as api_types
+from paralleljob.planning import Plan
 from paralleljob_contract import jobfile
-from paralleljob_contract.layout import AXES, Layout, axis_order_of
 
 
-def contract_plan(plan: Mapping[str, Any]) -> jobfile.Plan:
-    """The job file's plan (layout, axis order, nodes, ranks per node) of a planner's plan (`Plan.to_dict()`)."""
-    sizes = plan["layout"]
-    order = axis_order_of(plan.get("axisOrder") or list(AXES))
-    layout = Layout(int(sizes["pipeline"]), int(sizes["tensor"]), int(sizes["data"]), order)
-    return jobfile.make_plan(layout, int(plan["ranksPerNode"]))
+def contract_plan(plan: Plan) -> jobfile.Plan:
+    """The job file's plan (layout, axis order, nodes, ranks per node) of a planner's plan."""
+    return jobfile.make_plan(plan.layout, plan.ranks_per_node)
 
 
-def build_trainer_config(resolved: ResolvedJob, plan: Mapping[str, Any], uid: str | None = None) -> dict[str, Any]:
+def build_trainer_config(resolved: ResolvedJob, plan: Plan, uid: str | None = None) -> dict[str, Any]:
     """The job.json content: identity (with the object's uid on a cluster, which each checkpoint records), the
     resolved spec, the DeepSpeed config and the plan's layout (the resource's apiVersion and kind too, for
     people reading the file; the reader does not need them)."""

@@ -168,7 +168,7 @@ def admit(p: Pass, resolved: ResolvedJob, view: ClusterView, choice: Mapping[str
     attempt = child_objects.build_attempt(
         p.job,
         resolved,
-        outcome.plan.to_dict(),  # the ConfigMap's JSON
+        outcome.plan,
         outcome.nodes,
         attempt=p.attempt,
         default_fabric=p.settings.default_fabric,
