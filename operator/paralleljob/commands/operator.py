@@ -289,24 +289,23 @@ def namespace_name(text: str) -> str:
     return text
 
 
-def nonnegative_seconds(text: str) -> float:
+def _seconds(text: str, *, zero_allowed: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds, 0 or more")
+    if value < 0 or (value == 0 and not zero_allowed):
+        expected = "a number of seconds, 0 or more" if zero_allowed else "a positive number of seconds"
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
     return value
+
+
+def nonnegative_seconds(text: str) -> float:
+    return _seconds(text, zero_allowed=True)
 
 
 def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
-    return value
+    return _seconds(text, zero_allowed=False)
 
 
 def run(args: argparse.Namespace) -> int:
