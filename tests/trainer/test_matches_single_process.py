@@ -136,8 +136,9 @@ def test_bf16_follows_the_fp32_reference_within_bf16_precision(tmp_path: Path) -
     reference, logged = _reference("adamw-clip"), harness.steps_by_number(tmp_path / "out")
     # bf16 keeps 8 bits of mantissa: a few 1e-3 of loss is its noise, a layout or scale bug is far more.
     assert max(abs(logged[s]["loss"] - reference[s].loss) for s in reference) < 3e-2
-    # The norm (before clipping) of bf16 gradients: measured within 2.5% of the reference (5.27% since issue 25's
-    # head and initialisation); with the replicated
-    # parameters counted on both TP ranks it is 41% off.
+    # The norm (before clipping) of bf16 gradients: measured within 2.5% of the reference before issue 25's
+    # per-shard initialisation, 5.27% since, all of it at step 5 (every other step within 1.8%); the same job at
+    # PP2 x TP1 x DP2, which has no vocab-parallel head, is 4.11% off at that step, so the rest is bf16 rounding
+    # on the new weights, not the layout. With the replicated parameters counted on both TP ranks it is 41% off.
     norm_diff = max(abs(logged[s]["grad_norm"] - reference[s].grad_norm) / reference[s].grad_norm for s in reference)
     assert norm_diff < BF16_NORM_TOLERANCE, f"grad norm differs by {norm_diff:.2%}"
