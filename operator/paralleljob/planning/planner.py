@@ -12,13 +12,13 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from paralleljob.api.validation import ResolvedJob
-from paralleljob.planning import eligibility, estimates, placement, usage
+from paralleljob.planning import eligibility, estimates, placement, spares, usage
 from paralleljob.planning.costmodel import CommCost, CostModel, Site, price, rank_groups
 from paralleljob.planning.eligibility import MIB, Tally
 from paralleljob.planning.estimates import GIB, Workload
 from paralleljob.planning.inventory import GPU_RESOURCE, Cluster, NodeInfo
 from paralleljob.planning.levels import LinkLevel, detect_levels, detect_nvlink_label, label_keys, path_of
-from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, Unschedulable
+from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, SpareNode, Unschedulable
 from paralleljob_contract.layout import AXIS_ORDERS, PIPE_DATA_MODEL, AxisOrder, Layout, node_ranks, tensor_fits
 
 
@@ -150,11 +150,16 @@ def _place(ctx: _Context, product: str, nodes: list[NodeInfo], gpus: int, reject
             phrase = f"in NVLink domains ({ctx.nvlink_label}) with fewer than {unit} qualifying nodes"
             tally.add(f"is left over {phrase}", f"are left over {phrase}", left_over)
         return _Miss(world // gpus, gpus, product, len(qualifying) - left_over, tally)
-    return _best_plan(ctx, product, gpus, chosen, qualifying)
+    return _best_plan(ctx, product, gpus, chosen, qualifying, units)
 
 
 def _best_plan(
-    ctx: _Context, product: str, gpus: int, chosen: list[placement.Member], qualifying: list[NodeInfo]
+    ctx: _Context,
+    product: str,
+    gpus: int,
+    chosen: list[placement.Member],
+    qualifying: list[NodeInfo],
+    units: Sequence[placement.Member] = (),
 ) -> Plan:
     bandwidth = ctx.model.link_bandwidths(product)
     volume = estimates.comm_bytes(ctx.work)
@@ -174,7 +179,49 @@ def _best_plan(
     assert best is not None
     _, nodes, layout, cost = best
     naive = _naive_cost(ctx, gpus, qualifying, volume, bandwidth, groups)
-    return _build_plan(ctx, product, gpus, nodes, layout, cost, naive)
+    plan = _build_plan(ctx, product, gpus, nodes, layout, cost, naive)
+    count = ctx.job.spec.failure_policy.spare_nodes
+    if not count:
+        return plan
+    placed = [_site(node, ctx) for node in nodes]
+    cost_of = spares.ReplacementPrice(gpus, placed, groups[layout.axis_order], volume, bandwidth)
+    return _with_spares(ctx, plan, placed, _free_sites(ctx, nodes, units, qualifying), count, cost_of)
+
+
+def _free_sites(
+    ctx: _Context, nodes: list[NodeInfo], units: Sequence[placement.Member], qualifying: list[NodeInfo]
+) -> list[tuple[NodeInfo, Site]]:
+    """The qualifying nodes the plan left free, with their sites; single-node units carry their paths already."""
+    taken = {node.name for node in nodes}
+    if all(len(unit.nodes) == 1 for unit in units):
+        return [
+            (unit.nodes[0], Site(unit.nodes[0].name, _nvlink_of(unit.nodes[0], ctx), unit.path))
+            for unit in units
+            if unit.nodes[0].name not in taken
+        ]
+    return [(node, _site(node, ctx)) for node in qualifying if node.name not in taken]
+
+
+def _with_spares(
+    ctx: _Context,
+    plan: Plan,
+    placed: list[Site],
+    free: list[tuple[NodeInfo, Site]],
+    count: int,
+    cost_of: spares.Price,
+) -> Plan:
+    """The plan with up to `count` hot spares from the qualifying nodes it left free; a warning when fewer."""
+    same_nvlink = bool(ctx.nvlink_label) and ctx.job.tensor > plan.ranks_per_node
+    chosen = spares.choose_spares(count, placed, free, cost_of, same_nvlink=same_nvlink)
+    found = tuple(SpareNode(node.name, plan.ranks_per_node, rank, _domains(node, ctx)) for node, rank in chosen)
+    warnings = plan.warnings
+    if len(found) < count:
+        warnings += (
+            f"Only {len(found)} of the {count} spare nodes asked for (spec.failurePolicy.spareNodes) are free "
+            f"with {plan.ranks_per_node} GPUs{' in the NVLink domains of the job' if same_nvlink else ''}; the job "
+            "holds those, and a lost node beyond them waits for a replacement.",
+        )
+    return dataclasses.replace(plan, spares=found, warnings=warnings)
 
 
 def _naive_cost(
@@ -196,8 +243,11 @@ def _naive_cost(
 
 
 def _site(node: NodeInfo, ctx: _Context) -> Site:
-    nvlink = node.labels.get(ctx.nvlink_label, "") if ctx.nvlink_label else ""
-    return Site(node.name, nvlink, path_of(node, ctx.levels))
+    return Site(node.name, _nvlink_of(node, ctx), path_of(node, ctx.levels))
+
+
+def _nvlink_of(node: NodeInfo, ctx: _Context) -> str:
+    return node.labels.get(ctx.nvlink_label, "") if ctx.nvlink_label else ""
 
 
 def _build_plan(
@@ -230,10 +280,15 @@ def _build_plan(
 
 def _node_plan(node_rank: int, node: NodeInfo, gpus: int, layout: Layout, ctx: _Context) -> NodePlan:
     ranks = tuple(node_ranks(node_rank, gpus))
+    return NodePlan(node_rank, node.name, gpus, ranks, tuple(layout.coord(r) for r in ranks), _domains(node, ctx))
+
+
+def _domains(node: NodeInfo, ctx: _Context) -> dict[str, str]:
+    """The node's value of each network level and of the NVLink label it has."""
     domains = {level: node.labels[level] for level in ctx.levels if node.labels.get(level)}
     if ctx.nvlink_label and node.labels.get(ctx.nvlink_label):
         domains[ctx.nvlink_label] = node.labels[ctx.nvlink_label]
-    return NodePlan(node_rank, node.name, gpus, ranks, tuple(layout.coord(r) for r in ranks), domains)
+    return domains
 
 
 def _slowest_product(nodes: list[NodeInfo], model: CostModel) -> str:
