@@ -164,6 +164,7 @@ def admit(p: Pass, resolved: ResolvedJob, view: ClusterView, choice: Mapping[str
         excluded_nodes=tuple(p.excluded),
         gpus_per_node=outcome.plan.ranks_per_node,
         layout_choice=choice,
+        spare_nodes=tuple(outcome.plan.spare_names()),
     )
     attempt = child_objects.build_attempt(
         p.job,
@@ -249,6 +250,7 @@ def _admitted_status(
         "gpusPerNode": plan.ranks_per_node,
         "axisOrder": ",".join(plan.axis_order),
         "placement": placement_entries(p.name, plan),
+        "spareNodes": plan.spare_names() or None,
         # The same computation the ConfigMap records and the pods are built from.
         "ncclEnv": attempt.nccl_env,
         "restarts": p.attempt,

@@ -36,7 +36,7 @@ def watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> 
     placed = p.placed_nodes
     nodes = [*placed, *(gang.node_of(pod) for pod in pods)]
     planned = dict(enumerate(placed))
-    lost, due = _past_grace(p, lost_nodes(p, nodes))
+    lost, due = lost_past_grace(p, nodes)
     limits = start_failures.Limits(
         p.settings.start_timeout_seconds, p.settings.container_creating_timeout_seconds, p.settings.image_pull_retries
     )
@@ -53,9 +53,11 @@ def watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> 
     return handlers[state.verdict](p, resolved, pods, state)
 
 
-def _past_grace(p: Pass, lost: Mapping[str, str]) -> tuple[dict[str, str], float | None]:
-    """The lost nodes that break the gang now: deleted ones, and NotReady ones past the grace period (counted
-    from the Ready condition's transition as the API server reports it); with when the next one falls due."""
+def lost_past_grace(p: Pass, nodes: Sequence[str | None]) -> tuple[dict[str, str], float | None]:
+    """Of these nodes, the lost ones that break the gang now: deleted ones, and NotReady ones past the grace
+    period (counted from the Ready condition's transition as the API server reports it); with when the next
+    one falls due."""
+    lost = lost_nodes(p, nodes)
     now, since = p.session.server_now(), p.nodes.snapshot.not_ready_since
     ages = {node: timestamps.seconds_since(since.get(node), now) or 0.0 for node in lost if node in p.nodes.not_ready}
     return breaking_nodes(lost, ages, p.settings.not_ready_grace_seconds)
@@ -148,7 +150,9 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
     # The next attempt verifies its own network (it may run on other nodes).
     patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts, "network": None}
     hold = {"heldNodes": held or None, "heldUntil": until if held else None}
-    write_status(p, {**patch, "placement": None, "podsReady": 0, "excludedNodes": excluded or None, **hold})
+    write_status(
+        p, {**patch, "placement": None, "spareNodes": None, "podsReady": 0, "excludedNodes": excluded or None, **hold}
+    )
     m.GANG_RESTARTS.inc()
     p.event("Warning", "Restarting", message)
     delete_pods(p, pods)
@@ -156,9 +160,11 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
 
 
 def _hold(p: Pass, state: gang.GangState) -> tuple[list[str], str | None]:
-    """The restarting gang's hold: its placed nodes less the one blamed, until restart_hold_seconds from now."""
+    """The restarting gang's hold: its placed nodes and spares less the one blamed, until restart_hold_seconds
+    from now."""
     blamed = {state.node, *state.blamed}
-    kept = [node for node in p.placed_nodes if node not in blamed]
+    spare_nodes = p.live.spare_nodes if p.live is not None else ()
+    kept = [node for node in (*p.placed_nodes, *spare_nodes) if node not in blamed]
     if not kept or p.settings.restart_hold_seconds <= 0:
         return [], None
     until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=p.settings.restart_hold_seconds)
