@@ -1,8 +1,12 @@
-"""Hot spares (spec.failurePolicy.spareNodes) on the upstream control plane: the job holds a spare node beside
-its own, shown in status; when one of its nodes is deleted, exactly one pod is made again, on the spare, with
-the same name and node rank, and the pods on healthy nodes stay, with no gang restart."""
+"""A lost node on the upstream control plane. With a hot spare (spec.failurePolicy.spareNodes) the job holds a
+spare node beside its own, shown in status; when one of its nodes is deleted, exactly one pod is made again, on
+the spare, with the same name and node rank, and the pods on healthy nodes stay, with no gang restart. With no
+spare and spec.failurePolicy.allowDataShrink, the gang restarts at a smaller DP with the same TP, PP and global
+batch, and grows back at a later restart that fits."""
 
 from __future__ import annotations
+
+import json
 
 from tests.operator.conftest import job_doc, wait_for
 
@@ -63,3 +67,37 @@ def test_a_lost_node_is_replaced_by_the_spare_recreating_only_its_pod(cluster, o
     assert {entry["nodeRank"]: entry["node"] for entry in status["placement"]} == {**placed, 2: spare}
     reasons = [event["reason"] for event in cluster.events()]
     assert "SpareTaken" in reasons and "SpareReplaced" in reasons and "Restarting" not in reasons
+
+
+def test_with_no_spare_and_allow_data_shrink_the_job_resumes_at_a_smaller_dp_and_grows_back(cluster, operator):
+    cluster.add_nodes(4)
+    shrinking = {**FOUR_NODES_ONE_SPARE, "failurePolicy": {"backoffLimit": 3, "allowDataShrink": True}}
+    cluster.apply(job_doc(**shrinking))
+    status = cluster.start_running(pods=4)
+    assert status["layout"] == "2x4x2"
+    cluster.core.delete_node(status["placement"][1]["node"])
+
+    def attempt_pods(attempt: str, count: int) -> list | None:
+        pods = cluster.pods()
+        return (
+            pods
+            if len(pods) == count
+            and all(pod["metadata"]["labels"]["paralleljob.io/attempt"] == attempt for pod in pods)
+            else None
+        )
+
+    wait_for(lambda: attempt_pods("1", 2), timeout=45, what="two pods of attempt 1")
+    job_json = json.loads(cluster.core.read_namespaced_config_map("gpt-config", "research").data["job.json"])
+    assert job_json["plan"]["layout"] == {"pipeline": 2, "tensor": 4, "data": 1}
+    deepspeed = job_json["deepspeed"]
+    assert (deepspeed["train_batch_size"], deepspeed["train_micro_batch_size_per_gpu"]) == (32, 2)
+    assert deepspeed["gradient_accumulation_steps"] == 16  # was 8 at DP 2
+    assert any(event["reason"] == "DataShrunk" for event in cluster.events())
+    status = cluster.start_running(pods=2)
+    assert status["layout"] == "2x4x1" and status["restarts"] == 1
+
+    # A node returns; the next restart fits at full size again.
+    cluster.add_nodes(1, start=10)
+    cluster.set_pod_phase("gpt-0", "Failed")
+    wait_for(lambda: attempt_pods("2", 4), timeout=45, what="four pods of attempt 2")
+    assert cluster.start_running(pods=4)["layout"] == "2x4x2"
