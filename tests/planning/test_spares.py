@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from paralleljob import planning
-from paralleljob.planning import spares
+from paralleljob.planning import plan_text, spares
 from paralleljob.planning.costmodel import Site
 from tests.planning import clusters
 
@@ -123,9 +123,11 @@ def test_fewer_free_nodes_than_spares_asked_plans_those_with_a_warning() -> None
     assert any("Only 1 of the 3 spare nodes" in warning for warning in plan.warnings)
 
 
-def test_a_plan_with_spares_round_trips_through_its_json_form() -> None:
+def test_a_plan_with_spares_round_trips_through_its_json_form_and_names_them_in_words() -> None:
     plan = clusters.plan(job_with_spares(2), fabric({"a": ("s0", 4), "b": ("s0", 3)}))
     assert planning.Plan.from_dict(plan.to_dict()) == plan
+    (line,) = [line for line in plan_text.summary_lines(plan) if line.startswith("hot spares")]
+    assert all(f"{spare.node} (guards node rank {spare.guards})" in line for spare in plan.spares)
 
 
 def test_a_lost_node_goes_to_the_spare_in_its_own_leaf() -> None:
