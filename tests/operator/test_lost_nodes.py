@@ -1,6 +1,7 @@
 """A lost node on the upstream control plane. With a hot spare (spec.failurePolicy.spareNodes) the job holds a
 spare node beside its own, shown in status; when one of its nodes is deleted, exactly one pod is made again, on
-the spare, with the same name and node rank, and the pods on healthy nodes stay, with no gang restart. With no
+the spare, with the same name and node rank, and the pods on healthy nodes stay, with no gang restart; a free node becomes the
+next spare, and a lost spare is replaced when a node is free again. With no
 spare and spec.failurePolicy.allowDataShrink, the gang restarts at a smaller DP with the same TP, PP and global
 batch, and grows back at a later restart that fits."""
 
@@ -63,10 +64,18 @@ def test_a_lost_node_is_replaced_by_the_spare_recreating_only_its_pod(cluster, o
         what="Running again",
     )
     assert status.get("restarts", 0) == 0
-    assert not status.get("spareNodes")
     assert {entry["nodeRank"]: entry["node"] for entry in status["placement"]} == {**placed, 2: spare}
+    # The spare is used up; the sixth node, free, becomes the next one.
+    (free,) = {f"gpu-{i:03d}" for i in range(6)} - {*placed.values(), spare}
+    wait_for(lambda: cluster.status().get("spareNodes") == [free], timeout=30, what="a new spare")
+    # A spare that is lost itself is dropped, and replaced once a node is free again.
+    cluster.core.delete_node(free)
+    wait_for(lambda: not cluster.status().get("spareNodes"), timeout=30, what="the lost spare dropped")
+    cluster.add_nodes(1, start=10)
+    wait_for(lambda: cluster.status().get("spareNodes") == ["gpu-010"], timeout=30, what="a spare on the new node")
     reasons = [event["reason"] for event in cluster.events()]
-    assert "SpareTaken" in reasons and "SpareReplaced" in reasons and "Restarting" not in reasons
+    assert {"SpareTaken", "SpareReplaced", "SpareAdded", "SpareLost"} <= set(reasons)
+    assert "Restarting" not in reasons and cluster.status().get("restarts", 0) == 0
 
 
 def test_with_no_spare_and_allow_data_shrink_the_job_resumes_at_a_smaller_dp_and_grows_back(cluster, operator):

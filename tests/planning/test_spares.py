@@ -171,3 +171,17 @@ def test_spares_stay_in_the_nvlink_domain_when_a_tensor_group_spans_nodes() -> N
     assert len(used) == 1
     assert all(clique[spare.node] in used for spare in plan.spares)
     assert len(plan.spares) == 1, plan.spares  # the clique has one node left; c1 and c2 do not qualify
+
+
+def test_a_placed_job_short_of_spares_gets_more_chosen_the_same_way_never_a_held_node() -> None:
+    nodes = fabric({"a": ("s0", 7)})
+    plan = clusters.plan(job_with_spares(1), nodes)
+    cluster = planning.build_cluster(nodes, [clusters.pod("other-0", "a-6", 8)])
+    more = planning.spares_for(
+        job_with_spares(2), cluster, plan.node_names(), 8, plan.axis_order, 2, taken=plan.spare_names()
+    )
+    free = {f"a-{i}" for i in range(6)} - {*plan.node_names(), *plan.spare_names()}
+    assert {spare.node for spare in more} == free  # a-6 runs another pod
+    assert (
+        planning.spares_for(job_with_spares(1), cluster, [*plan.node_names()[:3], "gone"], 8, plan.axis_order, 1) == ()
+    )

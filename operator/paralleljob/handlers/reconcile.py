@@ -194,10 +194,14 @@ def _first_step_that_applies(p: Pass) -> Outcome:
                     return queueing.placed_or_released(p, chosen)  # Kueue hook: unplaceable gives the quota back
                 current, choice = chosen
             return queueing.placed_or_released(p, admission.admit(p, current, view, choice))  # Kueue hook, as above
+        pinned = specs.pinned_spec(p, current)
         if p.admit:
+            if replacement.spares_short(p, pinned):  # hot spares used or lost: hold more where the cluster allows
+                view = admission.cluster_view(p, labelled)
+                cluster = view.builder.build(view.nodes.infos, view.usage, view.held)
+                return replacement.top_up(p, pinned, cluster, view.held)
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.
             return Outcome("placed", requeue_after=0.0)
-        pinned = specs.pinned_spec(p, current)
         # Kueue hook (handlers.queueing.supervise): Kueue evicted the Workload: checkpoint, stop, back to Queued.
         if (evicting := queueing.supervise(p, pinned, pods)) is not None:
             return evicting
@@ -215,7 +219,11 @@ def _first_step_that_applies(p: Pass) -> Outcome:
         return supervision.broken(p, judged, pods, state)
     if (moved := _spare_replacement(p, pinned, pods)) is not None:
         return moved
-    return supervision.watch(p, pinned, pods)
+    outcome = supervision.watch(p, pinned, pods)
+    if outcome.step == "running" and outcome.admission is None and replacement.spares_short(p, pinned):
+        # Short of spares: an admission pass holds more when the cluster allows.
+        return dataclasses.replace(outcome, admission=admission.admission_request(p))
+    return outcome
 
 
 def _spare_replacement(p: Pass, pinned: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome | None:

@@ -149,6 +149,9 @@ class AttemptRecord:
         replacing = tuple(sorted({*self.replacing, *taken}))
         return dataclasses.replace(self, nodes=nodes, spare_nodes=left, replacing=replacing)
 
+    def with_spares_added(self, added: Sequence[str]) -> AttemptRecord:
+        return dataclasses.replace(self, spare_nodes=(*self.spare_nodes, *added))
+
     def with_replaced(self) -> AttemptRecord:
         """The pods of the replaced node ranks were created on their spares."""
         return dataclasses.replace(self, replacing=())

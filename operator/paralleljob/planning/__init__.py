@@ -21,7 +21,7 @@ from paralleljob.planning.inventory import (
     local_cluster_nodes,
 )
 from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, SpareNode, Unschedulable
-from paralleljob.planning.planner import PlanningOptions, plan_job, pod_requests
+from paralleljob.planning.planner import PlanningOptions, plan_job, pod_requests, spares_for
 from paralleljob_contract.layout import Coord, Layout
 
 
@@ -52,4 +52,5 @@ __all__ = [
     "plan_job",
     "pod_requests",
     "reservations_of",
+    "spares_for",
 ]

@@ -9,7 +9,7 @@ return a `Plan` or an `Unschedulable` (`plan`). The operator, the local runner a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from paralleljob.api.validation import ResolvedJob
 from paralleljob.planning import eligibility, estimates, placement, spares, usage
@@ -79,6 +79,45 @@ def plan_job(job: ResolvedJob, cluster: Cluster, options: PlanningOptions | None
     if not misses:
         misses = [_Miss(job.world_size // candidates[0], candidates[0], "", 0, tally)]
     return _unschedulable(ctx, misses)
+
+
+def spares_for(
+    job: ResolvedJob,
+    cluster: Cluster,
+    nodes: Sequence[str],
+    ranks_per_node: int,
+    axis_order: AxisOrder,
+    count: int,
+    options: PlanningOptions | None = None,
+    taken: Collection[str] = (),
+) -> tuple[SpareNode, ...]:
+    """Up to `count` more hot spares for a job placed on `nodes` (node rank order), chosen as at planning: for a
+    job whose spare was used or lost. `taken`: nodes it holds already (its spares); none while one of `nodes`
+    is missing from the cluster (its replacement comes first)."""
+    ctx = _context(job, cluster, options or PlanningOptions())
+    by_name = {node.name: node for node in cluster.nodes}
+    placed = [by_name[name] for name in nodes if name in by_name]
+    if count <= 0 or not placed or len(placed) < len(nodes):
+        return ()
+    spec = job.spec
+    screened, _ = eligibility.screen(cluster.nodes, spec.template.node_selector, spec.template.tolerations)
+    screened, _ = eligibility.with_resources(screened, pod_requests(job))
+    products = {node.product for node in placed}
+    if not spec.topology.allow_mixed_gpu_products:
+        screened = [node for node in screened if node.product in products]
+    memory = estimates.memory_per_gpu(ctx.work)
+    screened, _ = eligibility.with_memory(screened, memory.total, memory.stage)
+    qualifying, _ = eligibility.with_free_gpus(screened, ranks_per_node)
+    held = {*nodes, *taken}
+    free = [(node, _site(node, ctx)) for node in qualifying if node.name not in held]
+    layout = Layout(job.pipeline, job.tensor, job.data, axis_order)
+    sites = [_site(node, ctx) for node in placed]
+    product = _slowest_product(placed, ctx.model)
+    volume, bandwidth = estimates.comm_bytes(ctx.work), ctx.model.link_bandwidths(product)
+    cost_of = spares.ReplacementPrice(ranks_per_node, sites, rank_groups(layout, ranks_per_node), volume, bandwidth)
+    same_nvlink = bool(ctx.nvlink_label) and job.tensor > ranks_per_node
+    chosen = spares.choose_spares(count, sites, free, cost_of, same_nvlink=same_nvlink)
+    return tuple(SpareNode(node.name, ranks_per_node, rank, _domains(node, ctx)) for node, rank in chosen)
 
 
 def pod_requests(job: ResolvedJob) -> dict[str, int]:

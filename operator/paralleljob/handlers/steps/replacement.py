@@ -13,11 +13,11 @@ lost rank, nothing here applies and supervision restarts the gang as before.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from paralleljob import planning
 from paralleljob.api import ResolvedJob
 from paralleljob.handlers import gang
 from paralleljob.handlers.passes import Outcome, Pass, is_terminating, write_record, write_status
@@ -25,10 +25,13 @@ from paralleljob.k8s import reads, timestamps, writes
 from paralleljob.manifests import children as child_objects
 from paralleljob.manifests import configmap, labels, records
 from paralleljob.planning import spares
+from paralleljob.planning.inventory import Cluster, Reservation
 from paralleljob.planning.plan import Plan, SpareNode
 
 # How soon to look again while the lost rank's old pod object is still there.
 OLD_POD_RECHECK_SECONDS = 0.5
+# How often a job short of spares is offered to the admission queue again without a change in the cluster.
+SPARE_RECHECK_SECONDS = 60.0
 
 
 def take_spares(p: Pass, lost: Mapping[str, str]) -> Outcome | None:
@@ -75,13 +78,10 @@ def choose(plan: Plan, ranks: Sequence[int], usable: Sequence[SpareNode]) -> dic
 
 
 def current_plan(p: Pass, live: records.AttemptRecord) -> Plan | None:
-    """The attempt's plan (its ConfigMap's plan.json, which leaves the nodes out) with the record's nodes, their
-    domains from the Node watch, and the spares the record still holds; None without this attempt's plan."""
-    found = reads.get_config_map(p.session, p.namespace, labels.config_map_name(p.name))
-    if found is None or not labels.owned_by(found, p.uid) or configmap.attempt_of(found) != p.attempt:
-        return None
-    raw = json.loads((found.get("data") or {}).get(configmap.PLAN_FILE) or "{}")
-    if "layout" not in raw or "estimates" not in raw:
+    """The attempt's plan (its ConfigMap's plan.json, which leaves the nodes out) with the record's nodes and
+    spares, their domains from the Node watch; None without this attempt's plan."""
+    raw = _plan_json(p)
+    if raw is None:
         return None
     keys = [*(raw.get("levels") or ()), *([raw["nvlinkDomainLabel"]] if raw.get("nvlinkDomainLabel") else [])]
     nodes = [
@@ -89,9 +89,17 @@ def current_plan(p: Pass, live: records.AttemptRecord) -> Plan | None:
          "domains": _domains(p, node, keys)}
         for rank, node in enumerate(live.nodes)
     ]  # fmt: skip
-    plan = Plan.from_dict({**raw, "nodes": nodes})
-    held = set(live.spare_nodes)
-    return dataclasses.replace(plan, spares=tuple(spare for spare in plan.spares if spare.node in held))
+    held = [{"node": node, "gpus": live.gpus_per_node, "domains": _domains(p, node, keys)} for node in live.spare_nodes]
+    return Plan.from_dict({**raw, "nodes": nodes, "spares": held})
+
+
+def _plan_json(p: Pass) -> dict[str, Any] | None:
+    """This attempt's plan.json, from its ConfigMap; None without one."""
+    found = reads.get_config_map(p.session, p.namespace, labels.config_map_name(p.name))
+    if found is None or not labels.owned_by(found, p.uid) or configmap.attempt_of(found) != p.attempt:
+        return None
+    raw = json.loads((found.get("data") or {}).get(configmap.PLAN_FILE) or "{}")
+    return raw if isinstance(raw, dict) and "layout" in raw and "estimates" in raw else None
 
 
 def _domains(p: Pass, node: str, keys: Sequence[str]) -> dict[str, str]:
@@ -169,3 +177,46 @@ def _placement(p: Pass, live: records.AttemptRecord) -> list[dict[str, Any]]:
 
 def _rank(pod: Mapping[str, Any]) -> int:
     return int(pod["metadata"]["labels"][labels.NODE_RANK_LABEL])
+
+
+def spares_short(p: Pass, resolved: ResolvedJob) -> bool:
+    """Whether the live attempt holds fewer spares than its spec asks (one was used or lost), between moves."""
+    live = p.live
+    return live is not None and not live.replacing and len(live.spare_nodes) < resolved.spec.failure_policy.spare_nodes
+
+
+def top_up(p: Pass, resolved: ResolvedJob, cluster: Cluster, held: Sequence[Reservation]) -> Outcome:
+    """An admission pass over a placed job short of spares: hold as many more as the cluster allows, chosen as at
+    planning (`planning.spares_for`); a job that gets none keeps its place in the admission queue and is tried
+    again when the cluster changes."""
+    live, raw = p.live, _plan_json(p)
+    assert live is not None
+    wanted = resolved.spec.failure_policy.spare_nodes - len(live.spare_nodes)
+    order = tuple(raw.get("axisOrder") or ("pipe", "data", "model")) if raw is not None else ()
+    found = (
+        planning.spares_for(
+            resolved,
+            cluster,
+            live.nodes,
+            live.gpus_per_node,
+            order,
+            wanted,
+            taken=live.spare_nodes,  # type: ignore[arg-type]
+        )
+        if raw is not None
+        else ()
+    )
+    if not found:
+        return Outcome("spares-short", requeue_after=SPARE_RECHECK_SECONDS, held=tuple(held))
+    if p.fence is not None:
+        p.fence()  # the reservations read for this pass are still the cluster's
+    record = live.with_spares_added([spare.node for spare in found])
+    write_record(p, record)
+    write_status(p, {"spareNodes": list(record.spare_nodes)})
+    p.event(
+        "Normal",
+        "SpareAdded",
+        f"holding {', '.join(s.node for s in found)} as hot spare; "
+        f"{len(record.spare_nodes)} of {resolved.spec.failure_policy.spare_nodes} held",
+    )
+    return Outcome("spares-added", wake_others=False)
