@@ -7,8 +7,9 @@ node is the spare, the spare is used up, and the rank is `replacing`. Then only 
 `steps.draining` does), and once the old pod object is gone it is created again on the spare, with the same
 name, node rank and environment (the attempt's ConfigMap is unchanged). The pods on healthy nodes are never
 touched: the survivors re-form the gang with the new pod through the in-pod restart of the launcher. A spare
-that is lost itself is dropped from the record (the next attempt plans a new one). Without a spare for every
-lost rank, nothing here applies and supervision restarts the gang as before.
+that is lost itself is dropped from the record. A running job short of spares (used or lost) asks for an
+admission pass, which holds more where the cluster allows (`top_up`). Without a spare for every lost rank,
+nothing here applies and supervision restarts the gang as before.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def _drop_spares(p: Pass, live: records.AttemptRecord, gone: Sequence[str], lost
     write_record(p, record)
     message = "; ".join(f"spare {node} {lost[node]}" for node in gone)
     write_status(p, {"spareNodes": list(record.spare_nodes) or None})
-    p.event("Warning", "SpareLost", f"{message}: it is no longer held; the next attempt plans a new one")
+    p.event("Warning", "SpareLost", f"{message}: it is no longer held; another is held once a node is free")
 
 
 def replace_pods(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
