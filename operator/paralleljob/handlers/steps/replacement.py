@@ -128,8 +128,10 @@ def replace_pods(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any
         return _remove_old_pods(p, old)
     present = {pod["metadata"]["name"] for pod in pods}
     found = reads.get_config_map(p.session, p.namespace, labels.config_map_name(p.name))
-    if found is None:
-        return Outcome("replacing-node", requeue_after=OLD_POD_RECHECK_SECONDS)
+    if found is None or not labels.owned_by(found, p.uid) or configmap.attempt_of(found) != p.attempt:
+        # The attempt's plan is gone: the move ends here, and supervision restarts the gang short of a pod.
+        write_record(p, live.with_replaced())
+        return Outcome("replacing-node", requeue_after=0.0)
     built = child_objects.build_children(
         p.job, resolved, found, list(live.nodes), image=live.image, pod_security=p.settings.pod_security
     )
