@@ -89,4 +89,9 @@ def test_a_record_reads_back_as_written() -> None:
     assert records.parse_record(record.to_json()) == record
     record = dataclasses.replace(LIVE, spare_nodes=("gpu-3", "gpu-4")).with_spares_taken({0: "gpu-3"}, ("gpu-4",))
     assert (record.nodes, record.spare_nodes, record.replacing) == (("gpu-3", "gpu-2"), (), (0,))
+    grown = LIVE.with_grow_after(10).with_grow_restart()
+    assert records.parse_record(grown.to_json()) == grown
+    assert (grown.grow_after, grown.grow_restarts) == (10, 1)
+    restarted = RESTARTED.with_grow_restart()
+    assert (restarted.next_attempt, restarted.counted_restarts) == (1, 0)  # a grow-back counts for nothing
     assert records.parse_record(record.to_json()) == record

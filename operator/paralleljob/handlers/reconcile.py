@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import conditions, failures, gang, queueing, specs
+from paralleljob.handlers import conditions, failures, gang, placement, queueing, specs
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.passes import (
     NAME_CONFLICT_RECHECK_SECONDS,
@@ -196,6 +196,12 @@ def _first_step_that_applies(p: Pass) -> Outcome:
             return queueing.placed_or_released(p, admission.admit(p, current, view, choice))  # Kueue hook, as above
         pinned = specs.pinned_spec(p, current)
         if p.admit:
+            if replacement.shrunk(p, pinned, current):  # the DP shrink: does the full size fit again?
+                assert current is not None
+                view = admission.cluster_view(p, labelled)
+                usage = p.nodes.usage.without([(p.namespace, pod["metadata"]["name"]) for pod in pods])
+                found = placement.plan(current, view.nodes, usage.usage, view.held, p.excluded, view.builder)
+                return replacement.grow_when_fits(p, pinned, current, found.plan is not None, view.held)
             if replacement.spares_short(p, pinned):  # hot spares used or lost: hold more where the cluster allows
                 view = admission.cluster_view(p, labelled)
                 cluster = view.builder.build(view.nodes.infos, view.usage, view.held)
@@ -220,8 +226,9 @@ def _first_step_that_applies(p: Pass) -> Outcome:
     if (moved := _spare_replacement(p, pinned, pods)) is not None:
         return moved
     outcome = supervision.watch(p, pinned, pods)
-    if outcome.step == "running" and outcome.admission is None and replacement.spares_short(p, pinned):
-        # Short of spares: an admission pass holds more when the cluster allows.
+    wanted = replacement.spares_short(p, pinned) or replacement.shrunk(p, pinned, current)
+    if outcome.step == "running" and outcome.admission is None and wanted:
+        # Short of spares, or shrunk: an admission pass holds more spares, or sees the full size fit again.
         return dataclasses.replace(outcome, admission=admission.admission_request(p))
     return outcome
 

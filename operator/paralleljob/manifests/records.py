@@ -67,6 +67,11 @@ class AttemptRecord:
     # recreated on a spare (their node in `nodes` is the spare already).
     spare_nodes: tuple[str, ...] = ()
     replacing: tuple[int, ...] = ()
+    # The DP shrink: once a shrunk attempt fits at full size again, the checkpoint step rank 0 had reported then
+    # (-1 for none): the gang grows back after a newer one. Gang restarts that were grow-backs, carried from
+    # attempt to attempt, do not count against backoffLimit.
+    grow_after: int | None = None
+    grow_restarts: int = 0
 
     @property
     def live(self) -> bool:
@@ -106,6 +111,8 @@ class AttemptRecord:
             "evicted": self.evicted,
             "spareNodes": list(self.spare_nodes),
             "replacing": list(self.replacing),
+            "growAfter": self.grow_after,
+            "growRestarts": self.grow_restarts,
         }
         return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
@@ -152,6 +159,17 @@ class AttemptRecord:
     def with_spares_added(self, added: Sequence[str]) -> AttemptRecord:
         return dataclasses.replace(self, spare_nodes=(*self.spare_nodes, *added))
 
+    def with_grow_after(self, step: int) -> AttemptRecord:
+        return dataclasses.replace(self, grow_after=step)
+
+    def with_grow_restart(self) -> AttemptRecord:
+        return dataclasses.replace(self, grow_restarts=self.grow_restarts + 1)
+
+    @property
+    def counted_restarts(self) -> int:
+        """Gang restarts so far that count against backoffLimit: all but the grow-backs."""
+        return self.next_attempt - self.grow_restarts
+
     def with_replaced(self) -> AttemptRecord:
         """The pods of the replaced node ranks were created on their spares."""
         return dataclasses.replace(self, replacing=())
@@ -195,6 +213,8 @@ def parse_record(text: str) -> AttemptRecord:
         evicted=bool(body.get("evicted")),
         spare_nodes=tuple(str(node) for node in body.get("spareNodes") or ()),
         replacing=tuple(int(rank) for rank in body.get("replacing") or ()),
+        grow_after=int(body["growAfter"]) if body.get("growAfter") is not None else None,
+        grow_restarts=int(body.get("growRestarts") or 0),
     )
 
 

@@ -6,7 +6,8 @@ gradient accumulation grows to make up the batch (train_batch_size = micro x acc
 curve continues through the trainer's DP-change resume (tests/trainer/test_checkpoints.py). The sizes are
 tried largest first, down to spec.failurePolicy.minData (1 by default), skipping those the global batch or
 gpusPerNode does not divide; the first that places wins, so a job loses no more replicas than the free nodes
-require. Called by the operator's admission; pure.
+require. The operator grows the job back at its next checkpoint once the full size fits again. Called by the
+operator's admission; pure.
 """
 
 from __future__ import annotations

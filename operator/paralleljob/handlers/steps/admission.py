@@ -168,6 +168,7 @@ def admit(p: Pass, resolved: ResolvedJob, view: ClusterView, choice: Mapping[str
         gpus_per_node=outcome.plan.ranks_per_node,
         layout_choice=choice,
         spare_nodes=tuple(outcome.plan.spare_names()),
+        grow_restarts=p.record.grow_restarts if p.record is not None else 0,
     )
     attempt = child_objects.build_attempt(
         p.job,
@@ -198,7 +199,7 @@ def _shrunk(
 ) -> tuple[ResolvedJob, placement.Outcome] | None:
     """spec.failurePolicy.allowDataShrink: a restarting gang that no longer fits at its own DP resumes at the
     largest smaller DP that places (`planning.shrink`: TP, PP and the global batch kept); None when it may not
-    or none places. A later restart that fits at full DP grows it back."""
+    or none places. Once the full size fits again it grows back at its next checkpoint (`steps.replacement`)."""
     if p.attempt == 0 or not resolved.spec.failure_policy.allow_data_shrink:
         return None
     for smaller in shrink.shrunk_jobs(resolved):
@@ -211,7 +212,7 @@ def _shrunk(
                 f"{resolved.layout} does not fit on the nodes left ({reason}); resuming "
                 f"as {smaller.layout}: data parallelism {resolved.data} -> {smaller.data}, gradient accumulation "
                 f"{before.gradient_accumulation_steps} -> {after.gradient_accumulation_steps}, global batch "
-                f"{after.train_batch_size} kept; a restart that fits at full size grows it back",
+                f"{after.train_batch_size} kept; it grows back at a checkpoint once the full size fits",
             )
             return smaller, found
     return None

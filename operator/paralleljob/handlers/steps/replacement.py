@@ -10,6 +10,10 @@ touched: the survivors re-form the gang with the new pod through the in-pod rest
 that is lost itself is dropped from the record. A running job short of spares (used or lost) asks for an
 admission pass, which holds more where the cluster allows (`top_up`). Without a spare for every lost rank,
 nothing here applies and supervision restarts the gang as before.
+
+The DP shrink's way back lives here too: a running shrunk attempt (spec.failurePolicy.allowDataShrink) asks for
+an admission pass, which notes in the record, once the full size fits again, the checkpoint step after which
+supervision restarts the gang into the full size (`grow_when_fits`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from paralleljob.handlers.passes import Outcome, Pass, is_terminating, write_rec
 from paralleljob.k8s import reads, timestamps, writes
 from paralleljob.manifests import children as child_objects
 from paralleljob.manifests import configmap, labels, records
+from paralleljob.manifests import progress as progress_channel
 from paralleljob.planning import spares
 from paralleljob.planning.inventory import Cluster, Reservation
 from paralleljob.planning.plan import Plan, SpareNode
@@ -223,3 +228,41 @@ def top_up(p: Pass, resolved: ResolvedJob, cluster: Cluster, held: Sequence[Rese
         f"{len(record.spare_nodes)} of {resolved.spec.failure_policy.spare_nodes} held",
     )
     return Outcome("spares-added", wake_others=False)
+
+
+def shrunk(p: Pass, pinned: ResolvedJob, current: ResolvedJob | None) -> bool:
+    """Whether the live attempt runs at a smaller DP than the spec asks (allowDataShrink) and has not yet seen
+    its full size fit again."""
+    live = p.live
+    return (
+        live is not None
+        and current is not None
+        and live.grow_after is None
+        and current.spec.failure_policy.allow_data_shrink
+        and pinned.data < current.data
+    )
+
+
+def grow_when_fits(
+    p: Pass, pinned: ResolvedJob, current: ResolvedJob, fits: bool, held: Sequence[Reservation]
+) -> Outcome:
+    """An admission pass over a shrunk job: when the full size fits again (its own GPUs counted free), the record
+    notes the checkpoint step rank 0 last reported, and supervision restarts the gang into the full size after
+    a newer one; otherwise the job keeps its place in the admission queue until the cluster changes."""
+    live = p.live
+    assert live is not None
+    if not fits:
+        return Outcome("shrunk", requeue_after=SPARE_RECHECK_SECONDS, held=tuple(held))
+    found = reads.get_config_map(p.session, p.namespace, labels.progress_config_map_name(p.name))
+    reported = progress_channel.status_of(found, current.spec.training.steps) if found is not None else {}
+    step = reported.get("lastCheckpointStep")
+    after = step if isinstance(step, int) else -1
+    write_record(p, live.with_grow_after(after))
+    since = f"step {after}" if after >= 0 else "the start of this attempt"
+    p.event(
+        "Normal",
+        "GrowBack",
+        f"{current.layout} fits again: the gang grows back from {pinned.layout} after its next checkpoint "
+        f"(newer than {since})",
+    )
+    return Outcome("grow-back-due")

@@ -30,6 +30,7 @@ from paralleljob.manifests import progress as progress_channel
 from paralleljob_contract.network import NetworkFailure
 
 VERIFIED_STATUSES = ("True", "False", "Unknown")
+GROW_BACK = "GrowBack"
 
 
 def watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
@@ -100,7 +101,8 @@ def broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], st
     if state.network is not None:
         return _network_failed(p, pods, state, state.network)
     limit = resolved.spec.failure_policy.backoff_limit
-    if restarts_left(p.attempt, limit):
+    counted = p.live.counted_restarts if p.live is not None else p.attempt
+    if restarts_left(counted, limit):
         return _restart(p, pods, state, limit)
     return _fail(p, pods, state, limit)
 
@@ -176,7 +178,11 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
     network verdict once it has come), so Started is posted once per attempt and startTime never moves."""
     live = p.live
     assert live is not None  # a placed gang
-    watched = live.network_report is None or resolved.spec.failure_policy.progress_timeout_seconds is not None
+    watched = (
+        live.network_report is None
+        or resolved.spec.failure_policy.progress_timeout_seconds is not None
+        or live.grow_after is not None
+    )
     reported = _rank0_report(p, resolved) if watched else {}
     network = live.network_report or reported.get("network")
     started = live.started_at or timestamps.now()
@@ -194,6 +200,12 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
     if verdict.hung:
         hung = gang.GangState("broken", state.ready, verdict.message, cause=watchdog.NO_PROGRESS)
         return broken(p, resolved, pods, hung)
+    saved = reported.get("lastCheckpointStep")
+    if live.grow_after is not None and isinstance(saved, int) and saved > live.grow_after:
+        # The DP shrink: full size fits again and a newer checkpoint is saved: restart into the full size.
+        why = f"growing back to full size after checkpoint step {saved}"
+        grow = gang.GangState("broken", state.ready, why, cause=GROW_BACK)
+        return broken(dataclasses.replace(p, record=live.with_grow_restart()), resolved, pods, grow)
     return Outcome("running", requeue_after=_resync(p, verdict.recheck_in, state.recheck_in))
 
 
