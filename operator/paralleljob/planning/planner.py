@@ -255,10 +255,13 @@ def _with_spares(
     found = tuple(SpareNode(node.name, plan.ranks_per_node, rank, _domains(node, ctx)) for node, rank in chosen)
     warnings = plan.warnings
     if len(found) < count:
+        where = f"with {plan.ranks_per_node} free GPUs{' in the NVLink domains of the job' if same_nvlink else ''}"
+        asked = f"spare nodes asked for (spec.failurePolicy.spareNodes) {'are' if found else 'is'} free {where}"
         warnings += (
-            f"Only {len(found)} of the {count} spare nodes asked for (spec.failurePolicy.spareNodes) are free "
-            f"with {plan.ranks_per_node} GPUs{' in the NVLink domains of the job' if same_nvlink else ''}; the job "
-            "holds those, and a lost node beyond them waits for a replacement.",
+            f"Only {len(found)} of the {count} {asked}; the job holds those, and the operator holds more as nodes "
+            "free up."
+            if found
+            else f"None of the {count} {asked}; the job runs without spares until nodes free up.",
         )
     return dataclasses.replace(plan, spares=found, warnings=warnings)
 
