@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from paralleljob.manifests import trainer_config
 from paralleljob.planning import shrink
 from tests.planning import clusters
 
@@ -42,3 +43,34 @@ def test_a_shrunk_job_keeps_tensor_pipeline_and_the_global_batch_with_more_accum
 def test_a_size_whose_world_gpus_per_node_does_not_divide_is_skipped() -> None:
     # PP 2 x TP 4 is 8 GPUs per replica: on 16-GPU pods only an even DP fills whole pods.
     assert [smaller.data for smaller in shrink.shrunk_jobs(job(6, 16, gpus_per_node=16))] == [4, 2]
+
+
+def test_the_shrunk_job_file_carries_the_batch_the_trainer_s_dp_change_test_resumes_with() -> None:
+    # tests/trainer/test_checkpoints.py::test_a_resume_with_another_data_parallel_size_continues_the_same_loss_curve
+    # resumes a DP 2 checkpoint (train batch 8, micro-batch 2, accumulation 2) at DP 1 with accumulation 4 and
+    # finds the loss curve within 1e-5 of the unbroken run (fp32): the shrink must hand the trainer that job file.
+    full = clusters.job(
+        """
+apiVersion: paralleljob.io/v1alpha1
+kind: ParallelJob
+metadata: {name: tiny}
+spec:
+  parallelism: {pipeline: 1, tensor: 1, data: 2}
+  model: {layers: 4, hiddenSize: 64, attentionHeads: 4, sequenceLength: 32, vocabSize: 256, precision: fp32}
+  deepspeed: {train_batch_size: 8, train_micro_batch_size_per_gpu: 2}
+  training: {steps: 8}
+  checkpoint: {intervalSteps: 3, volume: {persistentVolumeClaim: {claimName: checkpoints}}}
+  failurePolicy: {allowDataShrink: true}
+"""
+    )
+    smaller = shrink.shrunk_job(full, 1)
+    assert smaller is not None
+    plan = {"layout": {"pipeline": 1, "tensor": 1, "data": 1}, "ranksPerNode": 1}
+    job_file = trainer_config.build_trainer_config(smaller, plan)
+    deepspeed = job_file["deepspeed"]
+    batch = [
+        deepspeed[key] for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    ]
+    assert batch == [8, 2, 4]
+    assert job_file["spec"]["parallelism"] == {"pipeline": 1, "tensor": 1, "data": 1}
+    assert job_file["spec"]["model"] == full.resolved_spec()["model"]
