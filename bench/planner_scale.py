@@ -1,6 +1,6 @@
 """Planning time of a 128-node job on synthetic clusters of 1,000 / 10,000 / 100,000 nodes.
 
-    .venv/bin/python bench/planner_scale.py [--sizes 1000,10000,100000] [--repeat 5] [--requests]
+    .venv/bin/python bench/planner_scale.py [--sizes 1000,10000,100000] [--repeat 5] [--requests] [--spares N]
 
 Prints, per cluster size: the time to load the NodeList from YAML (yaml C loader), to build the planner's
 Cluster from the dicts (parsing), and to plan (plan_job, excluding parsing; best of --repeat), and the ratio of
@@ -8,7 +8,10 @@ planning time to loading time. The cluster has 8-GPU nodes, 32 nodes per leaf, 1
 of the nodes busy. Times are CPU seconds of this process (time.process_time), so that other load on a shared
 machine does not count; planning is single-threaded. With --requests every node also offers 96 CPUs, 1 TiB and
 8 rdma/ib, every busy pod holds 16 CPUs and 128 GiB, and the job's pods request 64 CPUs, 512 GiB and 8 rdma/ib
-(`spec.template.resources`), so the planner also checks those against what the bound pods leave free.
+(`spec.template.resources`), so the planner also checks those against what the bound pods leave free. With
+--spares N the same job is planned a second time with spec.failurePolicy.spareNodes N (hot spares, issue 26),
+and the columns `+spares` (its plan time) and `spares` (the extra time) follow; the result names how many of
+the spares share a leaf, and a block, with the node rank they guard.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ BUSY_POD_REQUESTS = {"cpu": "16", "memory": "128Gi"}
 JOB_REQUESTS = {"cpu": "64", "memory": "512Gi", "rdma/ib": "8"}
 
 
-def measure(size: int, job, repeat: int, requests: bool) -> str:  # type: ignore[no-untyped-def]
+def measure(size: int, job, repeat: int, requests: bool, spare_job=None) -> str:  # type: ignore[no-untyped-def]
     spec = synth.SynthSpec(
         nodes=size, gpus_per_node=8, leaves=max(1, size // 32), blocks=max(1, size // 512), busy=0.3, seed=1
     )
@@ -54,10 +57,27 @@ def measure(size: int, job, repeat: int, requests: bool) -> str:  # type: ignore
     build, cluster = best_of(repeat, lambda: planning.build_cluster(node_dicts, pod_dicts))
     plan_s, plan = best_of(repeat, lambda: planning.plan_job(job, cluster))
     result = f"{len(plan.nodes)} nodes, cost {plan.cost.seconds:.3f} s vs naive {plan.naive_cost.seconds:.3f} s"
+    columns = ""
+    if spare_job is not None:
+        spared_s, spared = best_of(repeat, lambda: planning.plan_job(spare_job, cluster))
+        columns = f" {spared_s * 1e3:>8.1f}ms {(spared_s - plan_s) * 1e3:>7.1f}ms"
+        result += (
+            f"; {len(spared.spares)} spares, {_near(spared, -1)} in their guarded rank's leaf, "
+            f"{_near(spared, 0)} in its block"
+        )
     return (
-        f"{size:>8} {load * 1e3:>8.0f}ms {build * 1e3:>6.0f}ms {plan_s * 1e3:>7.1f}ms {plan_s / load:>9.3f} "
+        f"{size:>8} {load * 1e3:>8.0f}ms {build * 1e3:>6.0f}ms {plan_s * 1e3:>7.1f}ms{columns} {plan_s / load:>9.3f} "
         f"{plan_s / size * 1e6:>7.2f}us  {result}"
     )
+
+
+def _near(plan, level: int) -> int:  # type: ignore[no-untyped-def]
+    """How many spares share the domain at `level` (-1: the leaf, 0: the block) with the node rank they guard."""
+
+    def domain(domains) -> str:  # type: ignore[no-untyped-def]
+        return domains.get(plan.levels[level], "") if plan.levels else ""
+
+    return sum(domain(spare.domains) == domain(plan.nodes[spare.guards].domains) for spare in plan.spares)
 
 
 def main() -> None:
@@ -65,15 +85,23 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--requests", action="store_true", help="count CPU, memory and rdma/ib requests too")
+    parser.add_argument("--spares", type=int, default=0, help="also plan with spec.failurePolicy.spareNodes N")
     args = parser.parse_args()
     job = planner_jobs.gpt_175b_job("bench-128-nodes", 8, 8, 16, micro_batches=64)
     if args.requests:
         template = dataclasses.replace(job.spec.template, resources={"requests": JOB_REQUESTS})
         spec = dataclasses.replace(job.spec, template=template)
         job = dataclasses.replace(job, job=dataclasses.replace(job.job, spec=spec))
-    print(f"{'nodes':>8} {'load YAML':>10} {'build':>8} {'plan':>9} {'plan/load':>9} {'per node':>9}  result")
+    spare_job = None
+    extra = ""
+    if args.spares:
+        policy = dataclasses.replace(job.spec.failure_policy, spare_nodes=args.spares)
+        spec = dataclasses.replace(job.spec, failure_policy=policy)
+        spare_job = dataclasses.replace(job, job=dataclasses.replace(job.job, spec=spec))
+        extra = f" {'+spares':>10} {'spares':>9}"
+    print(f"{'nodes':>8} {'load YAML':>10} {'build':>8} {'plan':>9}{extra} {'plan/load':>9} {'per node':>9}  result")
     for size in (int(s) for s in args.sizes.split(",")):
-        print(measure(size, job, args.repeat, args.requests), flush=True)
+        print(measure(size, job, args.repeat, args.requests, spare_job), flush=True)
 
 
 if __name__ == "__main__":

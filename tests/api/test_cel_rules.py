@@ -129,6 +129,14 @@ CASES = {
         "spec.parallelism": {"gpus": 16, "sequenceParallel": True},
         "spec.deepspeed.train_batch_size": 32,
     },
+    "spares-and-shrink": {"spec.failurePolicy": {"spareNodes": 2, "allowDataShrink": True, "minData": 1}},
+    "min-data-above-data": {"spec.failurePolicy": {"allowDataShrink": True, "minData": 3}},
+    "min-data-without-shrink": {"spec.failurePolicy": {"minData": 1}},
+    "min-data-with-budget": {
+        "spec.parallelism": {"gpus": 16},
+        "spec.deepspeed.train_batch_size": 32,
+        "spec.failurePolicy": {"allowDataShrink": True, "minData": 4},
+    },
 }
 
 

@@ -124,6 +124,19 @@ INVALID = [
         "spec.template.resourceClaims[0]",
         "exactly one of resourceClaimTemplateName",
     ),
+    (
+        "min-data-above-data",
+        {"spec.failurePolicy": {"allowDataShrink": True, "minData": 3}},
+        "spec.failurePolicy.minData",
+        "set minData to at most 2",
+    ),
+    (
+        "min-data-without-shrink",
+        {"spec.failurePolicy": {"minData": 1}},
+        "spec.failurePolicy.minData",
+        "set allowDataShrink: true, or remove minData",
+    ),
+    ("negative-spares", {"spec.failurePolicy": {"spareNodes": -1}}, "spec.failurePolicy.spareNodes", ">= 0"),
     ("wrong-type", {"spec.model.layers": "eight"}, "spec.model.layers", "must be an integer"),
     ("required", {"spec.model.vocabSize": DELETE}, "spec.model.vocabSize", "is required"),
 ]
@@ -146,6 +159,7 @@ VALID = [
     ("layers-at-least-stages", {"spec.model.layers": 2}),
     ("batch-product", {"spec.deepspeed.train_batch_size": 32}),
     ("dp-derived", {"spec.parallelism.data": DELETE, "spec.deepspeed.train_batch_size": 64}),
+    ("spares-and-shrink", {"spec.failurePolicy": {"spareNodes": 2, "allowDataShrink": True, "minData": 2}}),
     ("zero2-without-pipeline", {"spec.parallelism.pipeline": 1, "spec.deepspeed.zero_optimization.stage": 2}),
     ("offload-with-zero1", {"spec.deepspeed.zero_optimization.offload_optimizer": {"device": "cpu"}}),
     ("text-with-path", {"spec.training.data": {"source": "text", "path": "/data/corpus"}}),

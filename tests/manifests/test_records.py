@@ -44,6 +44,16 @@ CASES = {
     "a finished job holds nothing": (config_map(LIVE.with_outcome("Succeeded")), set(), []),
     "a name conflict released the nodes": (config_map(LIVE.with_conflict("Service gpt already exists")), set(), []),
     "a ConfigMap no ParallelJob controls is no record": (config_map(LIVE, owned=False), set(), []),
+    "hot spares are held while every pod is bound": (
+        config_map(dataclasses.replace(LIVE, spare_nodes=("gpu-3",))),
+        {("research", "gpt-0"), ("research", "gpt-1")},
+        [Reservation("gpu-3", 4, "research/gpt")],
+    ),
+    "a node rank moved to a spare holds the spare, not the lost node": (
+        config_map(dataclasses.replace(LIVE, spare_nodes=("gpu-3", "gpu-4")).with_spares_taken({1: "gpu-4"})),
+        {("research", "gpt-0")},
+        [Reservation("gpu-4", 4, "research/gpt"), Reservation("gpu-3", 4, "research/gpt")],
+    ),
     "an older record's GPUs come from its plan": (
         config_map(dataclasses.replace(LIVE, gpus_per_node=0), plan={"ranksPerNode": 8}),
         {("research", "gpt-1")},
@@ -76,4 +86,12 @@ def test_a_record_reads_back_as_written() -> None:
     record = dataclasses.replace(
         RESTARTED, layout_choice={"pipeline": 2}, started_at="2026-12-01T11:00:00Z", network_report={"verified": "True"}
     )
+    assert records.parse_record(record.to_json()) == record
+    record = dataclasses.replace(LIVE, spare_nodes=("gpu-3", "gpu-4")).with_spares_taken({0: "gpu-3"}, ("gpu-4",))
+    assert (record.nodes, record.spare_nodes, record.replacing) == (("gpu-3", "gpu-2"), (), (0,))
+    grown = LIVE.with_grow_after(10).with_grow_restart()
+    assert records.parse_record(grown.to_json()) == grown
+    assert (grown.grow_after, grown.grow_restarts) == (10, 1)
+    restarted = RESTARTED.with_grow_restart()
+    assert (restarted.next_attempt, restarted.counted_restarts) == (1, 0)  # a grow-back counts for nothing
     assert records.parse_record(record.to_json()) == record

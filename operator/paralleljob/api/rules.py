@@ -16,7 +16,7 @@ from __future__ import annotations
 from paralleljob.api import types as t
 from paralleljob.api.problems import Problem
 from paralleljob.api.rule import Check, Rule
-from paralleljob.api.sections import checkpoint, deepspeed, model, parallelism, template, training
+from paralleljob.api.sections import checkpoint, deepspeed, model, parallelism, recovery, template, training
 from paralleljob.api.sections.deepspeed import zero_stage
 from paralleljob.api.sections.network import multi_node_nvlink
 from paralleljob.api.sections.parallelism import budget_gpus, data_parallel_of
@@ -70,7 +70,9 @@ def _in_order(*sections: tuple[Rule, ...]) -> tuple[Rule, ...]:
     return tuple(sorted(gathered, key=lambda rule: ORDER.index(rule.name) if rule.name in ORDER else len(ORDER)))
 
 
-RULES = _in_order(parallelism.RULES, model.RULES, deepspeed.RULES, training.RULES, checkpoint.RULES, template.RULES)
+RULES = _in_order(
+    parallelism.RULES, model.RULES, deepspeed.RULES, training.RULES, checkpoint.RULES, template.RULES, recovery.RULES
+)
 
 # Rules on the whole object (CRD root): only metadata.name is visible there besides spec.
 NAME_RULE_CEL = (

@@ -116,6 +116,30 @@ class FailurePolicy:
         minimum=1,
         json_name="progressTimeoutSeconds",
     )
+    spare_nodes: int = api_field(
+        "Hot spares: nodes the planner reserves for the job beyond its own, chosen by the same cost model in the "
+        "NVLink domain and leaf of the nodes they would replace. Their GPUs are kept from other jobs. When a node "
+        "of the gang is lost (deleted, or NotReady past the grace period), the spare that costs least takes its "
+        "node rank: only that rank's pod is recreated, on the spare, and the pods on healthy nodes stay. "
+        "Shown in status.spareNodes.",
+        default=0,
+        minimum=0,
+        json_name="spareNodes",
+    )
+    allow_data_shrink: bool = api_field(
+        "When a node is lost and no spare is left: resume with data parallelism reduced by the replicas that "
+        "node carried, keeping tensor, pipeline and the global batch (more gradient accumulation), from the "
+        "latest checkpoint; the job grows back to spec.parallelism.data when nodes return, at its next "
+        "checkpoint. Never below minData. Default: false (the job waits for a replacement node).",
+        default=False,
+        json_name="allowDataShrink",
+    )
+    min_data: int | None = api_field(
+        "The smallest data-parallel size allowDataShrink may shrink to. Default: 1.",
+        default=None,
+        minimum=1,
+        json_name="minData",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

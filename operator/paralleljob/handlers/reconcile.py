@@ -24,7 +24,8 @@ cluster, never from the job's status, which it only writes; then it takes the fi
 6. admitted: create the Service, the progress RBAC and every missing pod from the ConfigMap -> Placed;
 7. placed: judge the gang (`handlers.gang`): Running, Succeeded, or a gang restart / Failed. A restarting
    gang holds its old nodes, less the one blamed, for `restart_hold_seconds` (the record's heldNodes and
-   heldUntil), so the GPUs it frees are not handed to another job mid-restart.
+   heldUntil), so the GPUs it frees are not handed to another job mid-restart. With hot spares
+   (`steps.replacement`), a lost node rank moves to a spare first, and only its pod is made again there.
 
 A create the API refuses for good (4xx) fails the attempt like a broken gang (reason CreateFailed). A job
 deleted during the pass ends it where a write finds the object gone (404, `writes.Gone`): the garbage
@@ -38,10 +39,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from paralleljob.handlers import conditions, failures, gang, queueing, specs
+from paralleljob.api import ResolvedJob
+from paralleljob.handlers import conditions, failures, gang, placement, queueing, specs
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.passes import (
     NAME_CONFLICT_RECHECK_SECONDS,
@@ -53,7 +55,16 @@ from paralleljob.handlers.passes import (
     Settings,
     attempt_of,
 )
-from paralleljob.handlers.steps import admission, conflicts, creation, draining, finished, invalid, supervision
+from paralleljob.handlers.steps import (
+    admission,
+    conflicts,
+    creation,
+    draining,
+    finished,
+    invalid,
+    replacement,
+    supervision,
+)
 from paralleljob.k8s import reads, writes
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import labels, records
@@ -183,10 +194,20 @@ def _first_step_that_applies(p: Pass) -> Outcome:
                     return queueing.placed_or_released(p, chosen)  # Kueue hook: unplaceable gives the quota back
                 current, choice = chosen
             return queueing.placed_or_released(p, admission.admit(p, current, view, choice))  # Kueue hook, as above
+        pinned = specs.pinned_spec(p, current)
         if p.admit:
+            if replacement.shrunk(p, pinned, current):  # the DP shrink: does the full size fit again?
+                assert current is not None
+                view = admission.cluster_view(p, labelled)
+                usage = p.nodes.usage.without([(p.namespace, pod["metadata"]["name"]) for pod in pods])
+                found = placement.plan(current, view.nodes, usage.usage, view.held, p.excluded, view.builder)
+                return replacement.grow_when_fits(p, pinned, current, found.plan is not None, view.held)
+            if replacement.spares_short(p, pinned):  # hot spares used or lost: hold more where the cluster allows
+                view = admission.cluster_view(p, labelled)
+                cluster = view.builder.build(view.nodes.infos, view.usage, view.held)
+                return replacement.top_up(p, pinned, cluster, view.held)
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.
             return Outcome("placed", requeue_after=0.0)
-        pinned = specs.pinned_spec(p, current)
         # Kueue hook (handlers.queueing.supervise): Kueue evicted the Workload: checkpoint, stop, back to Queued.
         if (evicting := queueing.supervise(p, pinned, pods)) is not None:
             return evicting
@@ -202,7 +223,25 @@ def _first_step_that_applies(p: Pass) -> Outcome:
         judged = specs.pinned_spec(p, current) if p.live is not None else current
         assert judged is not None
         return supervision.broken(p, judged, pods, state)
-    return supervision.watch(p, pinned, pods)
+    if (moved := _spare_replacement(p, pinned, pods)) is not None:
+        return moved
+    outcome = supervision.watch(p, pinned, pods)
+    wanted = replacement.spares_short(p, pinned) or replacement.shrunk(p, pinned, current)
+    if outcome.step == "running" and outcome.admission is None and wanted:
+        # Short of spares, or shrunk: an admission pass holds more spares, or sees the full size fit again.
+        return dataclasses.replace(outcome, admission=admission.admission_request(p))
+    return outcome
+
+
+def _spare_replacement(p: Pass, pinned: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome | None:
+    """Hot spares: a lost node rank of the placed gang moves to a spare, and only its pod is made again."""
+    live = p.live
+    if live is None or not (live.spare_nodes or live.replacing):
+        return None
+    if live.replacing:
+        return replacement.replace_pods(p, pinned, pods)
+    lost, _ = supervision.lost_past_grace(p, [*live.nodes, *live.spare_nodes])
+    return replacement.take_spares(p, lost) if lost else None
 
 
 def _own_pods(p: Pass) -> list[Mapping[str, Any]]:

@@ -5,7 +5,8 @@ holds: the attempt number (the gang restart count against backoffLimit), the spe
 with as YAML (the chosen layout applied; so every pod of the attempt is built from it: image, command, env,
 volumes, resources, never from a later edit), the layout search's choice for a job that gave a GPU budget, the
 trainer image the operator resolved, the node of each node rank and the GPUs each holds, the nodes excluded so
-far, when the gang first ran (`startedAt`) and rank 0's network verdict once it came, and what became of the attempt: all its pods created (`placed`), a
+far, when the gang first ran (`startedAt`) and rank 0's network verdict once it came, the hot spares it holds
+(`spareNodes`) and the node ranks being moved onto one (`replacing`), and what became of the attempt: all its pods created (`placed`), a
 gang restart into the next attempt (`restartedAs`, with why, and the old nodes it holds until `heldUntil`), a
 name held by someone else that released its nodes (`conflict`), or the job's end (`outcome`). For a job queued
 through Kueue (`handlers.queueing`): Kueue's eviction of the attempt while it ran (`eviction`: reason, message,
@@ -62,6 +63,15 @@ class AttemptRecord:
     # checkpointStep (rank 0's last checkpoint step when it was asked); `evicted`: its gang was stopped for it.
     eviction: Mapping[str, str] | None = None
     evicted: bool = False
+    # Hot spares (spec.failurePolicy.spareNodes) the attempt holds, and the node ranks whose pods are being
+    # recreated on a spare (their node in `nodes` is the spare already).
+    spare_nodes: tuple[str, ...] = ()
+    replacing: tuple[int, ...] = ()
+    # The DP shrink: once a shrunk attempt fits at full size again, the checkpoint step rank 0 had reported then
+    # (-1 for none): the gang grows back after a newer one. Gang restarts that were grow-backs, carried from
+    # attempt to attempt, do not count against backoffLimit.
+    grow_after: int | None = None
+    grow_restarts: int = 0
 
     @property
     def live(self) -> bool:
@@ -99,6 +109,10 @@ class AttemptRecord:
             "networkReport": self.network_report,
             "eviction": self.eviction,
             "evicted": self.evicted,
+            "spareNodes": list(self.spare_nodes),
+            "replacing": list(self.replacing),
+            "growAfter": self.grow_after,
+            "growRestarts": self.grow_restarts,
         }
         return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
@@ -134,6 +148,31 @@ class AttemptRecord:
 
     def with_evicted(self) -> AttemptRecord:
         return dataclasses.replace(self, evicted=True)
+
+    def with_spares_taken(self, taken: Mapping[int, str], lost_spares: Collection[str] = ()) -> AttemptRecord:
+        """Node rank R moves to spare `taken[R]`, whose pod is to be recreated there; lost spares are dropped."""
+        nodes = tuple(taken.get(rank, node) for rank, node in enumerate(self.nodes))
+        left = tuple(node for node in self.spare_nodes if node not in taken.values() and node not in lost_spares)
+        replacing = tuple(sorted({*self.replacing, *taken}))
+        return dataclasses.replace(self, nodes=nodes, spare_nodes=left, replacing=replacing)
+
+    def with_spares_added(self, added: Sequence[str]) -> AttemptRecord:
+        return dataclasses.replace(self, spare_nodes=(*self.spare_nodes, *added))
+
+    def with_grow_after(self, step: int) -> AttemptRecord:
+        return dataclasses.replace(self, grow_after=step)
+
+    def with_grow_restart(self) -> AttemptRecord:
+        return dataclasses.replace(self, grow_restarts=self.grow_restarts + 1)
+
+    @property
+    def counted_restarts(self) -> int:
+        """Gang restarts so far that count against backoffLimit: all but the grow-backs."""
+        return self.next_attempt - self.grow_restarts
+
+    def with_replaced(self) -> AttemptRecord:
+        """The pods of the replaced node ranks were created on their spares."""
+        return dataclasses.replace(self, replacing=())
 
     def hold_ends(self) -> datetime.datetime | None:
         """When a restart's hold on the old nodes ends; None without one (or with an unreadable time)."""
@@ -172,6 +211,10 @@ def parse_record(text: str) -> AttemptRecord:
         network_report=_texts_or_none(body.get("networkReport")),
         eviction=_texts_or_none(body.get("eviction")),
         evicted=bool(body.get("evicted")),
+        spare_nodes=tuple(str(node) for node in body.get("spareNodes") or ()),
+        replacing=tuple(int(rank) for rank in body.get("replacing") or ()),
+        grow_after=int(body["growAfter"]) if body.get("growAfter") is not None else None,
+        grow_restarts=int(body.get("growRestarts") or 0),
     )
 
 
@@ -237,6 +280,8 @@ def reservations_of(
             for rank, node in enumerate(record.nodes):
                 if (namespace, labels.pod_name(job, rank)) not in bound:
                     found.append(Reservation(node, gpus, holder))
+            # Hot spares run no pod of the job: they hold their GPUs for as long as the attempt lives.
+            found += [Reservation(node, gpus, holder) for node in record.spare_nodes]
         elif record.restarted_as is not None and (ends := record.hold_ends()) is not None and ends > now:
             found += [Reservation(node, gpus, holder) for node in record.held_nodes]
     return found

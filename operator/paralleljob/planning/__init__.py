@@ -20,14 +20,16 @@ from paralleljob.planning.inventory import (
     job_reservations,
     local_cluster_nodes,
 )
-from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, Unschedulable
-from paralleljob.planning.planner import PlanningOptions, plan_job, pod_requests
+from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, SpareNode, Unschedulable
+from paralleljob.planning.planner import PlanningOptions, plan_job, pod_requests, spares_for
 from paralleljob_contract.layout import Coord, Layout
 
 
 def reservations_of(plan: Plan, holder: str) -> list[Reservation]:
-    """The GPUs a plan holds, as reservations for planning other jobs before its pods are bound."""
-    return [Reservation(node.node, node.gpus, holder) for node in plan.nodes]
+    """The GPUs a plan holds, as reservations for planning other jobs before its pods are bound: its nodes' and
+    its hot spares'."""
+    held = [(node.node, node.gpus) for node in plan.nodes] + [(spare.node, spare.gpus) for spare in plan.spares]
+    return [Reservation(node, gpus, holder) for node, gpus in held]
 
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "Plan",
     "PlanningOptions",
     "Reservation",
+    "SpareNode",
     "Unschedulable",
     "build_cluster",
     "job_reservations",
@@ -49,4 +52,5 @@ __all__ = [
     "plan_job",
     "pod_requests",
     "reservations_of",
+    "spares_for",
 ]

@@ -224,7 +224,7 @@ def job_reservations(
     restarting gangs still hold on their old nodes during their grace period.
 
     Reads each ParallelJob dict's status (`placement[].node`, `placement[].pod`, `gpusPerNode`, `phase`,
-    `heldNodes`, `heldUntil`), as the operator writes it for people: this is `paralleljob plan`'s estimate from
+    `spareNodes`, `heldNodes`, `heldUntil`), as the operator writes it for people: this is `paralleljob plan`'s estimate from
     what anyone can read. The operator itself plans around the jobs' attempt records
     (`manifests.records.reservations_of`), never their status; `exclude` is the (namespace, name) of the job being
     planned. A bound pod counts through its own GPU requests instead (the usage index subtracts it), so it
@@ -248,6 +248,8 @@ def job_reservations(
                     and (key[0], str(entry.get("pod") or "")) not in bound
                 ):
                     found.append(Reservation(str(entry["node"]), gpus, holder))
+            # Hot spares hold their GPUs while the job is placed: no pod of the job is bound there.
+            found += [Reservation(str(node), gpus, holder) for node in status.get("spareNodes") or () if node]
         elif held_until(status) > now:
             found += [Reservation(str(node), gpus, holder) for node in status.get("heldNodes") or () if node]
     return found

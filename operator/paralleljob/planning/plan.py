@@ -65,6 +65,25 @@ class NodePlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpareNode:
+    """A hot spare (spec.failurePolicy.spareNodes): a node kept free for the job, to take a lost node rank's place.
+    `guards` is the node rank it was chosen for, the one it sits nearest in the fabric."""
+
+    node: str
+    gpus: int
+    guards: int
+    domains: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "gpus": self.gpus, "guards": self.guards, "domains": dict(self.domains)}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> SpareNode:
+        domains = {str(k): str(v) for k, v in (raw.get("domains") or {}).items()}
+        return cls(str(raw["node"]), int(raw["gpus"]), int(raw.get("guards") or 0), domains)
+
+
+@dataclasses.dataclass(frozen=True)
 class Estimates:
     """Modeled figures for the job on the chosen GPUs; all byte figures are per GPU."""
 
@@ -156,6 +175,7 @@ class Plan:
     levels: tuple[str, ...] = ()
     nvlink_domain_label: str | None = None
     warnings: tuple[str, ...] = ()
+    spares: tuple[SpareNode, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -167,6 +187,16 @@ class Plan:
 
     def node_names(self) -> list[str]:
         return [node.node for node in self.nodes]
+
+    def spare_names(self) -> list[str]:
+        return [spare.node for spare in self.spares]
+
+    def with_replacement(self, node_rank: int, spare: SpareNode) -> Plan:
+        """The plan with `spare` in node rank `node_rank`'s place (same ranks and coordinates), and one spare fewer."""
+        old = self.nodes[node_rank]
+        moved = dataclasses.replace(old, node=spare.node, domains=dict(spare.domains))
+        nodes = tuple(moved if entry.node_rank == node_rank else entry for entry in self.nodes)
+        return dataclasses.replace(self, nodes=nodes, spares=tuple(s for s in self.spares if s.node != spare.node))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: the `plan` object of job.json (schema in docs/planning.md)."""
@@ -188,6 +218,7 @@ class Plan:
                 "detail": {"planned": self.cost.to_dict(), "naive": None if naive is None else naive.to_dict()},
             },
             "warnings": list(self.warnings),
+            "spares": [spare.to_dict() for spare in self.spares],
         }
 
     @classmethod
@@ -207,6 +238,7 @@ class Plan:
             levels=tuple(raw.get("levels") or ()),
             nvlink_domain_label=raw.get("nvlinkDomainLabel"),
             warnings=tuple(raw.get("warnings") or ()),
+            spares=tuple(SpareNode.from_dict(spare) for spare in raw.get("spares") or ()),
         )
 
 

@@ -58,6 +58,9 @@ def summary_lines(plan: Plan) -> list[str]:
         f"modeled communication per step: planned {cost.seconds:.3g} s ({by_group})"
         + (f"; naive (free nodes in name order) {naive.seconds:.3g} s" if naive else ""),
     ]
+    if plan.spares:
+        held = ", ".join(f"{spare.node} (guards node rank {spare.guards})" for spare in plan.spares)
+        lines.append(f"hot spares (spec.failurePolicy.spareNodes), held free for the job: {held}")
     return lines + [f"warning: {w}" for w in plan.warnings]
 
 

@@ -9,16 +9,16 @@ return a `Plan` or an `Unschedulable` (`plan`). The operator, the local runner a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from paralleljob.api.validation import ResolvedJob
-from paralleljob.planning import eligibility, estimates, placement, usage
+from paralleljob.planning import eligibility, estimates, placement, spares, usage
 from paralleljob.planning.costmodel import CommCost, CostModel, Site, price, rank_groups
 from paralleljob.planning.eligibility import MIB, Tally
 from paralleljob.planning.estimates import GIB, Workload
 from paralleljob.planning.inventory import GPU_RESOURCE, Cluster, NodeInfo
 from paralleljob.planning.levels import LinkLevel, detect_levels, detect_nvlink_label, label_keys, path_of
-from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, Unschedulable
+from paralleljob.planning.plan import Estimates, NodePlan, PlacementCost, Plan, SpareNode, Unschedulable
 from paralleljob_contract.layout import AXIS_ORDERS, PIPE_DATA_MODEL, AxisOrder, Layout, node_ranks, tensor_fits
 
 
@@ -79,6 +79,45 @@ def plan_job(job: ResolvedJob, cluster: Cluster, options: PlanningOptions | None
     if not misses:
         misses = [_Miss(job.world_size // candidates[0], candidates[0], "", 0, tally)]
     return _unschedulable(ctx, misses)
+
+
+def spares_for(
+    job: ResolvedJob,
+    cluster: Cluster,
+    nodes: Sequence[str],
+    ranks_per_node: int,
+    axis_order: AxisOrder,
+    count: int,
+    options: PlanningOptions | None = None,
+    taken: Collection[str] = (),
+) -> tuple[SpareNode, ...]:
+    """Up to `count` more hot spares for a job placed on `nodes` (node rank order), chosen as at planning: for a
+    job whose spare was used or lost. `taken`: nodes it holds already (its spares); none while one of `nodes`
+    is missing from the cluster (its replacement comes first)."""
+    ctx = _context(job, cluster, options or PlanningOptions())
+    by_name = {node.name: node for node in cluster.nodes}
+    placed = [by_name[name] for name in nodes if name in by_name]
+    if count <= 0 or not placed or len(placed) < len(nodes):
+        return ()
+    spec = job.spec
+    screened, _ = eligibility.screen(cluster.nodes, spec.template.node_selector, spec.template.tolerations)
+    screened, _ = eligibility.with_resources(screened, pod_requests(job))
+    products = {node.product for node in placed}
+    if not spec.topology.allow_mixed_gpu_products:
+        screened = [node for node in screened if node.product in products]
+    memory = estimates.memory_per_gpu(ctx.work)
+    screened, _ = eligibility.with_memory(screened, memory.total, memory.stage)
+    qualifying, _ = eligibility.with_free_gpus(screened, ranks_per_node)
+    held = {*nodes, *taken}
+    free = [(node, _site(node, ctx)) for node in qualifying if node.name not in held]
+    layout = Layout(job.pipeline, job.tensor, job.data, axis_order)
+    sites = [_site(node, ctx) for node in placed]
+    product = _slowest_product(placed, ctx.model)
+    volume, bandwidth = estimates.comm_bytes(ctx.work), ctx.model.link_bandwidths(product)
+    cost_of = spares.ReplacementPrice(ranks_per_node, sites, rank_groups(layout, ranks_per_node), volume, bandwidth)
+    same_nvlink = bool(ctx.nvlink_label) and job.tensor > ranks_per_node
+    chosen = spares.choose_spares(count, sites, free, cost_of, same_nvlink=same_nvlink)
+    return tuple(SpareNode(node.name, ranks_per_node, rank, _domains(node, ctx)) for node, rank in chosen)
 
 
 def pod_requests(job: ResolvedJob) -> dict[str, int]:
@@ -150,11 +189,16 @@ def _place(ctx: _Context, product: str, nodes: list[NodeInfo], gpus: int, reject
             phrase = f"in NVLink domains ({ctx.nvlink_label}) with fewer than {unit} qualifying nodes"
             tally.add(f"is left over {phrase}", f"are left over {phrase}", left_over)
         return _Miss(world // gpus, gpus, product, len(qualifying) - left_over, tally)
-    return _best_plan(ctx, product, gpus, chosen, qualifying)
+    return _best_plan(ctx, product, gpus, chosen, qualifying, units)
 
 
 def _best_plan(
-    ctx: _Context, product: str, gpus: int, chosen: list[placement.Member], qualifying: list[NodeInfo]
+    ctx: _Context,
+    product: str,
+    gpus: int,
+    chosen: list[placement.Member],
+    qualifying: list[NodeInfo],
+    units: Sequence[placement.Member] = (),
 ) -> Plan:
     bandwidth = ctx.model.link_bandwidths(product)
     volume = estimates.comm_bytes(ctx.work)
@@ -174,7 +218,52 @@ def _best_plan(
     assert best is not None
     _, nodes, layout, cost = best
     naive = _naive_cost(ctx, gpus, qualifying, volume, bandwidth, groups)
-    return _build_plan(ctx, product, gpus, nodes, layout, cost, naive)
+    plan = _build_plan(ctx, product, gpus, nodes, layout, cost, naive)
+    count = ctx.job.spec.failure_policy.spare_nodes
+    if not count:
+        return plan
+    placed = [_site(node, ctx) for node in nodes]
+    cost_of = spares.ReplacementPrice(gpus, placed, groups[layout.axis_order], volume, bandwidth)
+    return _with_spares(ctx, plan, placed, _free_sites(ctx, nodes, units, qualifying), count, cost_of)
+
+
+def _free_sites(
+    ctx: _Context, nodes: list[NodeInfo], units: Sequence[placement.Member], qualifying: list[NodeInfo]
+) -> list[tuple[NodeInfo, Site]]:
+    """The qualifying nodes the plan left free, with their sites; single-node units carry their paths already."""
+    taken = {node.name for node in nodes}
+    if all(len(unit.nodes) == 1 for unit in units):
+        return [
+            (unit.nodes[0], Site(unit.nodes[0].name, _nvlink_of(unit.nodes[0], ctx), unit.path))
+            for unit in units
+            if unit.nodes[0].name not in taken
+        ]
+    return [(node, _site(node, ctx)) for node in qualifying if node.name not in taken]
+
+
+def _with_spares(
+    ctx: _Context,
+    plan: Plan,
+    placed: list[Site],
+    free: list[tuple[NodeInfo, Site]],
+    count: int,
+    cost_of: spares.Price,
+) -> Plan:
+    """The plan with up to `count` hot spares from the qualifying nodes it left free; a warning when fewer."""
+    same_nvlink = bool(ctx.nvlink_label) and ctx.job.tensor > plan.ranks_per_node
+    chosen = spares.choose_spares(count, placed, free, cost_of, same_nvlink=same_nvlink)
+    found = tuple(SpareNode(node.name, plan.ranks_per_node, rank, _domains(node, ctx)) for node, rank in chosen)
+    warnings = plan.warnings
+    if len(found) < count:
+        where = f"with {plan.ranks_per_node} free GPUs{' in the NVLink domains of the job' if same_nvlink else ''}"
+        asked = f"spare nodes asked for (spec.failurePolicy.spareNodes) {'are' if found else 'is'} free {where}"
+        warnings += (
+            f"Only {len(found)} of the {count} {asked}; the job holds those, and the operator holds more as nodes "
+            "free up."
+            if found
+            else f"None of the {count} {asked}; the job runs without spares until nodes free up.",
+        )
+    return dataclasses.replace(plan, spares=found, warnings=warnings)
 
 
 def _naive_cost(
@@ -196,8 +285,11 @@ def _naive_cost(
 
 
 def _site(node: NodeInfo, ctx: _Context) -> Site:
-    nvlink = node.labels.get(ctx.nvlink_label, "") if ctx.nvlink_label else ""
-    return Site(node.name, nvlink, path_of(node, ctx.levels))
+    return Site(node.name, _nvlink_of(node, ctx), path_of(node, ctx.levels))
+
+
+def _nvlink_of(node: NodeInfo, ctx: _Context) -> str:
+    return node.labels.get(ctx.nvlink_label, "") if ctx.nvlink_label else ""
 
 
 def _build_plan(
@@ -230,10 +322,15 @@ def _build_plan(
 
 def _node_plan(node_rank: int, node: NodeInfo, gpus: int, layout: Layout, ctx: _Context) -> NodePlan:
     ranks = tuple(node_ranks(node_rank, gpus))
+    return NodePlan(node_rank, node.name, gpus, ranks, tuple(layout.coord(r) for r in ranks), _domains(node, ctx))
+
+
+def _domains(node: NodeInfo, ctx: _Context) -> dict[str, str]:
+    """The node's value of each network level and of the NVLink label it has."""
     domains = {level: node.labels[level] for level in ctx.levels if node.labels.get(level)}
     if ctx.nvlink_label and node.labels.get(ctx.nvlink_label):
         domains[ctx.nvlink_label] = node.labels[ctx.nvlink_label]
-    return NodePlan(node_rank, node.name, gpus, ranks, tuple(layout.coord(r) for r in ranks), domains)
+    return domains
 
 
 def _slowest_product(nodes: list[NodeInfo], model: CostModel) -> str:

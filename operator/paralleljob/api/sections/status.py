@@ -113,6 +113,12 @@ class ParallelJobStatus:
     held_until: str | None = api_field(
         "When a restarting gang's hold on heldNodes ends.", default=None, format="date-time", json_name="heldUntil"
     )
+    spare_nodes: list[str] | None = api_field(
+        "Hot spares (spec.failurePolicy.spareNodes) the job holds now: nodes kept free for it, each ready to take "
+        "the node rank of a lost node.",
+        default=None,
+        json_name="spareNodes",
+    )
     last_checkpoint_step: int | None = api_field(
         "Step of the newest complete checkpoint: saved, or resumed from at the start of an attempt.",
         default=None,

@@ -33,6 +33,7 @@ from paralleljob.handlers.passes import (
 from paralleljob.k8s import reads, writes
 from paralleljob.manifests import children as child_objects
 from paralleljob.manifests import labels, records
+from paralleljob.planning import shrink
 from paralleljob.planning.inventory import ClusterBuilder
 from paralleljob.planning.usage import NodeUsage
 
@@ -144,6 +145,8 @@ def admit(p: Pass, resolved: ResolvedJob, view: ClusterView, choice: Mapping[str
     attempt's in one write."""
     try:
         outcome = placement.plan(resolved, view.nodes, view.usage, view.held, p.excluded, view.builder)
+        if outcome.plan is None and (shrunk := _shrunk(p, resolved, view, outcome.reason)) is not None:
+            resolved, outcome = shrunk
     except Exception as error:
         raise failures.PlanningFailed(str(error)) from error
     m.PLANNING.observe(outcome.seconds)
@@ -164,6 +167,8 @@ def admit(p: Pass, resolved: ResolvedJob, view: ClusterView, choice: Mapping[str
         excluded_nodes=tuple(p.excluded),
         gpus_per_node=outcome.plan.ranks_per_node,
         layout_choice=choice,
+        spare_nodes=tuple(outcome.plan.spare_names()),
+        grow_restarts=p.record.grow_restarts if p.record is not None else 0,
     )
     attempt = child_objects.build_attempt(
         p.job,
@@ -187,6 +192,30 @@ def admit(p: Pass, resolved: ResolvedJob, view: ClusterView, choice: Mapping[str
         for note in attempt.network.get("warnings") or ():
             p.event("Warning", "NetworkWarning", note)
     return Outcome("admitted")
+
+
+def _shrunk(
+    p: Pass, resolved: ResolvedJob, view: ClusterView, reason: str
+) -> tuple[ResolvedJob, placement.Outcome] | None:
+    """spec.failurePolicy.allowDataShrink: a restarting gang that no longer fits at its own DP resumes at the
+    largest smaller DP that places (`planning.shrink`: TP, PP and the global batch kept); None when it may not
+    or none places. Once the full size fits again it grows back at its next checkpoint (`steps.replacement`)."""
+    if p.attempt == 0 or not resolved.spec.failure_policy.allow_data_shrink:
+        return None
+    for smaller in shrink.shrunk_jobs(resolved):
+        found = placement.plan(smaller, view.nodes, view.usage, view.held, p.excluded, view.builder)
+        if found.plan is not None:
+            before, after = resolved.batch, smaller.batch
+            p.event(
+                "Warning",
+                "DataShrunk",
+                f"{resolved.layout} does not fit on the nodes left ({reason}); resuming "
+                f"as {smaller.layout}: data parallelism {resolved.data} -> {smaller.data}, gradient accumulation "
+                f"{before.gradient_accumulation_steps} -> {after.gradient_accumulation_steps}, global batch "
+                f"{after.train_batch_size} kept; it grows back at a checkpoint once the full size fits",
+            )
+            return smaller, found
+    return None
 
 
 def _write_attempt(p: Pass, previous: Mapping[str, Any] | None, config_map: Mapping[str, Any]) -> None:
@@ -249,6 +278,7 @@ def _admitted_status(
         "gpusPerNode": plan.ranks_per_node,
         "axisOrder": ",".join(plan.axis_order),
         "placement": placement_entries(p.name, plan),
+        "spareNodes": plan.spare_names() or None,
         # The same computation the ConfigMap records and the pods are built from.
         "ncclEnv": attempt.nccl_env,
         "restarts": p.attempt,

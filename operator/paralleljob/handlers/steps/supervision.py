@@ -30,13 +30,14 @@ from paralleljob.manifests import progress as progress_channel
 from paralleljob_contract.network import NetworkFailure
 
 VERIFIED_STATUSES = ("True", "False", "Unknown")
+GROW_BACK = "GrowBack"
 
 
 def watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
     placed = p.placed_nodes
     nodes = [*placed, *(gang.node_of(pod) for pod in pods)]
     planned = dict(enumerate(placed))
-    lost, due = _past_grace(p, lost_nodes(p, nodes))
+    lost, due = lost_past_grace(p, nodes)
     limits = start_failures.Limits(
         p.settings.start_timeout_seconds, p.settings.container_creating_timeout_seconds, p.settings.image_pull_retries
     )
@@ -53,9 +54,11 @@ def watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> 
     return handlers[state.verdict](p, resolved, pods, state)
 
 
-def _past_grace(p: Pass, lost: Mapping[str, str]) -> tuple[dict[str, str], float | None]:
-    """The lost nodes that break the gang now: deleted ones, and NotReady ones past the grace period (counted
-    from the Ready condition's transition as the API server reports it); with when the next one falls due."""
+def lost_past_grace(p: Pass, nodes: Sequence[str | None]) -> tuple[dict[str, str], float | None]:
+    """Of these nodes, the lost ones that break the gang now: deleted ones, and NotReady ones past the grace
+    period (counted from the Ready condition's transition as the API server reports it); with when the next
+    one falls due."""
+    lost = lost_nodes(p, nodes)
     now, since = p.session.server_now(), p.nodes.snapshot.not_ready_since
     ages = {node: timestamps.seconds_since(since.get(node), now) or 0.0 for node in lost if node in p.nodes.not_ready}
     return breaking_nodes(lost, ages, p.settings.not_ready_grace_seconds)
@@ -98,7 +101,8 @@ def broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], st
     if state.network is not None:
         return _network_failed(p, pods, state, state.network)
     limit = resolved.spec.failure_policy.backoff_limit
-    if restarts_left(p.attempt, limit):
+    counted = p.live.counted_restarts if p.live is not None else p.attempt
+    if restarts_left(counted, limit):
         return _restart(p, pods, state, limit)
     return _fail(p, pods, state, limit)
 
@@ -148,7 +152,9 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
     # The next attempt verifies its own network (it may run on other nodes).
     patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts, "network": None}
     hold = {"heldNodes": held or None, "heldUntil": until if held else None}
-    write_status(p, {**patch, "placement": None, "podsReady": 0, "excludedNodes": excluded or None, **hold})
+    write_status(
+        p, {**patch, "placement": None, "spareNodes": None, "podsReady": 0, "excludedNodes": excluded or None, **hold}
+    )
     m.GANG_RESTARTS.inc()
     p.event("Warning", "Restarting", message)
     delete_pods(p, pods)
@@ -156,9 +162,11 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
 
 
 def _hold(p: Pass, state: gang.GangState) -> tuple[list[str], str | None]:
-    """The restarting gang's hold: its placed nodes less the one blamed, until restart_hold_seconds from now."""
+    """The restarting gang's hold: its placed nodes and spares less the one blamed, until restart_hold_seconds
+    from now."""
     blamed = {state.node, *state.blamed}
-    kept = [node for node in p.placed_nodes if node not in blamed]
+    spare_nodes = p.live.spare_nodes if p.live is not None else ()
+    kept = [node for node in (*p.placed_nodes, *spare_nodes) if node not in blamed]
     if not kept or p.settings.restart_hold_seconds <= 0:
         return [], None
     until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=p.settings.restart_hold_seconds)
@@ -170,7 +178,11 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
     network verdict once it has come), so Started is posted once per attempt and startTime never moves."""
     live = p.live
     assert live is not None  # a placed gang
-    watched = live.network_report is None or resolved.spec.failure_policy.progress_timeout_seconds is not None
+    watched = (
+        live.network_report is None
+        or resolved.spec.failure_policy.progress_timeout_seconds is not None
+        or live.grow_after is not None
+    )
     reported = _rank0_report(p, resolved) if watched else {}
     network = live.network_report or reported.get("network")
     started = live.started_at or timestamps.now()
@@ -188,6 +200,12 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
     if verdict.hung:
         hung = gang.GangState("broken", state.ready, verdict.message, cause=watchdog.NO_PROGRESS)
         return broken(p, resolved, pods, hung)
+    saved = reported.get("lastCheckpointStep")
+    if live.grow_after is not None and isinstance(saved, int) and saved > live.grow_after:
+        # The DP shrink: full size fits again and a newer checkpoint is saved: restart into the full size.
+        why = f"growing back to full size after checkpoint step {saved}"
+        grow = gang.GangState("broken", state.ready, why, cause=GROW_BACK)
+        return broken(dataclasses.replace(p, record=live.with_grow_restart()), resolved, pods, grow)
     return Outcome("running", requeue_after=_resync(p, verdict.recheck_in, state.recheck_in))
 
 

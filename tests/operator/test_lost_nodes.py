@@ -1,0 +1,135 @@
+"""A lost node on the upstream control plane. With a hot spare (spec.failurePolicy.spareNodes) the job holds a
+spare node beside its own, shown in status; when one of its nodes is deleted, exactly one pod is made again, on
+the spare, with the same name and node rank, and the pods on healthy nodes stay, with no gang restart; a free node becomes the
+next spare, and a lost spare is replaced when a node is free again. With no
+spare and spec.failurePolicy.allowDataShrink, the gang restarts at a smaller DP with the same TP, PP and global
+batch, and grows back after its next checkpoint once the full size fits again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.operator.conftest import Operator, job_doc, wait_for
+
+
+@pytest.fixture
+def operator_args():
+    # A pass every second: the grow-back waits on rank 0's reported checkpoint, which no watch event brings.
+    return [*Operator.ARGS, "--resync-period", "1"]
+
+
+# PP 2 x TP 4 x DP 2 on 4-GPU nodes: four node ranks, and one spare.
+FOUR_NODES_ONE_SPARE = {
+    "parallelism": {"pipeline": 2, "tensor": 4, "data": 2},
+    "failurePolicy": {"backoffLimit": 2, "spareNodes": 1},
+}
+
+
+def test_a_lost_node_is_replaced_by_the_spare_recreating_only_its_pod(cluster, operator):
+    cluster.add_nodes(6)
+    cluster.apply(job_doc(**FOUR_NODES_ONE_SPARE))
+    status = cluster.start_running(pods=4)
+    (spare,) = status["spareNodes"]
+    placed = {entry["nodeRank"]: entry["node"] for entry in status["placement"]}
+    assert spare not in placed.values()
+    before = {pod["metadata"]["name"]: pod for pod in cluster.pods()}
+    assert {pod["spec"]["nodeName"] for pod in before.values()} == set(placed.values())
+
+    cluster.core.delete_node(placed[2])
+
+    def replaced() -> list | None:
+        pods = cluster.pods()
+        new = [pod for pod in pods if pod["metadata"]["uid"] not in {p["metadata"]["uid"] for p in before.values()}]
+        return pods if len(pods) == 4 and len(new) == 1 else None
+
+    pods = {pod["metadata"]["name"]: pod for pod in wait_for(replaced, timeout=30, what="the pod made again")}
+    (new,) = [
+        pod for pod in pods.values() if pod["metadata"]["uid"] != before[pod["metadata"]["name"]]["metadata"]["uid"]
+    ]
+    assert new["metadata"]["name"] == "gpt-2"
+    assert new["metadata"]["labels"]["paralleljob.io/node-rank"] == "2"
+    assert new["metadata"]["labels"]["paralleljob.io/node"] == spare
+    assert (
+        new["metadata"]["labels"]["paralleljob.io/attempt"]
+        == before["gpt-2"]["metadata"]["labels"]["paralleljob.io/attempt"]
+    )
+    # The same environment, but for the node the pod runs on.
+    moved = {"name": "PARALLELJOB_NODE_NAME", "value": spare}
+    old_env = [
+        moved if entry["name"] == "PARALLELJOB_NODE_NAME" else entry
+        for entry in before["gpt-2"]["spec"]["containers"][0]["env"]
+    ]
+    assert new["spec"]["containers"][0]["env"] == old_env
+    for name in ("gpt-0", "gpt-1", "gpt-3"):
+        assert pods[name]["metadata"]["uid"] == before[name]["metadata"]["uid"]
+        assert pods[name]["metadata"].get("deletionTimestamp") is None
+
+    cluster.bind_all()
+    status = wait_for(
+        lambda: (s := cluster.status()).get("phase") == "Running" and s.get("podsReady") == 4 and s,
+        timeout=30,
+        what="Running again",
+    )
+    assert status.get("restarts", 0) == 0
+    assert {entry["nodeRank"]: entry["node"] for entry in status["placement"]} == {**placed, 2: spare}
+    # The spare is used up; the sixth node, free, becomes the next one.
+    (free,) = {f"gpu-{i:03d}" for i in range(6)} - {*placed.values(), spare}
+    wait_for(lambda: cluster.status().get("spareNodes") == [free], timeout=30, what="a new spare")
+    # A spare that is lost itself is dropped, and replaced once a node is free again.
+    cluster.core.delete_node(free)
+    wait_for(lambda: not cluster.status().get("spareNodes"), timeout=30, what="the lost spare dropped")
+    cluster.add_nodes(1, start=10)
+    wait_for(lambda: cluster.status().get("spareNodes") == ["gpu-010"], timeout=30, what="a spare on the new node")
+    reasons = [event["reason"] for event in cluster.events()]
+    assert {"SpareTaken", "SpareReplaced", "SpareAdded", "SpareLost"} <= set(reasons)
+    assert "Restarting" not in reasons and cluster.status().get("restarts", 0) == 0
+
+
+def test_with_no_spare_and_allow_data_shrink_the_job_resumes_at_a_smaller_dp_and_grows_back(cluster, operator):
+    cluster.add_nodes(4)
+    shrinking = {**FOUR_NODES_ONE_SPARE, "failurePolicy": {"backoffLimit": 1, "allowDataShrink": True}}
+    cluster.apply(job_doc(**shrinking))
+    status = cluster.start_running(pods=4)
+    assert status["layout"] == "2x4x2"
+    cluster.core.delete_node(status["placement"][1]["node"])
+    # What the pod garbage collector does to a pod of a deleted node (after its 40 s quarantine): the gang
+    # restart's draining would otherwise wait out the pod's 30 s termination grace period before forcing it.
+    cluster.core.delete_namespaced_pod("gpt-1", "research", grace_period_seconds=0)
+
+    def attempt_pods(attempt: str, count: int) -> list | None:
+        pods = cluster.pods()
+        return (
+            pods
+            if len(pods) == count
+            and all(pod["metadata"]["labels"]["paralleljob.io/attempt"] == attempt for pod in pods)
+            else None
+        )
+
+    wait_for(lambda: attempt_pods("1", 2), timeout=45, what="two pods of attempt 1")
+    job_json = json.loads(cluster.core.read_namespaced_config_map("gpt-config", "research").data["job.json"])
+    assert job_json["plan"]["layout"] == {"pipeline": 2, "tensor": 4, "data": 1}
+    deepspeed = job_json["deepspeed"]
+    assert (deepspeed["train_batch_size"], deepspeed["train_micro_batch_size_per_gpu"]) == (32, 2)
+    assert deepspeed["gradient_accumulation_steps"] == 16  # was 8 at DP 2
+    assert any(event["reason"] == "DataShrunk" for event in cluster.events())
+    status = cluster.start_running(pods=2)
+    assert status["layout"] == "2x4x1" and status["restarts"] == 1
+
+    # A node returns: the full size fits again, and the gang grows back after the next checkpoint, a restart that
+    # does not count against backoffLimit (1, spent on the lost node).
+    report_checkpoint(cluster, 10)
+    cluster.add_nodes(1, start=10)
+    wait_for(lambda: "GrowBack" in [e["reason"] for e in cluster.events()], timeout=30, what="the GrowBack Event")
+    assert cluster.status()["restarts"] == 1 and attempt_pods("1", 2)
+    report_checkpoint(cluster, 20)
+    wait_for(lambda: attempt_pods("2", 4), timeout=45, what="four pods of attempt 2")
+    status = cluster.start_running(pods=4)
+    assert status["layout"] == "2x4x2" and status["restarts"] == 2 and status["phase"] == "Running"
+
+
+def report_checkpoint(cluster, step: int) -> None:
+    """What rank 0's progress hook does after a checkpoint: merge-patch the job's progress ConfigMap."""
+    data = {"step": str(step), "lastCheckpointStep": str(step)}
+    cluster.core.patch_namespaced_config_map("gpt-progress", "research", {"data": data})
