@@ -7,6 +7,7 @@ import pytest
 
 from paralleljob.manifests import trainer_config
 from paralleljob.planning import shrink
+from tests.manifests.conftest import make_plan
 from tests.planning import clusters
 
 
@@ -65,7 +66,7 @@ spec:
     )
     smaller = shrink.shrunk_job(full, 1)
     assert smaller is not None
-    plan = {"layout": {"pipeline": 1, "tensor": 1, "data": 1}, "ranksPerNode": 1}
+    plan = make_plan(nodes=1, gpus=1, layout=(1, 1, 1))
     job_file = trainer_config.build_trainer_config(smaller, plan)
     deepspeed = job_file["deepspeed"]
     batch = [
