@@ -91,20 +91,18 @@ def spares_for(
     options: PlanningOptions | None = None,
     taken: Collection[str] = (),
 ) -> tuple[SpareNode, ...]:
-    """Up to `count` more hot spares for a job placed on `nodes` (node rank order), chosen as at planning: for a
-    job whose spare was used or lost. `taken`: nodes it holds already (its spares); none while one of `nodes`
-    is missing from the cluster (its replacement comes first)."""
+    """Up to `count` more hot spares, chosen as at planning, for a job on `nodes` (node rank order) whose spare
+    was used or lost; `taken`: its spares. None while one of `nodes` is missing (its replacement comes first)."""
     ctx = _context(job, cluster, options or PlanningOptions())
     by_name = {node.name: node for node in cluster.nodes}
     placed = [by_name[name] for name in nodes if name in by_name]
     if count <= 0 or not placed or len(placed) < len(nodes):
         return ()
-    spec = job.spec
-    screened, _ = eligibility.screen(cluster.nodes, spec.template.node_selector, spec.template.tolerations)
+    template = job.spec.template
+    screened, _ = eligibility.screen(cluster.nodes, template.node_selector, template.tolerations)
     screened, _ = eligibility.with_resources(screened, pod_requests(job))
-    products = {node.product for node in placed}
-    if not spec.topology.allow_mixed_gpu_products:
-        screened = [node for node in screened if node.product in products]
+    if not job.spec.topology.allow_mixed_gpu_products:  # the products the job runs on
+        screened = [node for node in screened if node.product in {placed_node.product for placed_node in placed}]
     memory = estimates.memory_per_gpu(ctx.work)
     screened, _ = eligibility.with_memory(screened, memory.total, memory.stage)
     qualifying, _ = eligibility.with_free_gpus(screened, ranks_per_node)
