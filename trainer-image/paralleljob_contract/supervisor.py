@@ -412,6 +412,9 @@ def rank_starter(entrypoint: str | None, preload: str, command: Sequence[str]) -
     """How this node starts a rank: forked from the warm forkserver (entrypoint), or `command` as it is."""
     if entrypoint is None:
         return lambda environ: CommandRank(command, environ)
+    # torch.cuda.is_available() (DeepSpeed asks at import) then asks NVML, not the CUDA driver: a process that
+    # has initialised CUDA cannot fork ranks that use it.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([name for name in preload.split(",") if name])
     return lambda environ: ForkedRank(context, entrypoint, environ)
