@@ -53,6 +53,8 @@ EXIT_PEER = 4
 # Node rank 0's log line for each in-place restart: generation, budget, and which rank failed how.
 IN_PLACE_LINE = re.compile(r"in-place restart (\d+)/(\d+): (.*)")
 POLL_SECONDS = 0.2
+# How long a node whose ranks only saw a peer fail waits for the failed rank's node to report first.
+PEER_GRACE_SECONDS = 2.0
 STOP_GRACE_SECONDS = 5.0
 # How long a supervisor waits for the coordinator (node rank 0's pod) before it takes the node as lost.
 COORDINATOR_TIMEOUT_SECONDS = 60.0
@@ -157,6 +159,8 @@ class CoordinatorClient:
     def __init__(self, host: str, port: int, node_rank: int) -> None:
         self.url = f"http://{host}:{port}"
         self.node_rank = node_rank
+        # The coordinator's last answer.
+        self.last: dict[str, Any] = {}
 
     def post(self, path: str, generation: int, **fields: Any) -> dict[str, Any]:
         body = json.dumps({"generation": generation, "node": self.node_rank, **fields}).encode()
@@ -164,6 +168,7 @@ class CoordinatorClient:
         request.add_header("Content-Type", "application/json")
         with urllib.request.urlopen(request, timeout=10) as answer:
             result: dict[str, Any] = json.loads(answer.read())
+        self.last = result
         return result
 
     def post_patiently(self, path: str, generation: int, **fields: Any) -> dict[str, Any]:
@@ -277,12 +282,11 @@ def signal_ranks(ranks: Sequence[Rank], sig: signal.Signals) -> None:
 
 
 def first_failure(ranks: Sequence[Rank]) -> tuple[int, int] | None:
-    """(local rank, exit code) of the first rank that exited non-zero, or None."""
-    for local_rank, rank in enumerate(ranks):
-        code = rank.exit_code()
-        if code not in (None, 0):
-            return local_rank, int(code)
-    return None
+    """(local rank, exit code) of a rank that exited non-zero, or None: one that failed on its own before one
+    that only saw a peer fail (EXIT_PEER), so that the gang's restart names the cause."""
+    failed = [(i, code) for i, rank in enumerate(ranks) if (code := rank.exit_code()) not in (None, 0)]
+    failed.sort(key=lambda found: found[1] == EXIT_PEER)
+    return failed[0] if failed else None
 
 
 def describe_exit(code: int) -> str:
@@ -365,6 +369,11 @@ class Supervisor:
             time.sleep(POLL_SECONDS)
 
     def after_failure(self, ranks: list[Rank], local_rank: int, code: int) -> int | None:
+        if code == EXIT_PEER and self.cause_reported_elsewhere():
+            log(self.spec.node_rank, f"stopping ranks for in-place restart: {self.client.last['reasons'][-1]}")
+            stop_ranks(ranks)
+            return None
+        local_rank, code = first_failure(ranks) or (local_rank, code)
         rank = self.spec.node_rank * self.spec.ranks_per_node + local_rank
         reason = f"rank {rank} {describe_exit(code)}"
         log(self.spec.node_rank, reason)
@@ -381,6 +390,19 @@ class Supervisor:
             return code if code > 0 else 128 - code
         self.generation = max(self.generation + 1, state["generation"])
         return None
+
+    def cause_reported_elsewhere(self) -> bool:
+        """A rank here only saw a peer fail: give the node whose rank failed first PEER_GRACE_SECONDS to say
+        so (its report names the cause); True, and this node follows, once the generation has moved on."""
+        deadline = time.monotonic() + PEER_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                state = self.client.post("/state", self.generation)
+                if state["failed"] is None and state["generation"] > self.generation:
+                    self.generation = state["generation"]
+                    return True
+            time.sleep(POLL_SECONDS)
+        return False
 
     def after_success(self) -> int:
         """Every rank of this node finished; node rank 0 keeps the coordinator up until every node has."""

@@ -349,7 +349,8 @@ class LocalRun:
                 resume_at = tail.checkpoints[-1] if tail.checkpoints else 0
                 self.console.print(
                     f"[yellow]gang restart {restarts}/{backoff}[/]: {outcome.reason}; every node stopped, "
-                    f"resuming from {'step ' + str(resume_at) if resume_at else 'the start'}"
+                    f"resuming from {'step ' + str(resume_at) if resume_at else 'the start'}",
+                    soft_wrap=True,
                 )
         return self.summarise(outcome, restarts, time.monotonic() - started, tail, network, missing)
 
@@ -373,7 +374,8 @@ class LocalRun:
         resume_at = tail.checkpoints[-1] if tail.checkpoints else 0
         self.console.print(
             f"[yellow]in-place restart {number}/{backoff}[/]: {reason}; every node restarts its ranks in place, "
-            f"resuming from {'step ' + str(resume_at) if resume_at else 'the start'}"
+            f"resuming from {'step ' + str(resume_at) if resume_at else 'the start'}",
+            soft_wrap=True,  # one line however narrow the terminal: it is read back (tests, people's greps)
         )
 
     def summarise(
