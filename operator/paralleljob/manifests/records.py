@@ -62,6 +62,9 @@ class AttemptRecord:
     # checkpointStep (rank 0's last checkpoint step when it was asked); `evicted`: its gang was stopped for it.
     eviction: Mapping[str, str] | None = None
     evicted: bool = False
+    # In-place restarts of this attempt's pods (their supervisors restarted every rank without a new pod), as
+    # rank 0 reported them; each counts against backoffLimit like a gang restart (`restarts`).
+    in_place_restarts: int = 0
 
     @property
     def live(self) -> bool:
@@ -72,6 +75,12 @@ class AttemptRecord:
     def reserving(self) -> bool:
         """Whether it keeps nodes from other jobs: its live attempt's, or a restart's hold on the old ones."""
         return self.live or (self.restarted_as is not None and bool(self.held_nodes))
+
+    @property
+    def restarts(self) -> int:
+        """The job's restarts against backoffLimit so far: the attempt number (every restart before this
+        attempt's pods), and the in-place restarts those pods made."""
+        return self.attempt + self.in_place_restarts
 
     @property
     def next_attempt(self) -> int:
@@ -99,8 +108,12 @@ class AttemptRecord:
             "networkReport": self.network_report,
             "eviction": self.eviction,
             "evicted": self.evicted,
+            "inPlaceRestarts": self.in_place_restarts,
         }
         return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+    def with_in_place_restarts(self, count: int) -> AttemptRecord:
+        return dataclasses.replace(self, in_place_restarts=count)
 
     def with_placed(self) -> AttemptRecord:
         return dataclasses.replace(self, placed=True)
@@ -172,6 +185,7 @@ def parse_record(text: str) -> AttemptRecord:
         network_report=_texts_or_none(body.get("networkReport")),
         eviction=_texts_or_none(body.get("eviction")),
         evicted=bool(body.get("evicted")),
+        in_place_restarts=int(body.get("inPlaceRestarts") or 0),
     )
 
 
