@@ -53,6 +53,8 @@ EXIT_PEER = 4
 # Node rank 0's log line for each in-place restart: generation, budget, and which rank failed how.
 IN_PLACE_LINE = re.compile(r"in-place restart (\d+)/(\d+): (.*)")
 POLL_SECONDS = 0.2
+# The longest a long poll of the coordinator is held.
+MAX_WAIT_SECONDS = 10.0
 # How long a node whose ranks only saw a peer fail waits for the failed rank's node to report first.
 PEER_GRACE_SECONDS = 2.0
 STOP_GRACE_SECONDS = 5.0
@@ -97,6 +99,15 @@ class GangState:
     def report_ready(self, generation: int, node: int) -> None:
         self.ready.setdefault(generation, set()).add(node)
 
+    def settled(self, path: str, generation: int) -> bool:
+        """What a long poll at `generation` waits for: the gang gave up or moved on, and for `/ready` every
+        node ready, for `/state` every node finished."""
+        if self.failed is not None or self.generation != generation:
+            return True
+        if path == "/ready":
+            return len(self.ready.get(generation, ())) >= self.nodes
+        return len(self.finished) >= self.nodes
+
     def view(self, generation: int) -> dict[str, Any]:
         return {
             "generation": self.generation,
@@ -113,13 +124,21 @@ class Coordinator:
 
     def __init__(self, state: GangState, host: str, port: int) -> None:
         self.state = state
-        lock = threading.Lock()
+        changed = threading.Condition()
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
-                with lock:
+                with changed:
                     answer = apply_request(state, self.path, body)
+                    changed.notify_all()
+                    # A long poll: held until what the caller waits for happens, so that hundreds of nodes
+                    # learn of a new generation at once without polling node rank 0 several times a second.
+                    wait = min(float(body.get("wait", 0)), MAX_WAIT_SECONDS)
+                    if wait > 0:
+                        generation = int(body.get("generation", 0))
+                        changed.wait_for(lambda: state.settled(self.path, generation), timeout=wait)
+                        answer = state.view(generation)
                 payload = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -158,6 +177,7 @@ class CoordinatorClient:
 
     def __init__(self, host: str, port: int, node_rank: int) -> None:
         self.url = f"http://{host}:{port}"
+        self.host, self.port = host, port
         self.node_rank = node_rank
         # The coordinator's last answer.
         self.last: dict[str, Any] = {}
@@ -166,7 +186,7 @@ class CoordinatorClient:
         body = json.dumps({"generation": generation, "node": self.node_rank, **fields}).encode()
         request = urllib.request.Request(self.url + path, data=body, method="POST")
         request.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(request, timeout=10) as answer:
+        with urllib.request.urlopen(request, timeout=10 + float(fields.get("wait", 0))) as answer:
             result: dict[str, Any] = json.loads(answer.read())
         self.last = result
         return result
@@ -188,9 +208,13 @@ class CoordinatorClient:
 
 
 class Rank(Protocol):
+    """A started rank: its pid (for the log), its exit code once it has ended, and how to signal it."""
+
     pid: int | None
 
     def exit_code(self) -> int | None: ...
+
+    def send(self, sig: signal.Signals) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +274,9 @@ class ForkedRank:
         code = self.process.exitcode
         return None if code is None else int(code)
 
+    def send(self, sig: signal.Signals) -> None:
+        signal_pid(self.pid, sig)
+
 
 class CommandRank:
     """A rank of spec.command: a process of its own."""
@@ -260,6 +287,9 @@ class CommandRank:
 
     def exit_code(self) -> int | None:
         return self.process.poll()
+
+    def send(self, sig: signal.Signals) -> None:
+        signal_pid(self.pid, sig)
 
 
 def stop_ranks(ranks: Sequence[Rank]) -> None:
@@ -276,9 +306,13 @@ def stop_ranks(ranks: Sequence[Rank]) -> None:
 
 def signal_ranks(ranks: Sequence[Rank], sig: signal.Signals) -> None:
     for rank in ranks:
-        if rank.pid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(rank.pid, sig)
+        rank.send(sig)
+
+
+def signal_pid(pid: int | None, sig: signal.Signals) -> None:
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 def first_failure(ranks: Sequence[Rank]) -> tuple[int, int] | None:
@@ -291,6 +325,34 @@ def first_failure(ranks: Sequence[Rank]) -> tuple[int, int] | None:
 
 def describe_exit(code: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
+class GangFollower:
+    """A thread that long-polls the coordinator for the gang's state while this node's ranks run, so the node
+    learns of a new generation as soon as it is made; `latest` is the last answer (None before the first)."""
+
+    def __init__(self, client: CoordinatorClient, generation: int) -> None:
+        # A client of its own: the supervisor's keeps its last answer for the supervisor's thread.
+        self.client = CoordinatorClient(client.host, client.port, client.node_rank)
+        self.generation = generation
+        self.latest: dict[str, Any] | None = None
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.follow, name="gang-follower", daemon=True)
+        self.thread.start()
+
+    def follow(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.latest = self.client.post("/state", self.generation, wait=MAX_WAIT_SECONDS)
+            except OSError:
+                # A missed answer; a lost coordinator shows when this node next reports to it.
+                self.stopped.wait(POLL_SECONDS)
+                continue
+            if self.latest["failed"] is not None or self.latest["generation"] != self.generation:
+                return
+
+    def stop(self) -> None:
+        self.stopped.set()
 
 
 # ---- the supervisor's loop -------------------------------------------------------------------------------
@@ -323,7 +385,7 @@ class Supervisor:
     def wait_until_all_ready(self) -> dict[str, Any]:
         """Report ready for this generation and wait for every node (or a newer generation, or the end)."""
         while True:
-            state = self.client.post_patiently("/ready", self.generation)
+            state = self.client.post_patiently("/ready", self.generation, wait=MAX_WAIT_SECONDS)
             if state["failed"] is not None:
                 return state
             if state["generation"] > self.generation:
@@ -331,7 +393,6 @@ class Supervisor:
                 continue
             if state["ready"] >= state["nodes"]:
                 return state
-            time.sleep(POLL_SECONDS)
 
     def start_generation(self) -> list[Rank]:
         if self.generation:
@@ -347,16 +408,20 @@ class Supervisor:
 
     def watch(self, ranks: list[Rank]) -> int | None:
         """Until this generation ends: None to start the next one, else the pod's exit code."""
+        follower = GangFollower(self.client, self.generation)
+        try:
+            return self.watch_with(ranks, follower)
+        finally:
+            follower.stop()
+
+    def watch_with(self, ranks: list[Rank], follower: GangFollower) -> int | None:
         while True:
             failure = first_failure(ranks)
             if failure is not None:
                 return self.after_failure(ranks, *failure)
             if all(rank.exit_code() == 0 for rank in ranks):
                 return self.after_success()
-            try:
-                state = self.client.post("/state", self.generation)
-            except OSError:
-                state = None  # a missed poll; a lost coordinator shows when this node next needs it
+            state = follower.latest
             if state is not None and state["failed"] is not None:
                 stop_ranks(ranks)
                 log(self.spec.node_rank, f"the gang gave up: {state['failed']}")
@@ -408,8 +473,7 @@ class Supervisor:
         """Every rank of this node finished; node rank 0 keeps the coordinator up until every node has."""
         state = self.client.post_patiently("/finished", self.generation)
         while self.spec.node_rank == 0 and state["finished"] < state["nodes"] and state["failed"] is None:
-            time.sleep(POLL_SECONDS)
-            state = self.client.post_patiently("/state", self.generation)
+            state = self.client.post_patiently("/state", self.generation, wait=MAX_WAIT_SECONDS)
         return 0
 
 
