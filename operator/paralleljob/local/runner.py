@@ -170,11 +170,14 @@ def free_port_pair() -> int:
 
 @dataclasses.dataclass
 class InPlaceRestarts:
-    """The in-place restarts of one attempt, read from node rank 0's log (the supervisor's one line each)."""
+    """The in-place restarts of one attempt, read from node rank 0's log (the supervisor's one line each), and
+    the import failure that stopped it before any in-place restart could help."""
 
     log_path: Path
     offset: int
     seen: list[str] = dataclasses.field(default_factory=list)
+    # (node rank, the log's line) of a rank that could not import its modules before the first step.
+    import_error: tuple[int, str] | None = None
 
     def poll(self) -> list[str]:
         """Reasons of the in-place restarts logged since the last call."""
@@ -183,6 +186,15 @@ class InPlaceRestarts:
         new = found[len(self.seen) :]
         self.seen.extend(new)
         return new
+
+
+def first_import_failure(logs: dict[int, Path], offsets: dict[int, int]) -> tuple[int, str] | None:
+    """The first node whose log, in this attempt, says a rank could not import a module, with that line."""
+    for node, log in sorted(logs.items()):
+        found = startup.import_failure(startup.log_since(log, offsets[node]))
+        if found is not None:
+            return node, found
+    return None
 
 
 @dataclasses.dataclass
@@ -323,8 +335,7 @@ class LocalRun:
                 offsets = {rank: startup.log_size(path) for rank, path in logs.items()}
                 in_place = InPlaceRestarts(logs[0], offsets[0])
                 budget = min(in_place_budget, backoff - restarts)
-
-                tick = functools.partial(self.tick, tail, view, in_place, restarts, backoff)
+                tick = functools.partial(self.tick, tail, view, in_place, restarts, backoff, (marker, logs, offsets))
                 try:
                     gang = gangs.Gang(self.launches(free_port_pair(), budget, self.devices), marker=marker)
                     outcome = gangs.supervise(gang, tick)
@@ -332,8 +343,10 @@ class LocalRun:
                     gangs.stop_marked(marker)
                     raise
                 tick(gang.states())
-                restarts += len(in_place.seen)
+                restarts += 0 if in_place.import_error else len(in_place.seen)
                 network = None if outcome.succeeded else self.network_failure(outcome)
+                if in_place.import_error is not None:
+                    outcome = dataclasses.replace(outcome, failed_node=in_place.import_error[0])
                 missing = None if outcome.succeeded or network else self.import_failure(outcome, logs, offsets)
                 if network is not None:
                     # Permanent until the job or the machine changes: a restart would fail the same way.
@@ -361,10 +374,20 @@ class LocalRun:
         in_place: InPlaceRestarts,
         restarts_before: int,
         backoff: int,
+        attempt: tuple[str, dict[int, Path], dict[int, int]],
         states: list[gangs.NodeState],
     ) -> None:
-        """One look at the attempt: new metrics, new in-place restarts (announced), the nodes' states."""
+        """One look at the attempt: new metrics, new in-place restarts (announced), the nodes' states. Until the
+        first step, a rank that cannot import its modules stops the attempt: every restart, in place or not,
+        would fail the same way."""
         records = tail.poll()
+        marker, logs, offsets = attempt
+        if tail.latest() is None and in_place.import_error is None:
+            in_place.import_error = first_import_failure(logs, offsets)
+            if in_place.import_error is not None:
+                gangs.stop_marked(marker)
+        if in_place.import_error is not None:
+            return
         for reason in in_place.poll():
             view.attempt += 1
             self.announce_in_place(restarts_before + len(in_place.seen), backoff, reason, tail)
