@@ -5,7 +5,7 @@
 The whole product as tests/upstream/test_whole_product.py installs it (`helm install` of the chart, the operator
 from its image: `make images-operator` first), on a test cluster of 4 nodes: the quickstart (2x2x2, 2 ranks per
 node, so 4 pods on 4 nodes) with 40 steps and a checkpoint every 4. Rank 0's metrics.jsonl on the checkpoint
-volume is read every 50 ms. Once step --kill-at is logged, rank 5's process is SIGKILLed (its pid from its
+volume is read every 50 ms. Once step --kill-at is logged, rank 3's process (pod 1 with 2 ranks per node) is SIGKILLed (its pid from its
 pod's supervisor line): the time to rank 0's first step record of generation 1 is the in-place figure. Then
 pod 1's container is killed (the process kubelet's `kill-container` fault: the pod is lost), and the time to
 the first step record of the next attempt (generation 0 again) is the gang-restart figure: the operator deletes
@@ -83,7 +83,7 @@ def measure(folder: Path, kill_at: int) -> dict[str, float]:
         product.kubectl("apply", "-f", str(REPO / "examples" / "quickstart-volumes.yaml"))
         product.kubectl("apply", "-f", str(folder / "job.yaml"))
         wait_for(f"step {kill_at}", lambda: any(r["step"] >= kill_at for r in steps(product)))
-        os.kill(wait_for("rank 5's pid", lambda: rank_pid(product, f"{JOB}-1", 5)), signal.SIGKILL)
+        os.kill(wait_for("rank 3's pid", lambda: rank_pid(product, f"{JOB}-1", 3), 120), signal.SIGKILL)
         killed = time.monotonic()
         wait_for("generation 1's first step", lambda: any(r.get("in_place_restarts") == 1 for r in steps(product)))
         in_place = time.monotonic() - killed
