@@ -101,8 +101,8 @@ def measure(folder: Path, kill_at: int) -> dict[str, float]:
     return {
         "in_place": in_place,
         "gang": gang,
-        "restarts": status["restarts"],
-        "in_place_count": status["inPlaceRestarts"],
+        "restarts": status.get("restarts", 0),
+        "in_place_count": status.get("inPlaceRestarts", 0),
     }
 
 
