@@ -172,34 +172,64 @@ def test_the_quickstart_trains_and_its_loss_falls(tmp_path) -> None:
     assert "loss" in proc.stdout and "restarts    0" in proc.stdout
 
 
-def test_a_killed_node_restarts_the_gang_from_its_checkpoint_and_ends_on_the_same_loss(tmp_path) -> None:
-    job = short_job(tmp_path, steps=12, interval=4)
-    killed = tmp_path / "killed"
-    proc = start_run(job, killed)
+def rank_pid(output: pathlib.Path, rank: int, generation: int) -> int | None:
+    """A rank's pid in one generation of the current attempt, from its node supervisor's line."""
+    for log in sorted(output.glob("node-*.log")):
+        for match in re.finditer(r"generation (\d+) ranks started \(rank=pid\): (.*)", log.read_text()):
+            pids = dict(pair.split("=") for pair in match[2].split())
+            if int(match[1]) == generation and str(rank) in pids:
+                return int(pids[str(rank)])
+    return None
+
+
+def generation_stepped(output: pathlib.Path, generation: int) -> bool:
+    """Rank 0 logged a step in this generation of the supervisors."""
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    return any(r["event"] == "step" and r.get("in_place_restarts") == generation for r in records)
+
+
+def test_failed_ranks_restart_in_place_then_the_gang_and_the_run_ends_on_the_same_loss(tmp_path) -> None:
+    """One run, three faults: a killed rank and a hung rank (stopped, so its peers' collectives time out) each
+    restart the gang inside its node processes; the third fault finds the in-place budget spent and restarts
+    every node."""
+    job = short_job(tmp_path, steps=12, interval=2)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["failurePolicy"] = {"backoffLimit": 3, "inPlaceRestarts": 2}
+    doc["spec"]["network"] = {"timeoutSeconds": 15}
+    job.write_text(yaml.safe_dump(doc))
+    output = tmp_path / "out"
+    proc = start_run(job, output)
     try:
-        wait_until(lambda: (killed / "metrics.jsonl").exists() and max(metrics(killed), default=0) >= 6)
-        node_1 = int((killed / "node-1.pid").read_text())
-        os.kill(node_1, signal.SIGKILL)
+        wait_until(lambda: (output / "metrics.jsonl").exists() and max(metrics(output), default=0) >= 3)
+        nodes = [(output / f"node-{n}.pid").read_text() for n in range(2)]
+        os.kill(rank_pid(output, 5, 0), signal.SIGKILL)
+        wait_until(lambda: generation_stepped(output, 1))
+        os.kill(rank_pid(output, 2, 1), signal.SIGSTOP)
+        wait_until(lambda: generation_stepped(output, 2))
+        # Two restarts, and still the node processes (the pods) the run started with.
+        assert [(output / f"node-{n}.pid").read_text() for n in range(2)] == nodes
+        os.kill(rank_pid(output, 6, 2), signal.SIGKILL)
         out, _ = proc.communicate(timeout=400)
     finally:
         proc.kill()
     assert proc.returncode == 0, out[-3000:]
-    summary = json.loads((killed / "summary.json").read_text())
-    assert summary["restarts"] == 1 and "restarts    1" in out
-    # Killed at step 6 or a little later: the gang resumes from the checkpoint of step 4 (or 8, when the
-    # kill came after it).
-    announced = re.search(r"resuming from step (4|8)\b", out)
-    assert "gang restart 1/2" in out and announced
-    # The trainer loaded the checkpoint the runner announced (a restart from scratch would end on the same
+    assert "in-place restart 1/3: node 1: rank 5 killed by signal 9" in out, out[-3000:]
+    assert re.search(r"in-place restart 2/3: node \d: rank \d exited with code 4", out), out[-3000:]
+    assert re.search(r"gang restart 3/3: node rank \d exited with code \d+", out), out[-3000:]
+    assert [(output / f"node-{n}.pid").read_text() for n in range(2)] != nodes
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["restarts"] == 3 and "restarts    3" in out
+    # The gang resumed from the checkpoint the runner announced (a restart from scratch would end on the same
     # losses too).
-    trained = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
-    assert [r["resumed_from"] for r in trained if r["event"] == "summary"] == [int(announced[1])]
+    announced = re.search(r"gang restart 3/3.*resuming from step (\d+)", out)
+    trained = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    assert announced and [r["resumed_from"] for r in trained if r["event"] == "summary"] == [int(announced[1])]
     # The curve an uninterrupted run follows: the single-process reference of the job file the run trained
     # (an uninterrupted `paralleljob run` reproduces it; test_matches_single_process.py proves the trainer does).
-    reference = train_reference(parse_job_config(json.loads((killed / "job.json").read_text())))
-    killed_losses = metrics(killed)
-    assert sorted(killed_losses) == list(range(1, 13))
-    assert all(abs(reference[s].loss - killed_losses[s]) <= 1e-5 for s in range(1, 13))
+    reference = train_reference(parse_job_config(json.loads((output / "job.json").read_text())))
+    losses = metrics(output)
+    assert sorted(losses) == list(range(1, 13))
+    assert all(abs(reference[s].loss - losses[s]) <= 1e-5 for s in range(1, 13))
 
 
 def test_a_bad_job_exits_non_zero_with_the_validation_message_and_starts_nothing(tmp_path) -> None:

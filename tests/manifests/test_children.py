@@ -56,23 +56,43 @@ def test_one_pod_per_node_rank_pinned_by_required_affinity():
         assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == (f"gpt-{rank}", "gpt")
 
 
-def test_pods_run_torchrun_with_rank_zero_as_master():
+def test_pods_run_the_supervisor_with_rank_zero_as_master_and_the_in_place_budget():
     pod = build().pods[2]
     command = pod["spec"]["containers"][0]["command"]
-    assert command[:6] == [
-        "torchrun",
+    assert command[:9] == [
+        "python",
+        "-m",
+        "paralleljob_contract.supervisor",
         "--nnodes=4",
         "--node-rank=2",
         "--nproc-per-node=4",
         "--master-addr=gpt-0.gpt",
         "--master-port=29500",
+        "--in-place-restarts=3",
     ]
-    assert command[-2:] == ["-m", "paralleljob_trainer"]
+    assert command[-2] == "--entrypoint=paralleljob_trainer.cli:main"
+    assert command[-1].startswith("--preload=torch,torch._dynamo,")
 
 
-def test_user_command_runs_under_torchrun_with_the_same_env():
+@pytest.mark.parametrize(
+    ("restarts", "policy", "budget"),
+    [
+        (0, {}, 3),
+        (2, {}, 1),
+        (3, {}, 0),
+        (0, {"inPlaceRestarts": 0}, 0),
+        (1, {"backoffLimit": 10, "inPlaceRestarts": 5}, 5),
+    ],
+    ids=["fresh-job", "backoff-limit-nearly-spent", "backoff-limit-spent", "in-place-off", "policy-budget"],
+)
+def test_the_in_place_budget_never_lets_restarts_pass_backoff_limit(restarts, policy, budget):
+    resolved = resolve(failurePolicy=policy)
+    assert pod_manifests.in_place_budget(resolved, restarts) == budget
+
+
+def test_user_command_runs_under_the_supervisor_with_the_same_env():
     pod = build(command=["python", "/app/train.py"]).pods[0]
-    assert pod["spec"]["containers"][0]["command"][-3:] == ["--no-python", "python", "/app/train.py"]
+    assert pod["spec"]["containers"][0]["command"][-3:] == ["--", "python", "/app/train.py"]
     assert env_of(pod)["PARALLELJOB_NODE_RANK"] == "0"
 
 

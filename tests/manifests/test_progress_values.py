@@ -63,3 +63,32 @@ def test_what_the_trainers_hook_writes_is_what_the_operator_takes() -> None:
         "tokensPerSecond": 5772.0,
     }
     assert found["progress"]["updated"] == data["updated"]
+
+
+STARTED = "2026-12-01T08:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("data", "budget", "expected"),
+    [
+        ({"inPlaceRestarts": "2", "updated": "2026-12-01T08:05:00Z"}, 3, 2),
+        ({"inPlaceRestarts": "0", "updated": "2026-12-01T08:05:00Z"}, 3, 0),
+        # The previous attempt's pods reported before this attempt's gang ran: not this attempt's restarts.
+        ({"inPlaceRestarts": "2", "updated": "2026-12-01T07:59:59Z"}, 3, None),
+        # More than the attempt's budget (the supervisors never restart past it): not believed.
+        ({"inPlaceRestarts": "4", "updated": "2026-12-01T08:05:00Z"}, 3, None),
+        ({"inPlaceRestarts": "-1", "updated": "2026-12-01T08:05:00Z"}, 3, None),
+        ({"inPlaceRestarts": "two", "updated": "2026-12-01T08:05:00Z"}, 3, None),
+        ({"inPlaceRestarts": "1"}, 3, None),
+        ({"inPlaceRestarts": "1", "updated": "yesterday"}, 3, None),
+    ],
+    ids=["counted", "none", "previous-attempt", "past-budget", "negative", "not-a-number", "undated", "bad-date"],
+)
+def test_in_place_restarts_are_read_for_this_attempt_within_its_budget(data: dict, budget: int, expected) -> None:
+    assert progress.in_place_restarts_of({"data": data}, STARTED, budget) == expected
+
+
+def test_the_trainer_hook_reports_the_in_place_restarts_it_runs_under() -> None:
+    hook = k8s_status.ProgressReporter("http://127.0.0.1:9", "research", "gpt", token_path=None, ca_path=None)
+    reported = hook.progress_of({"step": 7, "loss": 2.0, "in_place_restarts": 2})
+    assert progress.in_place_restarts_of({"data": reported}, "2000-01-01T00:00:00Z", 3) == 2

@@ -84,7 +84,11 @@ def test_only_records_that_reserve_nodes_carry_the_label_the_admissions_list(rec
 
 def test_a_record_reads_back_as_written() -> None:
     record = dataclasses.replace(
-        RESTARTED, layout_choice={"pipeline": 2}, started_at="2026-12-01T11:00:00Z", network_report={"verified": "True"}
+        RESTARTED,
+        layout_choice={"pipeline": 2},
+        started_at="2026-12-01T11:00:00Z",
+        network_report={"verified": "True"},
+        in_place_restarts=2,
     )
     assert records.parse_record(record.to_json()) == record
     record = dataclasses.replace(LIVE, spare_nodes=("gpu-3", "gpu-4")).with_spares_taken({0: "gpu-3"}, ("gpu-4",))
@@ -95,3 +99,10 @@ def test_a_record_reads_back_as_written() -> None:
     restarted = RESTARTED.with_grow_restart()
     assert (restarted.next_attempt, restarted.counted_restarts) == (1, 0)  # a grow-back counts for nothing
     assert records.parse_record(record.to_json()) == record
+
+
+def test_in_place_restarts_count_against_backoff_limit_with_the_attempt_number() -> None:
+    record = dataclasses.replace(RESTARTED, restarted_as=None, attempt=1).with_in_place_restarts(2)
+    assert record.restarts == 3
+    # What counts against backoffLimit: both kinds, less a grow-back to full size.
+    assert (record.counted_restarts, record.with_grow_restart().counted_restarts) == (3, 2)

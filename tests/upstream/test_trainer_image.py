@@ -55,7 +55,7 @@ def test_the_quickstart_trains_from_the_cpu_trainer_image_on_the_single_process_
     for rank in (0, 1):
         sandbox = ran_from_image(product, "default", f"{JOB}-{rank}")
         assert sandbox["user"]["uid"] == 10001 and sandbox["readOnlyRoot"], sandbox
-        assert sandbox["command"][0] == "torchrun", sandbox["command"]
+        assert sandbox["command"][:3] == ["python", "-m", "paralleljob_contract.supervisor"], sandbox["command"]
 
     config = json.loads(product.kubectl("get", "configmap", f"{JOB}-config", "-o", "json"))
     trained = json.loads(config["data"][jobfile.FILE_NAME])

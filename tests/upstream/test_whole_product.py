@@ -4,8 +4,10 @@ real scheduler binds, and the process kubelet runs with its ServiceAccount token
 configuration. examples/quickstart-on-a-cluster.yaml is applied with kubectl as written (no `--validate=false`),
 with its corpus claim filled with the text `paralleljob run` trains the quickstart on; its pods run the unmodified
 bundled trainer (torchrun, DeepSpeed on gloo); rank 0 reports progress through its own token, which RBAC limits
-to its progress ConfigMap. One pod's process is killed, the gang restarts from the checkpoint, the job
-Succeeds, and its losses are those of the single-process reference trained on the job file the pods read.
+to its progress ConfigMap. One rank's process is killed, and the gang restarts in place: the same pods, the
+restart counted in status, the attempt record and an Event. Then one pod's process is killed, the gang
+restarts with new pods from the checkpoint, the job Succeeds, and its losses are those of the single-process
+reference trained on the job file the pods read.
 
 Nothing the operator did was refused: its log has no 403.
 
@@ -17,6 +19,9 @@ answered. The test fails, naming the command, when that image was not built.
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,6 +115,42 @@ def check_rank0_rights(product: Product) -> None:
         assert response.status_code == 403, (method, path, response.status_code)
 
 
+def rank_pid(product: Product, pod: str, rank: int) -> int | None:
+    """A rank's pid (the process kubelet runs pods as processes of this machine) from its pod's supervisor line."""
+    log = (product.pod_folder("default", pod) / "container.log").read_text(errors="replace")
+    for match in re.finditer(r"generation 0 ranks started \(rank=pid\): (.*)", log):
+        pids = dict(pair.split("=") for pair in match[1].split())
+        if str(rank) in pids:
+            return int(pids[str(rank)])
+    return None
+
+
+def pod_uids(product: Product) -> set[str]:
+    pods = json.loads(product.kubectl("get", "pods", "-n", "default", "-l", f"paralleljob.io/job={JOB}", "-o", "json"))
+    return {pod["metadata"]["uid"] for pod in pods["items"]}
+
+
+def check_an_in_place_restart(product: Product, rows: list[dict[str, str]]) -> None:
+    """A killed rank restarts the gang inside its pods: no pod is recreated, and the operator counts it."""
+    before = pod_uids(product)
+    pid = wait_for("rank 5's pid", lambda: rank_pid(product, f"{JOB}-1", 5), product, 60)
+    os.kill(pid, signal.SIGKILL)
+
+    def counted() -> dict[str, object] | None:
+        status = json.loads(product.kubectl("get", "pj", JOB, "-o", "json")).get("status") or {}
+        return status if status.get("inPlaceRestarts") == 1 else None
+
+    status = wait_for("the in-place restart counted", counted, product, 180)
+    assert status["restarts"] == 1 and status["phase"] == "Running", status
+    assert pod_uids(product) == before, "an in-place restart recreates no pod"
+    config = json.loads(product.kubectl("get", "configmap", f"{JOB}-config", "-o", "json"))
+    assert json.loads(config["data"]["attempt.json"])["inPlaceRestarts"] == 1
+    events = product.kubectl("get", "events", "-n", "default", "--field-selector", "reason=RestartedInPlace")
+    assert "in-place restart 1/2" in events, events
+    rows.append(product.job_row())
+    assert rows[-1]["RESTARTS"] == "1"
+
+
 def test_the_quickstart_survives_a_killed_pod_on_the_upstream_control_plane(product: Product, tmp_path: Path) -> None:
     require_image(OPERATOR_IMAGE, "make images-operator")
     product.install()
@@ -139,12 +180,14 @@ def test_the_quickstart_survives_a_killed_pod_on_the_upstream_control_plane(prod
         product,
         300,
     )
+    check_an_in_place_restart(product, rows)
+    # A lost pod restarts the gang with new pods, whatever in-place budget is left.
     product.cluster.fault("kill-container", namespace="default", pod=f"{JOB}-1")
     wait_for("Succeeded", lambda: row().get("PHASE") in ("Succeeded", "Failed"), product, 480)
     final = rows[-1]
     config = json.loads(product.kubectl("get", "configmap", f"{JOB}-config", "-o", "json"))
     assert final["PHASE"] == "Succeeded", product.what_was_seen()
-    assert final["RESTARTS"] == "1"
+    assert final["RESTARTS"] == "2"
     running = [r for r in rows if r.get("PHASE") == "Running" and r.get("LOSS")]
     assert float(running[-1]["LOSS"]) < float(running[0]["LOSS"]), "kubectl get pj shows a falling loss"
     log = product.operator_log()

@@ -35,6 +35,9 @@ PEAK_TFLOPS = "PARALLELJOB_PEAK_TFLOPS"
 STATUS_API = "PARALLELJOB_STATUS_API"
 STATUS_INTERVAL = "PARALLELJOB_STATUS_INTERVAL"
 USER_SETTABLE = frozenset({PEAK_TFLOPS, STATUS_API, STATUS_INTERVAL})
+# The in-pod supervisor's generation, set in every rank it starts: 0 at the pod's start, +1 for each in-place
+# restart of the gang (paralleljob_contract.supervisor); rank 0 reports it in its progress.
+IN_PLACE_RESTARTS = "PARALLELJOB_IN_PLACE_RESTARTS"
 # `paralleljob run` marks every process of one local run with this, to stop them all (never set in pods).
 LOCAL_RUN = "PARALLELJOB_LOCAL_RUN"
 # The network the operator planned, written with the NCCL variables (manifests.nccl) and read by the bundled

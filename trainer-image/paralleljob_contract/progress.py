@@ -28,6 +28,9 @@ LAST_CHECKPOINT_TIME = "lastCheckpointTime"
 NETWORK_VERIFIED = "networkVerified"
 NETWORK_REASON = "networkReason"
 NETWORK_MESSAGE = "networkMessage"
+# In-place restarts of the gang since its pods started (the supervisor's generation, a non-negative integer):
+# the operator counts each new one as a restart of the job.
+IN_PLACE_RESTARTS = "inPlaceRestarts"
 # The operator's request for a checkpoint now, and rank 0's answer (the id served, once it is saved).
 CHECKPOINT_REQUEST = "checkpointRequest"
 CHECKPOINT_SERVED = "checkpointServed"

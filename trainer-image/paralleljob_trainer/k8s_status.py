@@ -124,6 +124,8 @@ class ProgressReporter:
             progress[channel.LOSS] = repr(round(float(record["loss"]), 4))
         if record.get("tokens_per_s") is not None:
             progress[channel.TOKENS_PER_SECOND] = repr(round(float(record["tokens_per_s"]), 1))
+        if record.get("in_place_restarts") is not None:
+            progress[channel.IN_PLACE_RESTARTS] = str(int(record["in_place_restarts"]))
         return progress
 
     def flush(self) -> None:

@@ -295,6 +295,8 @@ def _step_record(
         "step_time_s": seconds,
         "samples": step * job.train_batch_size,
         "mfu": metrics.mfu(training_flops(job.model.shape, tokens), seconds, job.plan.world_size, _peak(options)),
+        # The in-pod supervisor's in-place restarts of this gang so far (0 under a plain torchrun).
+        "in_place_restarts": int(os.environ.get(environment.IN_PLACE_RESTARTS, "0") or 0),
     }
 
 

@@ -26,7 +26,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Job phase"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "description": "Last step"},
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "description": "Loss at step"},
-    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Restarts, in place or not"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Tokens/s",
@@ -41,6 +41,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.lastCheckpointStep",
         "priority": 1,
         "description": "Step of the latest checkpoint",
+    },
+    {
+        "name": "In-place",
+        "type": "integer",
+        "jsonPath": ".status.inPlaceRestarts",
+        "priority": 1,
+        "description": "Of the restarts, those made inside the pods the gang had",
     },
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
 ]

@@ -140,6 +140,15 @@ class FailurePolicy:
         minimum=1,
         json_name="minData",
     )
+    in_place_restarts: int = api_field(
+        "Restarts of the gang inside the pods it has, when a rank fails and no pod is lost: every pod's "
+        "supervisor stops its ranks and starts them again from the latest checkpoint; no pod is deleted or "
+        "scheduled. Each counts against backoffLimit; once they are spent, the next failure restarts the gang "
+        "with new pods. 0: every failure restarts the gang with new pods.",
+        default=3,
+        minimum=0,
+        json_name="inPlaceRestarts",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

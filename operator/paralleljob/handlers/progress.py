@@ -4,6 +4,8 @@ Called for a `ProgressKey` whenever a progress ConfigMap changes (the registry w
 counts only when the job owns it by uid; its numbers go through `manifests.progress.status_of`, and only the
 fields that changed are patched, in one merge patch of `status.progress` and `status.lastCheckpointStep`.
 Reconcile passes never read these fields: phase, placement, restarts and reservations are the operator's own.
+A report of in-place restarts asks for a pass over the job, which counts them from the ConfigMap itself
+(`steps.supervision`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from paralleljob.k8s import reads, writes
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import labels, progress
+from paralleljob_contract import progress as channel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,8 +28,17 @@ class ProgressKey:
     name: str
 
 
-def copy_progress(session: Session, key: ProgressKey) -> bool:
-    """Patch the job's status with the validated progress; True when something was written."""
+@dataclasses.dataclass(frozen=True)
+class Copied:
+    """What a copy did: whether it wrote the status, and whether rank 0 reports in-place restarts, which the
+    job's own pass counts (from the attempt record, as every decision)."""
+
+    written: bool
+    in_place_reported: bool = False
+
+
+def copy_progress(session: Session, key: ProgressKey) -> Copied:
+    """Patch the job's status with the validated progress."""
     job = reads.get_job(session, key.namespace, key.name)
     if job is None or job["metadata"].get("deletionTimestamp"):
         return False
@@ -34,7 +46,7 @@ def copy_progress(session: Session, key: ProgressKey) -> bool:
     found = reads.get_config_map(session, key.namespace, labels.progress_config_map_name(key.name))
     total = _total_steps(job)
     if found is None or not labels.owned_by(found, uid) or total is None:
-        return False
+        return Copied(False)
     current = job.get("status") or {}
     changed = {k: v for k, v in progress.status_of(found, total).items() if current.get(k) != v}
     if "progress" in changed:
@@ -43,7 +55,8 @@ def copy_progress(session: Session, key: ProgressKey) -> bool:
         changed["progress"] = {**{field: None for field in old}, **changed["progress"]}
     if changed:
         writes.patch_job_status(session, key.namespace, key.name, changed)
-    return bool(changed)
+    in_place = (found.get("data") or {}).get(channel.IN_PLACE_RESTARTS)
+    return Copied(bool(changed), in_place_reported=in_place not in (None, "0"))
 
 
 def _total_steps(job: Mapping[str, Any]) -> int | None:

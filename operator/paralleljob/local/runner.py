@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -32,7 +33,7 @@ from paralleljob.manifests import env as node_env
 from paralleljob.manifests import nccl
 from paralleljob.manifests.trainer_config import build_trainer_config, contract_plan
 from paralleljob.planning import Plan
-from paralleljob_contract import environment, launcher
+from paralleljob_contract import environment, launcher, supervisor
 from paralleljob_contract.layout import tensor_fits
 from paralleljob_contract.network import NetworkFailure, parse_failure
 
@@ -140,17 +141,61 @@ def resolve_data_path(config: dict[str, Any], job_file: Path) -> None:
         data["path"] = str((job_file.parent / path).resolve())
 
 
-def torchrun_argv(shape: LocalShape, node_rank: int, port: int, command: list[str] | None) -> list[str]:
-    """The same torchrun line a pod runs, with this machine as master and this interpreter's torchrun."""
-    return launcher.torchrun_command(
+def supervisor_argv(
+    shape: LocalShape, node_rank: int, port: int, command: list[str] | None, in_place_restarts: int
+) -> list[str]:
+    """The same supervisor line a pod runs, with this machine as master and this interpreter."""
+    return launcher.supervisor_command(
         nodes=shape.nodes,
         node_rank=node_rank,
         ranks_per_node=shape.gpus_per_node,
         master_addr="127.0.0.1",
         master_port=port,
+        in_place_restarts=in_place_restarts,
         command=command,
-        launcher=(sys.executable, "-m", "torch.distributed.run"),
+        python=(sys.executable,),
     )
+
+
+def free_port_pair() -> int:
+    """A port whose next one is free too: the supervisors' coordinator and the ranks' own store."""
+    while True:
+        port = free_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+@dataclasses.dataclass
+class InPlaceRestarts:
+    """The in-place restarts of one attempt, read from node rank 0's log (the supervisor's one line each), and
+    the import failure that stopped it before any in-place restart could help."""
+
+    log_path: Path
+    offset: int
+    seen: list[str] = dataclasses.field(default_factory=list)
+    # (node rank, the log's line) of a rank that could not import its modules before the first step.
+    import_error: tuple[int, str] | None = None
+
+    def poll(self) -> list[str]:
+        """Reasons of the in-place restarts logged since the last call."""
+        text = startup.log_since(self.log_path, self.offset)
+        found = [m[3] for m in supervisor.IN_PLACE_LINE.finditer(text)]
+        new = found[len(self.seen) :]
+        self.seen.extend(new)
+        return new
+
+
+def first_import_failure(logs: dict[int, Path], offsets: dict[int, int]) -> tuple[int, str] | None:
+    """The first node whose log, in this attempt, says a rank could not import a module, with that line."""
+    for node, log in sorted(logs.items()):
+        found = startup.import_failure(startup.log_since(log, offsets[node]))
+        if found is not None:
+            return node, found
+    return None
 
 
 @dataclasses.dataclass
@@ -193,7 +238,7 @@ class LocalRun:
         resolve_data_path(config, job_file)
         (self.output / "job.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    def launches(self, port: int, devices: list[str] | None = None) -> list[gangs.NodeLaunch]:
+    def launches(self, port: int, in_place_restarts: int, devices: list[str] | None = None) -> list[gangs.NodeLaunch]:
         env_nccl = local_nccl_env(self.resolved)
         launches = []
         plan = contract_plan(self.plan)
@@ -223,7 +268,7 @@ class LocalRun:
             launches.append(
                 gangs.NodeLaunch(
                     rank,
-                    torchrun_argv(self.shape, rank, port, self.resolved.spec.command),
+                    supervisor_argv(self.shape, rank, port, self.resolved.spec.command, in_place_restarts),
                     env,
                     self.node_log(rank),
                     self.output / f"node-{rank}.pid",
@@ -275,8 +320,10 @@ class LocalRun:
         return lines
 
     def execute(self) -> report.RunSummary:
-        """Run the gang, restarting it from the latest checkpoint after a failure, up to backoffLimit."""
+        """Run the gang, restarting it from the latest checkpoint after a failure, up to backoffLimit: in place
+        (the supervisors restart their ranks) while spec.failurePolicy.inPlaceRestarts allows, else every node."""
         backoff = self.resolved.spec.failure_policy.backoff_limit
+        in_place_budget = self.resolved.spec.failure_policy.in_place_restarts
         tail = progress.MetricsTail(self.output / "metrics.jsonl")
         restarts, started = 0, time.monotonic()
         view = progress.ProgressView(self.console, self.resolved.spec.training.steps, self.node_lines())
@@ -287,14 +334,20 @@ class LocalRun:
                 marker = uuid.uuid4().hex
                 logs = {node.node_rank: self.node_log(node.node_rank) for node in self.plan.nodes}
                 offsets = {rank: startup.log_size(path) for rank, path in logs.items()}
+                in_place = InPlaceRestarts(logs[0], offsets[0])
+                budget = min(in_place_budget, backoff - restarts)
+                tick = functools.partial(self.tick, tail, view, in_place, restarts, backoff, (marker, logs, offsets))
                 try:
-                    gang = gangs.Gang(self.launches(free_port(), self.devices), marker=marker)
-                    outcome = gangs.supervise(gang, lambda states: view.update(tail.poll(), tail.latest(), states))
+                    gang = gangs.Gang(self.launches(free_port_pair(), budget, self.devices), marker=marker)
+                    outcome = gangs.supervise(gang, tick)
                 except BaseException:  # also a Ctrl-C between the gang's start and its supervision
                     gangs.stop_marked(marker)
                     raise
-                view.update(tail.poll(), tail.latest(), gang.states())
+                tick(gang.states())
+                restarts += 0 if in_place.import_error else len(in_place.seen)
                 network = None if outcome.succeeded else self.network_failure(outcome)
+                if in_place.import_error is not None:
+                    outcome = dataclasses.replace(outcome, failed_node=in_place.import_error[0])
                 missing = None if outcome.succeeded or network else self.import_failure(outcome, logs, offsets)
                 if network is not None:
                     # Permanent until the job or the machine changes: a restart would fail the same way.
@@ -310,9 +363,44 @@ class LocalRun:
                 resume_at = tail.checkpoints[-1] if tail.checkpoints else 0
                 self.console.print(
                     f"[yellow]gang restart {restarts}/{backoff}[/]: {outcome.reason}; every node stopped, "
-                    f"resuming from {'step ' + str(resume_at) if resume_at else 'the start'}"
+                    f"resuming from {'step ' + str(resume_at) if resume_at else 'the start'}",
+                    soft_wrap=True,
                 )
         return self.summarise(outcome, restarts, time.monotonic() - started, tail, network, missing)
+
+    def tick(
+        self,
+        tail: progress.MetricsTail,
+        view: progress.ProgressView,
+        in_place: InPlaceRestarts,
+        restarts_before: int,
+        backoff: int,
+        attempt: tuple[str, dict[int, Path], dict[int, int]],
+        states: list[gangs.NodeState],
+    ) -> None:
+        """One look at the attempt: new metrics, new in-place restarts (announced), the nodes' states. Until the
+        first step, a rank that cannot import its modules stops the attempt: every restart, in place or not,
+        would fail the same way."""
+        records = tail.poll()
+        marker, logs, offsets = attempt
+        if tail.latest() is None and in_place.import_error is None:
+            in_place.import_error = first_import_failure(logs, offsets)
+            if in_place.import_error is not None:
+                gangs.stop_marked(marker)
+        if in_place.import_error is not None:
+            return
+        for reason in in_place.poll():
+            view.attempt += 1
+            self.announce_in_place(restarts_before + len(in_place.seen), backoff, reason, tail)
+        view.update(records, tail.latest(), states)
+
+    def announce_in_place(self, number: int, backoff: int, reason: str, tail: progress.MetricsTail) -> None:
+        resume_at = tail.checkpoints[-1] if tail.checkpoints else 0
+        self.console.print(
+            f"[yellow]in-place restart {number}/{backoff}[/]: {reason}; every node restarts its ranks in place, "
+            f"resuming from {'step ' + str(resume_at) if resume_at else 'the start'}",
+            soft_wrap=True,  # one line however narrow the terminal: it is read back (tests, people's greps)
+        )
 
     def summarise(
         self,

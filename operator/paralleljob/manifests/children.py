@@ -140,6 +140,8 @@ def build_children(
         service_account=own_account or labels.progress_account_name(resolved.name),
         progress_account=not own_account,
         security=pod_security,
+        # The attempt number is the job's restarts so far (in place or not) when this attempt began.
+        in_place_restarts=pods.in_place_budget(resolved, configmap.attempt_of(config_map)),
     )
     return Children(
         service=service.build_service(owner),

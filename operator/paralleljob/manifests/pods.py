@@ -60,6 +60,8 @@ class PodSettings:
     # True when service_account is the operator's per-job progress account (its token is for rank 0 only).
     progress_account: bool = True
     security: security.PodSecurity = dataclasses.field(default_factory=security.PodSecurity)
+    # In-place restarts these pods' supervisors may make (in_place_budget).
+    in_place_restarts: int = 0
 
 
 def env_problems(resolved: ResolvedJob) -> list[str]:
@@ -99,16 +101,25 @@ def output_dir(resolved: ResolvedJob) -> str:
     return f"{folder}/{METRICS_SUBDIR}" if folder is not None else OUTPUT_DIR
 
 
-def torchrun_command(resolved: ResolvedJob, plan: Plan, node_rank: int) -> list[str]:
-    """torchrun for this node rank, launching the bundled trainer or spec.command once per GPU."""
-    return launcher.torchrun_command(
-        nodes=plan.nodes,
+def node_command(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> list[str]:
+    """The in-pod supervisor for this node rank, running the bundled trainer or spec.command once per GPU and
+    restarting the gang in place up to the attempt's in-place budget."""
+    return launcher.supervisor_command(
+        nodes=settings.plan.nodes,
         node_rank=node_rank,
-        ranks_per_node=plan.ranks_per_node,
+        ranks_per_node=settings.plan.ranks_per_node,
         master_addr=labels.master_address(resolved.name),
         master_port=labels.MASTER_PORT,
+        in_place_restarts=settings.in_place_restarts,
         command=resolved.spec.command,
     )
+
+
+def in_place_budget(resolved: ResolvedJob, restarts: int) -> int:
+    """In-place restarts the pods of a new attempt may make: spec.failurePolicy.inPlaceRestarts, less what
+    backoffLimit has left after the job's `restarts` so far (each in-place restart counts against it)."""
+    policy = resolved.spec.failure_policy
+    return max(0, min(policy.in_place_restarts, policy.backoff_limit - restarts))
 
 
 def node_affinity(node: str) -> dict[str, Any]:
@@ -185,7 +196,7 @@ def build_container(
     container: dict[str, Any] = {
         "name": labels.CONTAINER_NAME,
         "image": template.image or settings.image,
-        "command": torchrun_command(resolved, settings.plan, node_rank),
+        "command": node_command(resolved, settings, node_rank),
         "env": node_env(resolved, settings, node_rank),
         "resources": container_resources(resolved, gpus, settings.network_resources),
         "volumeMounts": mounts,

@@ -10,6 +10,7 @@ operator's reservations, placement, phase and restarts cannot change.
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from collections.abc import Mapping
@@ -25,6 +26,8 @@ MAX_VALUE_LENGTH = 32
 MAX_STEP = 10**12
 MAX_LOSS = 1e6
 MAX_TOKENS_PER_SECOND = 1e12
+# The most in-place restarts a report may claim (the operator also bounds it by the attempt's budget).
+MAX_IN_PLACE_RESTARTS = 10**6
 MAX_MESSAGE_LENGTH = 512
 REASON = re.compile(r"^[A-Z][A-Za-z]{0,31}$")
 VERDICTS = ("True", "False", "Unknown")
@@ -92,6 +95,29 @@ def status_of(config_map: Mapping[str, Any], total_steps: int) -> dict[str, Any]
     if (network := network_of(data)) is not None:
         found["network"] = network
     return found
+
+
+def in_place_restarts_of(config_map: Mapping[str, Any], since: str | None, budget: int) -> int | None:
+    """The in-place restarts rank 0 reports for the attempt whose gang has run since `since` (RFC 3339, the
+    attempt record's startedAt): a count within the attempt's `budget`, in a report made after `since`, so a
+    report left by the previous attempt's pods is not read as this one's. None when there is no such report.
+    Each counts against backoffLimit, so a report can end its own job sooner, never another's."""
+    data = config_map.get("data") or {}
+    if not isinstance(data, Mapping) or since is None:
+        return None
+    count = _count(data, channel.IN_PLACE_RESTARTS, budget)
+    updated = _text(data, channel.UPDATED)
+    if count is None or updated is None or not TIMESTAMP.match(updated):
+        return None
+    reported, started = _instant(updated), _instant(since)
+    return count if reported is not None and started is not None and reported >= started else None
+
+
+def _instant(stamp: str) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def network_of(data: Mapping[str, Any]) -> dict[str, str] | None:

@@ -72,6 +72,9 @@ class AttemptRecord:
     # attempt to attempt, do not count against backoffLimit.
     grow_after: int | None = None
     grow_restarts: int = 0
+    # In-place restarts of this attempt's pods (their supervisors restarted every rank without a new pod), as
+    # rank 0 reported them; each counts against backoffLimit like a gang restart (`restarts`).
+    in_place_restarts: int = 0
 
     @property
     def live(self) -> bool:
@@ -82,6 +85,12 @@ class AttemptRecord:
     def reserving(self) -> bool:
         """Whether it keeps nodes from other jobs: its live attempt's, or a restart's hold on the old ones."""
         return self.live or (self.restarted_as is not None and bool(self.held_nodes))
+
+    @property
+    def restarts(self) -> int:
+        """The job's restarts against backoffLimit so far: the attempt number (every restart before this
+        attempt's pods), and the in-place restarts those pods made."""
+        return self.attempt + self.in_place_restarts
 
     @property
     def next_attempt(self) -> int:
@@ -113,8 +122,12 @@ class AttemptRecord:
             "replacing": list(self.replacing),
             "growAfter": self.grow_after,
             "growRestarts": self.grow_restarts,
+            "inPlaceRestarts": self.in_place_restarts,
         }
         return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+    def with_in_place_restarts(self, count: int) -> AttemptRecord:
+        return dataclasses.replace(self, in_place_restarts=count)
 
     def with_placed(self) -> AttemptRecord:
         return dataclasses.replace(self, placed=True)
@@ -167,8 +180,9 @@ class AttemptRecord:
 
     @property
     def counted_restarts(self) -> int:
-        """Gang restarts so far that count against backoffLimit: all but the grow-backs."""
-        return self.next_attempt - self.grow_restarts
+        """Restarts so far that count against backoffLimit: gang restarts but the grow-backs, and in-place ones."""
+        # A restart's new attempt number counts the in-place restarts before it already (`restarts` + 1).
+        return (self.restarted_as if self.restarted_as is not None else self.restarts) - self.grow_restarts
 
     def with_replaced(self) -> AttemptRecord:
         """The pods of the replaced node ranks were created on their spares."""
@@ -215,6 +229,7 @@ def parse_record(text: str) -> AttemptRecord:
         replacing=tuple(int(rank) for rank in body.get("replacing") or ()),
         grow_after=int(body["growAfter"]) if body.get("growAfter") is not None else None,
         grow_restarts=int(body.get("growRestarts") or 0),
+        in_place_restarts=int(body.get("inPlaceRestarts") or 0),
     )
 
 

@@ -104,7 +104,17 @@ class ParallelJobStatus:
         default=None,
         json_name="excludedNodes",
     )
-    restarts: int | None = api_field("Gang restarts so far.", default=None, minimum=0)
+    restarts: int | None = api_field(
+        "Restarts so far, against backoffLimit: gang restarts (new pods) and in-place restarts.",
+        default=None,
+        minimum=0,
+    )
+    in_place_restarts: int | None = api_field(
+        "Of restarts, those made in place: a failed rank's gang restarted inside the pods it had.",
+        default=None,
+        minimum=0,
+        json_name="inPlaceRestarts",
+    )
     held_nodes: list[str] | None = api_field(
         "While a gang restarts: its old nodes, less the one blamed, kept from other jobs until heldUntil.",
         default=None,

@@ -24,7 +24,7 @@ from paralleljob.handlers.passes import (
     write_status,
 )
 from paralleljob.k8s import reads, timestamps
-from paralleljob.manifests import labels
+from paralleljob.manifests import labels, records
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.manifests import progress as progress_channel
 from paralleljob_contract.network import NetworkFailure
@@ -84,8 +84,13 @@ def breaking_nodes(
     return broken, due
 
 
+def restarts_so_far(p: Pass) -> int:
+    """The job's restarts against backoffLimit: every one before the live attempt, and its in-place ones."""
+    return p.live.restarts if p.live is not None else p.attempt
+
+
 def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
-    message = f"training finished after {p.attempt} restarts"
+    message = f"training finished after {restarts_so_far(p)} restarts"
     step, folder = _rank0_report(p, resolved).get("lastCheckpointStep"), pod_manifests.job_folder(resolved)
     if step is not None and folder is not None:
         # The trainer always saves the last step; the Event tells where the job's result lies.
@@ -117,7 +122,7 @@ def _scheduled_reason(state: gang.GangState) -> str:
 
 
 def _fail(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int) -> Outcome:
-    message = f"{state.reason}; backoffLimit {limit} reached after {p.attempt} restarts"
+    message = f"{state.reason}; backoffLimit {limit} reached after {restarts_so_far(p)} restarts"
     cond = p.condition("Ready", "False", "GangFailed" if state.cause == gang.BROKEN else state.cause, state.reason)
     if state.cause == gang.CREATE_FAILED:
         cond = p.condition("Scheduled", "False", gang.CREATE_FAILED, state.reason, base=cond)
@@ -142,7 +147,7 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
     for node in (state.node, *state.blamed):
         if node and node not in excluded:
             excluded = [*excluded, node]
-    restarts = p.attempt + 1
+    restarts = restarts_so_far(p) + 1
     message = f"gang restart {restarts}/{limit}: {state.reason}; resuming from the last checkpoint"
     held, until = _hold(p, state)
     if p.live is not None:
@@ -178,24 +183,31 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
     network verdict once it has come), so Started is posted once per attempt and startTime never moves."""
     live = p.live
     assert live is not None  # a placed gang
+    policy = resolved.spec.failure_policy
     watched = (
         live.network_report is None
-        or resolved.spec.failure_policy.progress_timeout_seconds is not None
+        or policy.progress_timeout_seconds is not None
+        or bool(policy.in_place_restarts)
         or live.grow_after is not None
     )
-    reported = _rank0_report(p, resolved) if watched else {}
+    found = _rank0_config_map(p) if watched else None
+    reported = progress_channel.status_of(found, resolved.spec.training.steps) if found is not None else {}
     network = live.network_report or reported.get("network")
     started = live.started_at or timestamps.now()
-    if live.started_at is None or network != live.network_report:
-        write_record(p, live.with_started(started, network))
+    first_seen = live.started_at is None
+    if first_seen or network != live.network_report:
+        live = live.with_started(started, network)
+        write_record(p, live)
     message = f"all {state.ready} pods running"
     cond = _network_conditions(p, p.condition("Ready", "True", "AllPodsRunning", message), network)
     patch = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
     before = conditions.find(p.status.get("conditions"), "NetworkVerified")
     if write_status(p, {**patch, "startTime": started}):
         _network_event(p, cond, before)
-    if live.started_at is None:
+    if first_seen:
         p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
+    elif found is not None:
+        _count_in_place_restarts(p, resolved, found, live)
     verdict = _progress_verdict(p, resolved, started, reported.get("progress"))
     if verdict.hung:
         hung = gang.GangState("broken", state.ready, verdict.message, cause=watchdog.NO_PROGRESS)
@@ -212,10 +224,36 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
 def _rank0_report(p: Pass, resolved: ResolvedJob) -> dict[str, Any]:
     """What rank 0 reported in its progress ConfigMap, validated (`manifests.progress.status_of`): progress,
     lastCheckpointStep and the network verdict; empty without a ConfigMap of this job's."""
+    found = _rank0_config_map(p)
+    return progress_channel.status_of(found, resolved.spec.training.steps) if found is not None else {}
+
+
+def _rank0_config_map(p: Pass) -> Mapping[str, Any] | None:
+    """The job's progress ConfigMap, when the job owns it."""
     found = reads.get_config_map(p.session, p.namespace, labels.progress_config_map_name(p.name))
-    if found is None or not labels.owned_by(found, p.uid):
-        return {}
-    return progress_channel.status_of(found, resolved.spec.training.steps)
+    return found if found is not None and labels.owned_by(found, p.uid) else None
+
+
+def _count_in_place_restarts(
+    p: Pass, resolved: ResolvedJob, found: Mapping[str, Any], live: records.AttemptRecord
+) -> None:
+    """The in-place restarts rank 0 reports for the live attempt, validated and within the attempt's budget,
+    into its record and the job's status, with one Event per restart counted."""
+    budget = pod_manifests.in_place_budget(resolved, live.attempt)
+    count = progress_channel.in_place_restarts_of(found, live.started_at, budget)
+    if count is None or count <= live.in_place_restarts:
+        return
+    write_record(p, live.with_in_place_restarts(count))
+    limit = resolved.spec.failure_policy.backoff_limit
+    before = int(p.status.get("inPlaceRestarts") or 0) - live.in_place_restarts
+    write_status(p, {"restarts": live.attempt + count, "inPlaceRestarts": max(0, before) + count})
+    for number in range(live.in_place_restarts + 1, count + 1):
+        message = (
+            f"in-place restart {live.attempt + number}/{limit}: a rank failed and every pod restarted its ranks "
+            f"from the last checkpoint; no pod was recreated ({number}/{budget} in place for these pods)"
+        )
+        p.event("Warning", "RestartedInPlace", message)
+        m.GANG_RESTARTS.inc()
 
 
 def _progress_verdict(

@@ -1,0 +1,165 @@
+"""The in-pod supervisors' coordinator: node rank 0's small shared state of the gang, and every node's client.
+
+Node rank 0's supervisor serves a `GangState` over HTTP (JSON) on the job's rendezvous port: the generation the
+gang runs, which nodes are ready for it, which have finished, and whether the gang gave up. Supervisors
+long-poll it (`wait`) so that a new generation reaches every node at once. `paralleljob_contract.supervisor`
+owns when the generation moves on; this module only keeps and serves the state. Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+POLL_SECONDS = 0.2
+# The longest a long poll of the coordinator is held.
+MAX_WAIT_SECONDS = 10.0
+# How long a supervisor waits for the coordinator (node rank 0's pod) before it takes the node as lost.
+COORDINATOR_TIMEOUT_SECONDS = 60.0
+
+
+def log(node_rank: int, message: str) -> None:
+    print(f"paralleljob-supervisor[node {node_rank}]: {message}", file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass
+class GangState:
+    """What the nodes agree on: the generation they run, who is ready for it, who finished, and whether the
+    gang gave up (`failed`, with the reason)."""
+
+    nodes: int
+    in_place_restarts: int
+    generation: int = 0
+    ready: dict[int, set[int]] = dataclasses.field(default_factory=dict)
+    finished: set[int] = dataclasses.field(default_factory=set)
+    failed: str | None = None
+    reasons: list[str] = dataclasses.field(default_factory=list)
+
+    def report_failure(self, generation: int, node: int, reason: str, permanent: bool) -> None:
+        """A rank of `node` failed in `generation`: restart in place while the budget lasts, else give up.
+        A report from an older generation is about a failure already acted on."""
+        if self.failed is not None or generation != self.generation:
+            return
+        if permanent or self.generation >= self.in_place_restarts:
+            spent = "" if permanent else f" (in-place restarts spent: {self.in_place_restarts})"
+            self.failed = f"node {node}: {reason}{spent}"
+            return
+        self.generation += 1
+        self.reasons.append(f"node {node}: {reason}")
+        # The one line per in-place restart, in node rank 0's log, that `paralleljob run` reads (IN_PLACE_LINE).
+        log(0, f"in-place restart {self.generation}/{self.in_place_restarts}: node {node}: {reason}")
+
+    def report_ready(self, generation: int, node: int) -> None:
+        self.ready.setdefault(generation, set()).add(node)
+
+    def settled(self, path: str, generation: int) -> bool:
+        """What a long poll at `generation` waits for: the gang gave up or moved on, and for `/ready` every
+        node ready, for `/state` every node finished."""
+        if self.failed is not None or self.generation != generation:
+            return True
+        if path == "/ready":
+            return len(self.ready.get(generation, ())) >= self.nodes
+        return len(self.finished) >= self.nodes
+
+    def view(self, generation: int) -> dict[str, Any]:
+        return {
+            "generation": self.generation,
+            "ready": len(self.ready.get(generation, ())),
+            "nodes": self.nodes,
+            "finished": len(self.finished),
+            "failed": self.failed,
+            "reasons": self.reasons,
+        }
+
+
+class Coordinator:
+    """Serves a GangState over HTTP on (host, port), in a thread of node rank 0's supervisor."""
+
+    def __init__(self, state: GangState, host: str, port: int) -> None:
+        self.state = state
+        changed = threading.Condition()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+                with changed:
+                    answer = apply_request(state, self.path, body)
+                    changed.notify_all()
+                    # A long poll: held until what the caller waits for happens, so that hundreds of nodes
+                    # learn of a new generation at once without polling node rank 0 several times a second.
+                    wait = min(float(body.get("wait", 0)), MAX_WAIT_SECONDS)
+                    if wait > 0:
+                        generation = int(body.get("generation", 0))
+                        changed.wait_for(lambda: state.settled(self.path, generation), timeout=wait)
+                        answer = state.view(generation)
+                payload = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        ThreadingHTTPServer.allow_reuse_address = True
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, name="coordinator", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def apply_request(state: GangState, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """One request to the coordinator: `/fail`, `/ready`, `/finished` or `/state`; the answer is the state."""
+    generation, node = int(body.get("generation", 0)), int(body.get("node", -1))
+    if path == "/fail":
+        state.report_failure(generation, node, str(body.get("reason", "")), bool(body.get("permanent")))
+    elif path == "/ready":
+        state.report_ready(generation, node)
+    elif path == "/finished":
+        state.finished.add(node)
+    return state.view(generation)
+
+
+class CoordinatorClient:
+    """A supervisor's view of the coordinator; `post` raises OSError when it cannot be reached."""
+
+    def __init__(self, host: str, port: int, node_rank: int) -> None:
+        self.url = f"http://{host}:{port}"
+        self.host, self.port = host, port
+        self.node_rank = node_rank
+        # The coordinator's last answer.
+        self.last: dict[str, Any] = {}
+
+    def post(self, path: str, generation: int, **fields: Any) -> dict[str, Any]:
+        body = json.dumps({"generation": generation, "node": self.node_rank, **fields}).encode()
+        request = urllib.request.Request(self.url + path, data=body, method="POST")
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=10 + float(fields.get("wait", 0))) as answer:
+            result: dict[str, Any] = json.loads(answer.read())
+        self.last = result
+        return result
+
+    def post_patiently(self, path: str, generation: int, **fields: Any) -> dict[str, Any]:
+        """`post`, retried while the coordinator is starting or briefly unreachable; OSError after the
+        coordinator timeout (its pod is gone)."""
+        deadline = time.monotonic() + COORDINATOR_TIMEOUT_SECONDS
+        while True:
+            try:
+                return self.post(path, generation, **fields)
+            except (OSError, urllib.error.URLError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(POLL_SECONDS)
