@@ -151,8 +151,10 @@ class FaultProxy:
 
     def stop(self) -> None:
         if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(10)
+            # The upstream session first: closing it ends the watches the proxy still relays, which the runner's
+            # cleanup would otherwise wait out.
             asyncio.run_coroutine_threadsafe(self._upstream.close(), self.loop).result(10)
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
 
@@ -181,7 +183,8 @@ class FaultProxy:
         )
         app = aiohttp.web.Application(client_max_size=8 * 2**20)
         app.router.add_route("*", "/{path:.*}", self._forward)
-        self._runner = aiohttp.web.AppRunner(app, access_log=None)
+        # A second for the handlers still relaying at `stop` (aiohttp waits a minute by default).
+        self._runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = aiohttp.web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=serving)
         await site.start()
