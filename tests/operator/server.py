@@ -223,6 +223,11 @@ class UpstreamServer:
         return self.proxy.held_verbs
 
     @property
+    def holding(self) -> list[tuple[str, str, str]]:
+        """(verb, resource, namespace) of the requests waiting on `held` now."""
+        return self.proxy.holding
+
+    @property
     def latency(self) -> dict[tuple[str, str], float]:
         return self.proxy.latency
 
