@@ -3,12 +3,7 @@ rule, a Warning Event, and nothing created for them, while the cluster has room 
 
 from __future__ import annotations
 
-import pytest
-
-from tests.operator.conftest import job_doc, wait_for
-
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
+from tests.operator.conftest import job_doc, made_here, wait_for
 
 ESCALATIONS = {
     "host-path-root": (
@@ -49,9 +44,9 @@ def test_each_escalation_is_refused_with_the_field_and_the_rule_and_nothing_is_c
     )
     assert refused == set(ESCALATIONS)
     assert cluster.core.list_namespaced_pod("research").items == []
-    assert cluster.core.list_namespaced_config_map("research").items == []
+    assert made_here(cluster.core.list_namespaced_config_map("research")) == []
     assert cluster.core.list_namespaced_service("research").items == []
-    assert cluster.core.list_namespaced_service_account("research").items == []
+    assert made_here(cluster.core.list_namespaced_service_account("research")) == []
 
 
 def _valid_condition(cluster, name):

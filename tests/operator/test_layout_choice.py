@@ -3,13 +3,8 @@ LayoutChosen condition and an Event, and a gang restart re-places that layout wi
 
 from __future__ import annotations
 
-import pytest
-
 from tests.operator.conftest import job_doc, wait_for
 from tests.operator.test_end_to_end import restarted
-
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
 
 
 def budget_job() -> dict:

@@ -6,12 +6,8 @@ is no longer counted as created."""
 from __future__ import annotations
 
 import kubernetes
-import pytest
 
 from tests.operator.conftest import job_doc, wait_for
-
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
 
 FOREIGN = {"team": "someone-else"}
 # Two nodes of 4 GPUs: small, so that the test stays quick.

@@ -3,14 +3,9 @@ NetworkReady condition, and the job fails at once instead of spending its restar
 
 from __future__ import annotations
 
-import pytest
-
 from paralleljob.manifests import labels
 from paralleljob_trainer import k8s_status, nccl_log
 from tests.operator.conftest import job_doc, wait_for
-
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
 
 # What the trainer writes to /dev/termination-log on a node without RDMA devices (paralleljob_trainer.preflight).
 NO_RDMA_DEVICE = (
@@ -57,7 +52,7 @@ def test_verify_fail_refuses_infiniband_on_nodes_without_rdma_before_creating_an
     assert cluster.pods() == []
 
 
-def test_rank_zeros_network_verdict_becomes_the_network_verified_condition(cluster, operator, emulator, tmp_path):
+def test_rank_zeros_network_verdict_becomes_the_network_verified_condition(cluster, operator, apiserver, tmp_path):
     cluster.add_nodes(4, allocatable={"rdma/ib": "4"})
     cluster.apply(job_doc(parallelism={"pipeline": 4, "tensor": 4, "data": 1}))
     wait_for(lambda: len(cluster.pods()) == 4, what="4 pods")
@@ -65,8 +60,8 @@ def test_rank_zeros_network_verdict_becomes_the_network_verified_condition(clust
     wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
     # Rank 0's reporter, with the token of the progress account the operator made for the job.
     token = tmp_path / "token"
-    token.write_text(emulator.token_for("research", labels.progress_account_name("gpt")) + "\n")
-    reporter = k8s_status.ProgressReporter(emulator.url, "research", "gpt", token_path=token, ca_path=emulator.ca)
+    token.write_text(apiserver.token_for("research", labels.progress_account_name("gpt")) + "\n")
+    reporter = k8s_status.ProgressReporter(apiserver.url, "research", "gpt", token_path=token, ca_path=apiserver.ca)
     # The first step record of an attempt, as training.py writes it after the warm-up collective.
     verdict = nccl_log.Verdict("False", "NoGPUDirectRDMA", "NCCL uses IB over 4 NICs without GPUDirect RDMA")
     reporter.on_step({"event": "step", "step": 10, "loss": 2.5, "network": verdict.to_record()})

@@ -9,9 +9,6 @@ import pytest
 
 from tests.operator.conftest import job_doc, wait_for
 
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
-
 ONE_NODE = {"parallelism": {"pipeline": 1, "tensor": 4, "data": 1}, "gpusPerNode": 4}
 
 
@@ -47,7 +44,7 @@ def test_a_node_not_ready_past_the_grace_period_restarts_the_gang(cluster, opera
 
 
 def test_the_only_pod_of_a_single_node_gang_is_not_force_deleted_until_its_node_is_out_of_service(
-    cluster, operator, emulator
+    cluster, operator, apiserver
 ):
     cluster.add_nodes(2)
     cluster.apply(job_doc(**ONE_NODE))

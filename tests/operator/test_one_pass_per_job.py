@@ -5,12 +5,8 @@ other, so no job gets two Events or two status writes for one change."""
 from __future__ import annotations
 
 import kubernetes
-import pytest
 
 from tests.operator.conftest import OPERATOR_AGENTS, finish_operator_passes, job_doc, wait_for
-
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
 
 # An admission policy refusal (the chart allows no PriorityClass by default) that also puts the job first in
 # every admission round it is offered to.
@@ -25,12 +21,12 @@ def operator_calls(server, verb: str, plural: str, namespace: str, since: int = 
     )
 
 
-def test_a_node_change_never_runs_a_second_pass_beside_an_invalid_jobs_own(cluster, emulator, operator):
-    server = emulator.server
+def test_a_node_change_never_runs_a_second_pass_beside_an_invalid_jobs_own(cluster, apiserver, operator):
+    server = apiserver
     priorities = kubernetes.client.SchedulingV1Api(cluster.client)
     priorities.create_priority_class({"metadata": {"name": "high"}, "value": 1000})
     # A job that waits for GPUs, in a namespace of its own (the recorded calls name namespaces, not objects).
-    cluster.core.create_namespace({"metadata": {"name": "waiting"}})
+    cluster.create_namespace("waiting")
     cluster.apply(job_doc("gpt", "waiting"))
     wait_for(
         lambda: any(c.get("reason") == "Unschedulable" for c in cluster.status("gpt", "waiting").get("conditions", [])),
@@ -39,7 +35,7 @@ def test_a_node_change_never_runs_a_second_pass_beside_an_invalid_jobs_own(clust
     # The invalid job's own pass is held at its one status write...
     server.held.add(("patch", "paralleljobs/status"))
     cluster.apply(job_doc("gpt", "research", **INVALID_AND_FIRST))
-    wait_for(lambda: operator_calls(server, "patch", "paralleljobs/status", "research"), what="the invalid job's pass")
+    wait_for(lambda: ("patch", "paralleljobs/status", "research") in server.holding, what="the invalid job's pass")
     # ... while a node change asks every waiting job to try again. Its admission round begins with the first job
     # in order it is given: proof that the recheck has reached the admission worker.
     mark = len(server.calls)

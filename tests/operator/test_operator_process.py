@@ -15,9 +15,6 @@ from paralleljob.k8s import informer, reads, session, writes
 from paralleljob.planning import usage
 from tests.operator.conftest import Operator, job_doc, wait_for
 
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
-
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -18,9 +18,6 @@ import pytest
 from paralleljob.api import crd
 from tests.operator.conftest import job_doc, wait_for
 
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
-
 KUBECTL = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
 
 
@@ -61,7 +58,7 @@ def printed_row(kubeconfig: Path, columns: list[dict]) -> dict[str, str]:
     return {column["name"]: row[start:end].strip() for column, start, end in zip(columns, starts, ends, strict=True)}
 
 
-def test_printer_columns_show_layout_gpus_phase_step_loss_restarts(cluster, operator, emulator):
+def test_printer_columns_show_layout_gpus_phase_step_loss_restarts(cluster, operator, apiserver):
     cluster.add_nodes(16)
     cluster.apply(job_doc())
     wait_for(lambda: len(cluster.pods()) == 16, what="pods")
@@ -79,7 +76,7 @@ def test_printer_columns_show_layout_gpus_phase_step_loss_restarts(cluster, oper
         {"status": {"progress": progress, "lastCheckpointStep": 40}},
     )
     columns = crd.build_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
-    row = printed_row(emulator.kubeconfig, columns)
+    row = printed_row(apiserver.kubeconfig, columns)
     assert row == row | {
         "Layout": "4x4x4",
         "GPUs": "64",

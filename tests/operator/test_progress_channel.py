@@ -1,15 +1,10 @@
 """Rank 0's progress channel cannot steer the operator: what it writes to its progress ConfigMap reaches
 status.progress only as validated numbers, and nothing it writes changes the phase, the placement or the
-restarts. (Which calls rank 0's token may make at all is tests/cluster's RBAC, see test_rank0_token.py.)"""
+restarts. (Which calls rank 0's token may make at all is the API server's RBAC, see test_progress_hook.py.)"""
 
 from __future__ import annotations
 
-import pytest
-
 from tests.operator.conftest import job_doc, wait_for
-
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
 
 TWO_NODES = {"parallelism": {"pipeline": 2, "tensor": 4, "data": 1}}
 

@@ -1,4 +1,4 @@
-"""Rank 0's progress hook against the strict API over HTTPS, with the token of the job's progress account and
+"""Rank 0's progress hook against the upstream API server over HTTPS, with the token of the job's progress account and
 RBAC enforced: progress reaches the job's progress ConfigMap, rate-limited, sent from a background thread so a
 slow API never holds up a step, and API failures never reach training. That token may patch that one ConfigMap
 and nothing else: not the job or its status, not another job's progress object, not Secrets. (That the operator
@@ -18,9 +18,6 @@ from paralleljob.manifests import rbac as progress_rbac
 from paralleljob_trainer import hooks, k8s_status
 from tests.operator.conftest import job_doc
 
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
-
 
 class FakeClock:
     def __init__(self) -> None:
@@ -31,15 +28,15 @@ class FakeClock:
 
 
 @pytest.fixture
-def reporter(cluster, emulator, tmp_path):
+def reporter(cluster, apiserver, tmp_path):
     """Rank 0's reporter with the token of the job's progress account, bound as the operator binds it."""
     job = cluster.apply(job_doc())
     for obj in [progress.build_config_map(job), *progress_rbac.build_progress_rbac(job)]:
         kubernetes.utils.create_from_dict(cluster.client, obj)
     token = tmp_path / "token"
-    token.write_text(emulator.token_for("research", labels.progress_account_name("gpt")) + "\n")
+    token.write_text(apiserver.token_for("research", labels.progress_account_name("gpt")) + "\n")
     return k8s_status.ProgressReporter(
-        emulator.url, "research", "gpt", token_path=token, ca_path=emulator.ca, interval=10, clock=FakeClock()
+        apiserver.url, "research", "gpt", token_path=token, ca_path=apiserver.ca, interval=10, clock=FakeClock()
     )
 
 
@@ -62,7 +59,7 @@ def test_progress_and_checkpoints_reach_the_progress_config_map(cluster, reporte
     assert "progress" not in cluster.status()
 
 
-def test_steps_are_rate_limited_and_the_last_one_is_flushed(cluster, reporter, emulator):
+def test_steps_are_rate_limited_and_the_last_one_is_flushed(cluster, reporter, apiserver):
     for n in range(1, 6):
         reporter.on_step(step(n))
     assert reporter.wait_sent(5)
@@ -76,13 +73,13 @@ def test_steps_are_rate_limited_and_the_last_one_is_flushed(cluster, reporter, e
     reporter.on_finish({"event": "summary"})
     assert reported(cluster)["step"] == "7"
     assert reporter.patches == 3
-    assert all(c[2] == "configmaps" for c in emulator.emulator.calls if c[0] == "patch")
+    assert all(c[2] == "configmaps" for c in apiserver.calls if c[0] == "patch")
 
 
-def test_a_stalled_api_never_holds_up_a_step_and_the_latest_report_wins(cluster, reporter, emulator):
+def test_a_stalled_api_never_holds_up_a_step_and_the_latest_report_wins(cluster, reporter, apiserver):
     """The API answers no status patch until the steps are done: if a step waited for the API, the steps would
     never finish. (How long a step takes under a slow API is measured in bench/progress_hook.py.)"""
-    emulator.server.held.add(("patch", "configmaps"))
+    apiserver.held.add(("patch", "configmaps"))
 
     def train() -> None:
         reporter.on_step(step(1))
@@ -96,7 +93,7 @@ def test_a_stalled_api_never_holds_up_a_step_and_the_latest_report_wins(cluster,
     steps.join(60)
     assert not steps.is_alive(), "a step waited for the API"
     assert reporter.patches == 0
-    emulator.server.held.clear()
+    apiserver.held.clear()
     reporter.on_finish({"event": "summary"})
     data = reported(cluster)
     assert (data["step"], data["lastCheckpointStep"]) == ("19", "18")
@@ -110,19 +107,19 @@ def test_the_hook_only_touches_its_progress_config_map(cluster, reporter):
     assert cluster.job()["spec"]["parallelism"]["pipeline"] == 4
 
 
-def test_the_progress_account_may_patch_only_its_own_jobs_progress_object(cluster, reporter, emulator):
+def test_the_progress_account_may_patch_only_its_own_jobs_progress_object(cluster, reporter, apiserver):
     cluster.core.create_namespaced_config_map("research", {"metadata": {"name": "other-progress"}})
     other = k8s_status.ProgressReporter(
-        emulator.url, "research", "other", token_path=reporter.token_path, ca_path=emulator.ca, interval=0
+        apiserver.url, "research", "other", token_path=reporter.token_path, ca_path=apiserver.ca, interval=0
     )
     other.on_step(step(1))
     assert other.wait_sent(5)
     assert other.patches == 0
-    assert emulator.server.denied == [
+    assert apiserver.denied == [
         'configmaps "other-progress" is forbidden: User "system:serviceaccount:research:gpt-progress" cannot '
         'patch resource "configmaps" in API group "" in the namespace "research"'
     ]
-    emulator.server.denied.clear()
+    apiserver.denied.clear()
 
 
 JOBS = "/apis/paralleljob.io/v1alpha1/namespaces/research/paralleljobs"
@@ -145,17 +142,17 @@ REFUSED = {
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=list(REFUSED))
-def test_rank_zeros_token_can_do_nothing_else(reporter, emulator, case):
+def test_rank_zeros_token_can_do_nothing_else(reporter, apiserver, case):
     method, path, body = REFUSED[case]
     headers = {"Authorization": f"Bearer {reporter.token_path.read_text().strip()}"}
     if method == "PATCH":
         headers["Content-Type"] = "application/merge-patch+json"
     reply = requests.request(
-        method, emulator.url + path, json=body, headers=headers, verify=str(emulator.ca), timeout=30
+        method, apiserver.url + path, json=body, headers=headers, verify=str(apiserver.ca), timeout=30
     )
     assert reply.status_code == 403, reply.text
     assert 'User "system:serviceaccount:research:gpt-progress" cannot' in reply.json()["message"]
-    emulator.server.denied.clear()
+    apiserver.denied.clear()
 
 
 def test_api_errors_never_reach_training(tmp_path, capsys):
@@ -168,10 +165,10 @@ def test_api_errors_never_reach_training(tmp_path, capsys):
     assert capsys.readouterr().err.count("status report failed") == 1
 
 
-def test_missing_job_is_reported_not_raised(emulator, tmp_path, capsys):
+def test_missing_job_is_reported_not_raised(apiserver, tmp_path, capsys):
     token = tmp_path / "token"
-    token.write_text(emulator.server.tokens.admin_token)
-    reporter = k8s_status.ProgressReporter(emulator.url, "research", "absent", token_path=token, ca_path=emulator.ca)
+    token.write_text(apiserver.admin_token)
+    reporter = k8s_status.ProgressReporter(apiserver.url, "research", "absent", token_path=token, ca_path=apiserver.ca)
     reporter.on_step(step(1))
     assert reporter.wait_sent(5)
     assert "404" in capsys.readouterr().err
@@ -194,24 +191,3 @@ def test_progress_is_rounded_for_kubectl_get(cluster, reporter):
     reporter.on_finish({"event": "summary"})
     data = reported(cluster)
     assert (data["loss"], data["tokensPerSecond"]) == ("3.0374", "5772.0")
-
-
-def test_a_checkpoint_request_reaches_rank_0_in_the_answer_to_its_own_patch_and_is_answered_once_saved(
-    cluster, reporter
-):
-    # The operator writes the request into the progress ConfigMap; rank 0's token may not read it.
-    cluster.core.patch_namespaced_config_map("gpt-progress", "research", {"data": {"checkpointRequest": "0-ab12"}})
-    assert reporter.checkpoint_request() is None, "nothing seen before rank 0 patches again"
-    reporter.on_step(step(11))
-    assert reporter.wait_sent(5)
-    assert reporter.checkpoint_request() == "0-ab12"
-    assert reporter.checkpoint_request() is None, "each request is handed to the trainer once"
-    caller = hooks.HookCaller([reporter])
-    reporter.on_step(step(12))
-    assert reporter.wait_sent(5)
-    assert caller.checkpoint_request() is None, "still the same request: not handed out again"
-    reporter.on_checkpoint({"event": "checkpoint", "step": 12, "path": "/checkpoints/12", "request": "0-ab12"})
-    assert reporter.wait_sent(5)
-    data = reported(cluster)
-    assert (data["lastCheckpointStep"], data["checkpointServed"]) == ("12", "0-ab12")
-    assert data["lastCheckpointTime"].endswith("Z")

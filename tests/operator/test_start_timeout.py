@@ -9,9 +9,6 @@ import pytest
 
 from tests.operator.conftest import Operator, job_doc, wait_for
 
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
-
 UNSCHEDULABLE = {
     "conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/17 nodes are available"}

@@ -11,19 +11,16 @@ import pytest
 
 from tests.operator.conftest import Operator, finish_operator_passes, install_operator_rbac, job_doc, wait_for
 
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
-
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
 VERDICTS = ("Admitted", "Placed", "Unschedulable")
 
 
 @pytest.fixture
-def operator(emulator, cluster, tmp_path):
+def operator(apiserver, cluster, tmp_path):
     """The operator of a team's release: it manages `research` only (the chart's RBAC for that namespace), so
     the squatting job below is another team's."""
-    kubeconfig = install_operator_rbac(emulator, cluster.client, ("research",))
-    process = Operator(emulator, tmp_path / "operator.log", kubeconfig, [*Operator.ARGS, "--namespace", "research"])
+    kubeconfig = install_operator_rbac(apiserver, cluster.client, ("research",))
+    process = Operator(apiserver, tmp_path / "operator.log", kubeconfig, [*Operator.ARGS, "--namespace", "research"])
     yield process.start()
     process.stop()
 
@@ -64,7 +61,7 @@ SQUATS = {
 @pytest.mark.parametrize("squat", SQUATS.values(), ids=SQUATS.keys())
 def test_a_status_patched_to_hold_nodes_reserves_nothing(cluster, operator, squat):
     cluster.add_nodes(2)
-    cluster.core.create_namespace({"metadata": {"name": "other-team"}})
+    cluster.create_namespace("other-team")
     cluster.apply(job_doc("squatter", "other-team", parallelism=TWO_NODES))
     patch_status(cluster, "squatter", "other-team", squat)
     cluster.apply(job_doc(parallelism=TWO_NODES))

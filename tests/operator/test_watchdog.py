@@ -10,9 +10,6 @@ from paralleljob.handlers import watchdog
 from paralleljob.k8s import timestamps
 from tests.operator.conftest import job_doc, wait_for
 
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
-
 NOW = datetime.datetime(2026, 1, 31, 12, 0, 0, tzinfo=datetime.UTC)
 
 

@@ -16,7 +16,7 @@ Faults (attributes of `FaultProxy`, safe to set from the test's thread):
   server), `held_verbs` (as `held`), and `rejects` (creates of a resource answered with this (HTTP status,
   reason, message) and never forwarded: an admission webhook or a quota that refuses).
 
-Every request is recorded in `calls` as (method, resource, namespace, user agent, status), and in `requests`
+A held request is in `holding` as (verb, resource, namespace) while it waits. Every request is recorded in `calls` as (method, resource, namespace, user agent, status), and in `requests`
 with its verb, group, subresource, name, and whether it was a delete with `gracePeriodSeconds=0` (a force delete).
 """
 
@@ -134,6 +134,7 @@ class FaultProxy:
         self.denied: list[str] = []  # the message of every 403 the server answered
         self.latency: dict[tuple[str, str], float] = {}
         self.held_verbs: set[tuple[str, str]] = set()
+        self.holding: list[tuple[str, str, str]] = []
         self.rejects: dict[str, tuple[int, str, str]] = {}
         self.port = 0
         self.loop = asyncio.new_event_loop()
@@ -151,8 +152,10 @@ class FaultProxy:
 
     def stop(self) -> None:
         if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(10)
+            # The upstream session first: closing it ends the watches the proxy still relays, which the runner's
+            # cleanup would otherwise wait out.
             asyncio.run_coroutine_threadsafe(self._upstream.close(), self.loop).result(10)
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
 
@@ -181,7 +184,8 @@ class FaultProxy:
         )
         app = aiohttp.web.Application(client_max_size=8 * 2**20)
         app.router.add_route("*", "/{path:.*}", self._forward)
-        self._runner = aiohttp.web.AppRunner(app, access_log=None)
+        # A second for the handlers still relaying at `stop` (aiohttp waits a minute by default).
+        self._runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = aiohttp.web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=serving)
         await site.start()
@@ -223,8 +227,7 @@ class FaultProxy:
             record(503)
             return self._refusal("the operator was killed here")
         await asyncio.sleep(self.latency.get((verb, full_resource), 0.0))
-        while (request.method, resource) in self.held or (verb, full_resource) in self.held_verbs:
-            await asyncio.sleep(0.05)
+        await self._wait_while_held(request.method, resource, verb, full_resource, namespace)
         if verb == "create" and full_resource in self.rejects:
             code, reason, message = self.rejects[full_resource]
             record(code)
@@ -254,6 +257,20 @@ class FaultProxy:
                 await response.write(chunk)
             await response.write_eof()
             return response
+
+    async def _wait_while_held(self, method: str, resource: str, verb: str, full_resource: str, namespace: str) -> None:
+        def held() -> bool:
+            return (method, resource) in self.held or (verb, full_resource) in self.held_verbs
+
+        if not held():
+            return
+        waiting = (verb, full_resource, namespace)
+        self.holding.append(waiting)
+        try:
+            while held():
+                await asyncio.sleep(0.05)
+        finally:
+            self.holding.remove(waiting)
 
     async def _chunks(self, upstream: aiohttp.ClientResponse, by_line: bool) -> Any:
         """The answer's body as it arrives; a watch's one event (line) at a time, so muting drops whole events."""
