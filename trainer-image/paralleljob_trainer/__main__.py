@@ -1,5 +1,6 @@
-"""`python -m paralleljob_trainer`: the entry point torchrun starts on every rank."""
+"""`python -m paralleljob_trainer`: the entry point a rank runs (the in-pod supervisor forks `cli:main` instead)."""
 
-from paralleljob_trainer.cli import exit_without_teardown, main
+from paralleljob_contract.supervisor import exit_without_teardown
+from paralleljob_trainer.cli import main
 
 exit_without_teardown(main())

@@ -11,13 +11,10 @@ stderr, on every rank.
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 from paralleljob_contract import environment
 from paralleljob_contract.environment import PodEnvironment
@@ -176,21 +173,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{failure.condition}=False {failure}", EXIT_NETWORK)
     training.shutdown()
     return 0
-
-
-def exit_without_teardown(code: int) -> NoReturn:
-    """End this rank with `code` as the interpreter would, less its teardown of every module and object.
-
-    A rank holds torch, DeepSpeed and torch._dynamo (the optimizers import it): tearing that down costs about
-    2 s of CPU per rank, paid by all ranks at once after the last step. Everything with an observable effect
-    still happens, in the interpreter's order: non-daemon threads are joined, atexit handlers run (logging's
-    flush among them), stdout and stderr are flushed. The process groups are already gone (`shutdown`).
-    multiprocessing ends its children the same way.
-    """
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
