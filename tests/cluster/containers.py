@@ -212,3 +212,39 @@ def send_signal(pid: int, signum: int) -> None:
     for process in family:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
+
+
+def shared_volume_folder(root: Path, namespace: str, volume: Mapping[str, Any], own: Path) -> Path:
+    """The folder a pod's volume lives in: a claim's and a host path's under `root`, shared by the pods that
+    name them; any other (emptyDir) the pod's `own` folder. Made if missing."""
+    if "persistentVolumeClaim" in volume:
+        own = root / "pvc" / namespace / volume["persistentVolumeClaim"]["claimName"]
+    elif "hostPath" in volume:
+        own = root / "host" / volume["hostPath"]["path"].lstrip("/")
+    own.mkdir(parents=True, exist_ok=True)
+    return own
+
+
+def terminated(code: int, started_at: str | None) -> dict[str, Any]:
+    """A container's `terminated` state for a process that ended with `code` (negative: killed by a signal)."""
+    exit_code = 128 - code if code < 0 else code  # killed by a signal: 128 + its number
+    return {
+        "exitCode": exit_code,
+        "reason": "Completed" if exit_code == 0 else "Error",
+        "startedAt": started_at,
+        "finishedAt": timestamps.now(),
+    }
+
+
+def grace_seconds(pod: Mapping[str, Any], cap: float) -> float:
+    """How long a deleted pod's processes get between SIGTERM and SIGKILL: its grace period, at most `cap`."""
+    return min(float(pod["metadata"].get("deletionGracePeriodSeconds") or 30), cap)
+
+
+def add_shm(mounts: list[dict[str, Any]], folder: Path) -> None:
+    """Give the container a writable /dev/shm of its own (`folder`/shm, mode 1777) unless a volume is mounted
+    there."""
+    if not any(mount["target"] == "/dev/shm" for mount in mounts):
+        (folder / "shm").mkdir(exist_ok=True)
+        (folder / "shm").chmod(0o1777)
+        mounts.append({"source": str(folder / "shm"), "target": "/dev/shm"})

@@ -129,12 +129,7 @@ class ProcessKubelet(apiserver.Controller):
             for item in items:
                 (path / item["path"]).write_text((source.get("data") or {}).get(item["key"], ""))
             return path
-        if "persistentVolumeClaim" in volume:
-            path = self.root / "pvc" / namespace / volume["persistentVolumeClaim"]["claimName"]
-        elif "hostPath" in volume:
-            path = self.root / "host" / volume["hostPath"]["path"].lstrip("/")
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return containers.shared_volume_folder(self.root, namespace, volume, path)
 
     def _service_account_folder(self, pod: dict[str, Any], folder: Path) -> Path:
         namespace = pod["metadata"].get("namespace") or ""
@@ -161,9 +156,7 @@ class ProcessKubelet(apiserver.Controller):
                 return None
             volumes[volume["name"]] = made
         mounts = containers.volume_mounts(container, volumes)
-        if not any(m["target"] == "/dev/shm" for m in mounts):
-            (folder / "shm").mkdir(exist_ok=True)
-            mounts.append({"source": str(folder / "shm"), "target": "/dev/shm"})
+        containers.add_shm(mounts, folder)
         if spec.get("automountServiceAccountToken", True):
             mounts.append(
                 {
@@ -292,13 +285,8 @@ class ProcessKubelet(apiserver.Controller):
             pod = self.server.lookup("pods", running.key[1] or "", running.key[2])
             if pod is None or pod["metadata"]["uid"] != running.uid:
                 return
-            exit_code = 128 - code if code < 0 else code  # killed by a signal: 128 + its number
-            terminated = {
-                "exitCode": exit_code,
-                "reason": "Completed" if exit_code == 0 else "Error",
-                "startedAt": running.started_at,
-                "finishedAt": timestamps.now(),
-            }
+            terminated = containers.terminated(code, running.started_at)
+            exit_code = terminated["exitCode"]
             status = {
                 "phase": "Succeeded" if exit_code == 0 else "Failed",
                 "conditions": self._conditions(pod, False),
@@ -316,9 +304,9 @@ class ProcessKubelet(apiserver.Controller):
     def _terminate(self, running: PodProcess, pod: dict[str, Any]) -> None:
         """Graceful deletion: SIGTERM now, SIGKILL when the grace period (at most `grace_cap`) has passed."""
         running.stopping = True
-        grace = float(pod["metadata"].get("deletionGracePeriodSeconds") or 30)
         self._signal(running, signal.SIGTERM)
-        asyncio.get_running_loop().call_later(min(grace, self.grace_cap), self._signal, running, signal.SIGKILL)
+        grace = containers.grace_seconds(pod, self.grace_cap)
+        asyncio.get_running_loop().call_later(grace, self._signal, running, signal.SIGKILL)
 
     # -- faults ------------------------------------------------------------------------------------------
 

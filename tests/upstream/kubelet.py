@@ -358,12 +358,7 @@ class Kubelet:
         if "projected" in volume:
             path.mkdir(parents=True, exist_ok=True)
             return path if self.projected(pod, path, volume) else None
-        if "persistentVolumeClaim" in volume:
-            path = self.root / "pvc" / namespace / volume["persistentVolumeClaim"]["claimName"]
-        elif "hostPath" in volume:
-            path = self.root / "host" / volume["hostPath"]["path"].lstrip("/")
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return containers.shared_volume_folder(self.root, namespace, volume, path)
 
     def mounts(
         self, pod: dict[str, Any], container: dict[str, Any], folder: Path, fs_group: int | None = None
@@ -375,10 +370,7 @@ class Kubelet:
                 return None
             volumes[volume["name"]] = made
         mounts = containers.volume_mounts(container, volumes)
-        if not any(m["target"] == "/dev/shm" for m in mounts):
-            (folder / "shm").mkdir(exist_ok=True)
-            (folder / "shm").chmod(0o1777)
-            mounts.append({"source": str(folder / "shm"), "target": "/dev/shm"})
+        containers.add_shm(mounts, folder)
         termination = container.get("terminationMessagePath") or "/dev/termination-log"
         (folder / "termination-log").touch()
         (folder / "termination-log").chmod(0o666)  # the container's user writes it
@@ -524,13 +516,8 @@ class Kubelet:
             pod = self.pods.get(running.uid)
             if running.node in self.silent or pod is None:
                 return  # a lost node reports nothing
-            exit_code = 128 - code if code < 0 else code  # killed by a signal: 128 + its number
-            terminated = {
-                "exitCode": exit_code,
-                "reason": "Completed" if exit_code == 0 else "Error",
-                "startedAt": running.started_at,
-                "finishedAt": timestamps.now(),
-            }
+            terminated = containers.terminated(code, running.started_at)
+            exit_code = terminated["exitCode"]
             message = (running.folder / "termination-log").read_bytes()[:TERMINATION_MESSAGE_LIMIT]
             if message:
                 terminated["message"] = message.decode(errors="replace")
@@ -555,9 +542,9 @@ class Kubelet:
     def terminate(self, running: Running, pod: dict[str, Any]) -> None:
         """Graceful deletion: SIGTERM now, SIGKILL when the grace period (at most GRACE_CAP_SECONDS) has passed."""
         running.stopping = True
-        grace = float(pod["metadata"].get("deletionGracePeriodSeconds") or 30)
         self.signal(running, signal.SIGTERM)
-        timer = threading.Timer(min(grace, GRACE_CAP_SECONDS), self.signal, (running, signal.SIGKILL))
+        grace = containers.grace_seconds(pod, GRACE_CAP_SECONDS)
+        timer = threading.Timer(grace, self.signal, (running, signal.SIGKILL))
         timer.daemon = True
         timer.start()
 
