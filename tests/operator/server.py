@@ -4,8 +4,8 @@ test in the roles the control plane leaves to nodes.
 
 What runs, and what the test plays:
 - etcd, kube-apiserver (authentication, RBAC, the CRD's schema and CEL, admission) and kube-controller-manager
-  (garbage collector, namespaces, ServiceAccount tokens) are the real ones. The controller-manager runs without
-  its node-lifecycle controller, and no kube-scheduler runs: the tests write their Nodes' status and bind the
+  (garbage collector, ServiceAccount tokens) are the real ones. The controller-manager runs without its
+  node-lifecycle and namespace controllers, and no kube-scheduler runs: the tests write their Nodes' status and bind the
   operator's pods themselves, as the scheduler and kubelets would (a test that needs the real scheduler starts
   one, `start_scheduler`);
 - `NodeAgent` watches every pod, keeps the history of their changes (`history`, as the tests replay it), and
@@ -17,7 +17,7 @@ What runs, and what the test plays:
 Tests share the cluster one after another: `reset` puts it back as it was after start-up (every namespace,
 Node, cluster role and binding, priority class, admission policy and kube-system Lease made since then goes),
 so each test starts from the cluster the one before it found. A namespace goes the way the namespace controller
-takes it, without waiting for that controller: deleted (so nothing new can be created in it), emptied of every
+takes it, but without that controller (which would race the next test's namespace of the same name): deleted (so nothing new can be created in it), emptied of every
 namespaced resource the server lists in its discovery, then finalized.
 """
 
@@ -44,8 +44,12 @@ from tests.upstream.proxy import FaultProxy
 REPO = controlplane.REPO
 CRD = REPO / "crds" / "paralleljob.io_paralleljobs.yaml"
 CRD_NAME = "paralleljobs.paralleljob.io"
-# The test writes Node status itself: no node-lifecycle controller to overrule it (nor taints to evict by).
-CONTROLLERS = "*,-node-lifecycle-controller"
+# The test writes Node status itself: no node-lifecycle controller to overrule it (nor taints to evict by). No
+# namespace controller either: `reset` empties and finalizes the tests' namespaces itself, and the next test makes
+# them again by the same names at once, while the namespace controller takes a deletion up five seconds later, by
+# name, and goes on deleting in whatever namespace of that name is being reset then and after it is made again
+# (CI lost the operator's ServiceAccount and a test's ConfigMap so; tests/operator/test_server_reset.py).
+CONTROLLERS = "*,-node-lifecycle-controller,-namespace-controller"
 KUBELET_AGENT = "paralleljob-test-node-agent"
 
 

@@ -1,0 +1,89 @@
+"""The reset between two operator tests (tests/operator/server.py) leaves the next test's namespace alone. Tests
+create their namespaces again by the same names at once, so nothing still deleting an old one by name may touch
+what the new one holds. The controller-manager's namespace controller did: it takes a namespace's deletion up five
+seconds after it sees it, by name, and if that finds the namespace of a later test being reset, it goes on
+deleting by name while the reset finishes and the test after creates the namespace again. On a loaded CI machine
+that took the operator's ServiceAccount, a test's foreign ConfigMap and a job's progress ServiceAccount mid-test.
+
+Here the namespace of a first test is reset; the namespace of a second one is filled and its deletion begun; if
+anything starts deleting what the second holds, the controller-manager is paused there, the reset finishes, a third
+test fills the namespace again, and the controller-manager resumes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import kubernetes
+
+from tests.operator.server import UpstreamServer
+
+NAMESPACE = "research"
+
+
+def makers(client: kubernetes.client.ApiClient) -> dict[str, tuple[Callable[..., object], Callable[..., object]]]:
+    """Kind -> (create in a namespace, list a namespace), for kinds the namespace controller deletes."""
+    core, rbac = kubernetes.client.CoreV1Api(client), kubernetes.client.RbacAuthorizationV1Api(client)
+    return {
+        "ConfigMap": (core.create_namespaced_config_map, core.list_namespaced_config_map),
+        "ServiceAccount": (core.create_namespaced_service_account, core.list_namespaced_service_account),
+        "Secret": (core.create_namespaced_secret, core.list_namespaced_secret),
+        "Service": (core.create_namespaced_service, core.list_namespaced_service),
+        "Role": (rbac.create_namespaced_role, rbac.list_namespaced_role),
+        "RoleBinding": (rbac.create_namespaced_role_binding, rbac.list_namespaced_role_binding),
+        "PodTemplate": (core.create_namespaced_pod_template, core.list_namespaced_pod_template),
+    }
+
+
+def body(kind: str, name: str) -> dict[str, object]:
+    extra: dict[str, dict[str, object]] = {
+        "Service": {"spec": {"clusterIP": "None"}},
+        "Role": {"rules": []},
+        "RoleBinding": {"roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}},
+        "PodTemplate": {"template": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}},
+    }
+    return {"metadata": {"name": name}, **extra.get(kind, {})}
+
+
+def fill(client: kubernetes.client.ApiClient, name: str) -> None:
+    for kind, (create, _) in makers(client).items():
+        create(NAMESPACE, body(kind, name))
+
+
+def holding(client: kubernetes.client.ApiClient, name: str) -> list[str]:
+    """The kinds of which the namespace holds the object `name`."""
+    return [
+        kind
+        for kind, (_, listing) in makers(client).items()
+        if name in {item.metadata.name for item in listing(NAMESPACE).items}
+    ]
+
+
+def test_a_namespace_made_again_after_a_reset_keeps_what_is_put_in_it(apiserver: UpstreamServer) -> None:
+    client, core = apiserver.client, apiserver.core
+    every_kind = list(makers(client))
+    controllers = apiserver.state.pids["kube-controller-manager"]
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    fill(client, "first")
+    apiserver.reset()
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    fill(client, "second")
+    core.delete_namespace(NAMESPACE)  # the second test's reset begins
+
+    # The first deletion is taken up five seconds after it: watch for 8 whether anything deletes the second's.
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline and holding(client, "second") == every_kind:
+        time.sleep(0.01)
+    os.kill(controllers, signal.SIGSTOP)
+    try:
+        apiserver.reset()
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        fill(client, "third")
+    finally:
+        os.kill(controllers, signal.SIGCONT)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and holding(client, "third") == every_kind:
+        time.sleep(0.1)
+    assert holding(client, "third") == every_kind
