@@ -59,10 +59,14 @@ def checkpoint_saved(folder: Path, step: int) -> bool:
     return latest.exists() and latest.read_text().strip() == f"global_step{step}"
 
 
-# Losses of a cluster run against one process: 1e-5 of the loss. The vocab-parallel head (issue 25) sums the
-# softmax over two ranks in another order than one process does; after a kill and a resume that rounding reached
-# 1.9e-5 on a loss of 3.9 (4.8e-6 of it) in one run of the upstream whole-product test, over the old absolute 1e-5.
-LOSS_TOLERANCE = {"rel": 1e-5, "abs": 1e-5}
+# Losses of a cluster run against one process: 1e-4 of the loss. Tensor parallelism sums in another order than
+# one process does (the vocab-parallel head's softmax over two ranks, each row-parallel layer's partial products),
+# and the rounding grows with every step trained on it: 4.8e-6 of the loss at step 12 in one run of the upstream
+# whole-product test, 2.8e-5 at step 22 in a CI run (a 4.18 loss 1.2e-4 off), both after a kill and a resume.
+# What this guards against is larger: one step of training moves this model's loss by 2.6e-4 of it at the least
+# and 2.1e-3 at the median even on synthetic data (24 steps of the reference), so a resume from the wrong step or a
+# mixed checkpoint shows on the steps after it.
+LOSS_TOLERANCE = {"rel": 1e-4, "abs": 1e-5}
 
 
 def losses(metrics: Path) -> dict[int, float]:
