@@ -105,6 +105,7 @@ def broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], st
         p.event("Warning", state.cause, state.reason)
     if state.network is not None:
         return _network_failed(p, pods, state, state.network)
+    p = _with_reported_in_place_restarts(p, resolved)
     limit = resolved.spec.failure_policy.backoff_limit
     counted = p.live.counted_restarts if p.live is not None else p.attempt
     if restarts_left(counted, limit):
@@ -207,7 +208,7 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
     if first_seen:
         p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
     elif found is not None:
-        _count_in_place_restarts(p, resolved, found, live)
+        p = dataclasses.replace(p, record=_count_in_place_restarts(p, resolved, found, live))
     verdict = _progress_verdict(p, resolved, started, reported.get("progress"))
     if verdict.hung:
         hung = gang.GangState("broken", state.ready, verdict.message, cause=watchdog.NO_PROGRESS)
@@ -234,16 +235,27 @@ def _rank0_config_map(p: Pass) -> Mapping[str, Any] | None:
     return found if found is not None and labels.owned_by(found, p.uid) else None
 
 
+def _with_reported_in_place_restarts(p: Pass, resolved: ResolvedJob) -> Pass:
+    """The pass with rank 0's in-place restarts counted, before a broken gang is restarted or failed: a report
+    that came after the last pass over the running gang would otherwise be lost with its pods."""
+    live = p.live
+    if live is None or not pod_manifests.in_place_budget(resolved, live.attempt):
+        return p
+    found = _rank0_config_map(p)
+    return p if found is None else dataclasses.replace(p, record=_count_in_place_restarts(p, resolved, found, live))
+
+
 def _count_in_place_restarts(
     p: Pass, resolved: ResolvedJob, found: Mapping[str, Any], live: records.AttemptRecord
-) -> None:
+) -> records.AttemptRecord:
     """The in-place restarts rank 0 reports for the live attempt, validated and within the attempt's budget,
-    into its record and the job's status, with one Event per restart counted."""
+    into its record and the job's status, with one Event per restart counted; the record as it is now."""
     budget = pod_manifests.in_place_budget(resolved, live.attempt)
     count = progress_channel.in_place_restarts_of(found, live.started_at, budget)
     if count is None or count <= live.in_place_restarts:
-        return
-    write_record(p, live.with_in_place_restarts(count))
+        return live
+    counted = live.with_in_place_restarts(count)
+    write_record(p, counted)
     limit = resolved.spec.failure_policy.backoff_limit
     before = int(p.status.get("inPlaceRestarts") or 0) - live.in_place_restarts
     write_status(p, {"restarts": live.attempt + count, "inPlaceRestarts": max(0, before) + count})
@@ -254,6 +266,7 @@ def _count_in_place_restarts(
         )
         p.event("Warning", "RestartedInPlace", message)
         m.GANG_RESTARTS.inc()
+    return counted
 
 
 def _progress_verdict(
