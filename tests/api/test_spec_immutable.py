@@ -14,7 +14,8 @@ CEL = celpy.Environment()
 
 
 def immutability_rule() -> dict:
-    (rule,) = [r for r in crd.spec_schema()["x-kubernetes-validations"] if "oldSelf" in r["rule"]]
+    # Every spec rule reads oldSelf now (each ratchets itself); this is the one with the immutability message.
+    (rule,) = [r for r in crd.spec_schema()["x-kubernetes-validations"] if r["message"] == rules.SPEC_IMMUTABLE_MESSAGE]
     return rule
 
 

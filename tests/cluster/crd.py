@@ -301,14 +301,30 @@ CEL_REASONS = {
 }
 
 
+class _Optional:
+    """`oldSelf` of a rule with optionalOldSelf: CEL's optional, as much of it as such a rule uses."""
+
+    def __init__(self, value: Any) -> None:
+        self.held = value
+
+
+# oldSelf.hasValue() and oldSelf.value(): cel-python calls a method `x.f()` as the function f(x).
+OPTIONAL_FUNCTIONS = {
+    "hasValue": lambda optional: celpy.celtypes.BoolType(optional.held is not None),
+    "value": lambda optional: optional.held,
+}
+
+
 @functools.cache
 def _program(expression: str) -> Any:
-    return CEL.program(CEL.compile(expression))
+    return CEL.program(CEL.compile(expression), functions=OPTIONAL_FUNCTIONS)
 
 
-def _evaluate(expression: str, self_value: Any, old_value: Any) -> Any:
-    activation = {"self": celpy.json_to_cel(self_value)}
-    if old_value is not None:
+def _evaluate(expression: str, self_value: Any, old_value: Any, optional_old: bool = False) -> Any:
+    activation: dict[str, Any] = {"self": celpy.json_to_cel(self_value)}
+    if optional_old:
+        activation["oldSelf"] = _Optional(celpy.json_to_cel(old_value) if old_value is not None else None)
+    elif old_value is not None:
         activation["oldSelf"] = celpy.json_to_cel(old_value)
     try:
         return _program(expression).evaluate(activation)
@@ -320,15 +336,18 @@ def cel_errors(schema: Mapping[str, Any], value: Any, old: Any, path: str) -> li
     """Every x-kubernetes-validations rule on this node and below. A transition rule (one that reads `oldSelf`)
     runs only on an update whose old object has a value at the same place, as the API server correlates them.
     Validation ratcheting (on by default since Kubernetes 1.30): a rule without oldSelf is not run on a value the
-    update leaves unchanged, so an object stored before a rule existed can still have its status written."""
+    update leaves unchanged (Kubernetes compares the whole value, which never matches one holding a map under
+    x-kubernetes-preserve-unknown-fields, so our spec rules ratchet themselves with optionalOldSelf). A rule with
+    optionalOldSelf runs on every write, its `oldSelf` an optional that is empty on a create."""
     errors = []
     unchanged = old is not None and value == old
     for rule in schema.get("x-kubernetes-validations") or []:
         expression = rule["rule"]
+        optional_old = bool(rule.get("optionalOldSelf"))
         transition = re.search(r"\boldSelf\b", expression) is not None
-        if (transition and old is None) or (unchanged and not transition):
+        if (transition and old is None and not optional_old) or (unchanged and not transition):
             continue
-        result = _evaluate(expression, value, old if transition else None)
+        result = _evaluate(expression, value, old if transition else None, optional_old)
         if isinstance(result, celpy.CELEvalError):
             errors.append(FieldError(path, "Invalid value", f"rule evaluation error: {result}", schema.get("type", "")))
         elif not bool(result):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from typing import Any
 
 import pytest
@@ -157,3 +158,68 @@ def test_the_crd_helm_installed_is_the_generated_one(chart: str, kubectl: Tool) 
     served = yaml.safe_load(kubectl("get", "crd", "paralleljobs.paralleljob.io", "-o", "yaml"))
     generated = yaml.safe_load((REPO / "crds" / "paralleljob.io_paralleljobs.yaml").read_text())
     assert copy.deepcopy(served["spec"]["versions"][0]["schema"]) == generated["spec"]["versions"][0]["schema"]
+
+
+# A job stored before one of its rules existed: a copy of the CRD in a group of its own (so the chart's stays as
+# helm installed it), first without the two rules, then as shipped.
+RATCHET_GROUP = "ratchet.paralleljob.io"
+ADDED_RULES = ("zero-with-pipeline", "layers-fill-stages")
+STORED_EARLIER = {
+    "zero2": {"spec.deepspeed.zero_optimization.stage": 2},
+    "layers": {"spec.model.layers": 1},
+}
+
+
+def regrouped(without: tuple[str, ...] = ()) -> dict[str, Any]:
+    doc = crd.build_crd()
+    doc["metadata"]["name"] = f"paralleljobs.{RATCHET_GROUP}"
+    doc["spec"]["group"] = RATCHET_GROUP
+    dropped = {rule.message for rule in rules.RULES if rule.name in without}
+    for version in doc["spec"]["versions"]:
+        spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        spec["x-kubernetes-validations"] = [r for r in spec["x-kubernetes-validations"] if r["message"] not in dropped]
+    return doc
+
+
+def test_a_job_stored_before_a_rule_existed_can_still_have_its_status_and_labels_written(
+    admin_api: Api, namespace: str
+) -> None:
+    definitions = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    jobs = f"/apis/{RATCHET_GROUP}/v1alpha1/namespaces/{namespace}/paralleljobs"
+    admin_api.create(definitions, regrouped(without=ADDED_RULES))
+    try:
+        stored = {}
+        for name, edits in STORED_EARLIER.items():
+            doc = job_of(edits) | {"apiVersion": f"{RATCHET_GROUP}/v1alpha1"}
+            doc["metadata"] = {"name": name}
+            stored[name] = wait_for_ok(lambda doc=doc: admin_api.send("POST", jobs, doc))
+        current = admin_api.ok(admin_api.send("GET", f"{definitions}/paralleljobs.{RATCHET_GROUP}"))
+        shipped = regrouped() | {"metadata": current["metadata"]}
+        admin_api.ok(admin_api.send("PUT", f"{definitions}/paralleljobs.{RATCHET_GROUP}", shipped))
+        for name, edits in STORED_EARLIER.items():
+            again = job_of(edits) | {"apiVersion": f"{RATCHET_GROUP}/v1alpha1", "metadata": {"name": f"{name}-new"}}
+            # The server refuses the same job now: the rules are in force.
+            wait_for_ok(lambda again=again: admin_api.send("POST", jobs, again, dryRun="All"), want=422)
+            # What the operator writes of a stored job: its status, and labels or annotations.
+            status = {"status": {"phase": "Failed", "message": "the spec breaks a rule"}}
+            admin_api.ok(admin_api.send("PATCH", f"{jobs}/{name}/status", status))
+            admin_api.ok(admin_api.send("PATCH", f"{jobs}/{name}", {"metadata": {"labels": {"seen": "yes"}}}))
+            # An edit of a field the rule does not read passes; one of a field it reads is judged again.
+            admin_api.ok(admin_api.send("PATCH", f"{jobs}/{name}", {"spec": {"training": {"steps": 7}}}))
+        response = admin_api.send(
+            "PATCH", f"{jobs}/zero2", {"spec": {"deepspeed": {"zero_optimization": {"stage": 3}}}}
+        )
+        assert response.status_code == 422 and "ZeRO stage 2 and 3" in response.text, response.text
+    finally:
+        admin_api.send("DELETE", f"{definitions}/paralleljobs.{RATCHET_GROUP}")
+
+
+def wait_for_ok(send: Any, want: int = 201, timeout: float = 30) -> dict[str, Any]:
+    """Send until the answer has status `want`: a CRD's new version is served a moment after it is stored."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = send()
+        if response.status_code == want or time.monotonic() > deadline:
+            assert response.status_code == want, response.text
+            return dict(response.json())
+        time.sleep(0.2)

@@ -5,6 +5,7 @@ form. The spec sections (`api.sections`) each declare theirs; `api.rules` gather
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,4 +30,49 @@ class Rule:
     cluster_only: bool = False
 
     def x_kubernetes_validation(self) -> dict[str, Any]:
-        return {"rule": self.cel, "message": self.message, "fieldPath": self.field_path, "reason": "FieldValueInvalid"}
+        """The CRD's form: the rule, passed on an update that leaves every field it reads unchanged."""
+        return {
+            "rule": f"({ratchet(self.cel)}) || ({self.cel})",
+            "optionalOldSelf": True,
+            "message": self.message,
+            "fieldPath": self.field_path,
+            "reason": "FieldValueInvalid",
+        }
+
+
+# A field the rule reads: `self.a.b`, less a method called on it (`self.template.labels.all(...)` reads labels).
+_READ = re.compile(r"\bself((?:\.[A-Za-z_]\w*)+)(\s*\()?")
+
+
+def fields_read(cel: str) -> tuple[str, ...]:
+    """The spec fields a rule reads, deepest only: `has(self.a) && self.a.b > 0` reads a.b."""
+    paths = set()
+    for found in _READ.finditer(cel):
+        parts = found.group(1)[1:].split(".")
+        if found.group(2):
+            parts = parts[:-1]
+        if parts:
+            paths.add(".".join(parts))
+    return tuple(sorted(path for path in paths if not any(other.startswith(path + ".") for other in paths)))
+
+
+def unchanged(path: str, old: str = "oldSelf") -> str:
+    """CEL: the field at `path` is set in both `self` and `old` or in neither, and equal when set (every level
+    guarded, since CEL errors on has(a.b) when a is absent)."""
+    parts = path.split(".")
+    prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+    def present(root: str) -> str:
+        return " && ".join(f"has({root}.{prefix})" for prefix in prefixes)
+
+    return f"(({present('self')}) == ({present(old)}) && (!({present('self')}) || self.{path} == {old}.{path}))"
+
+
+def ratchet(cel: str) -> str:
+    """CEL, with `optionalOldSelf`: an update that leaves every field the rule reads as it was. Kubernetes'
+    own ratcheting never applies to a spec rule of ours: it needs the whole spec to compare equal to the stored
+    one, and neither its walk nor CEL's `==` sees inside a map under x-kubernetes-preserve-unknown-fields
+    (spec.deepspeed), so a job stored before a rule existed could not be written at all, not even its status
+    (docs/operator.md). Compared field by field, scalars compare."""
+    reads = " && ".join(unchanged(path, "oldSelf.value()") for path in fields_read(cel))
+    return f"oldSelf.hasValue() && {reads}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from paralleljob.api import types as t
 from paralleljob.api.problems import Problem
-from paralleljob.api.rule import Check, Rule
+from paralleljob.api.rule import Check, Rule, unchanged
 from paralleljob.api.sections import checkpoint, deepspeed, model, parallelism, recovery, template, training
 from paralleljob.api.sections.deepspeed import zero_stage
 from paralleljob.api.sections.network import multi_node_nvlink
@@ -115,18 +115,7 @@ SPEC_IMMUTABLE_FIELDS = (
 )
 
 
-def _unchanged(path: str) -> str:
-    """CEL: the field at `path` is set in both or neither, and equal when set (every level guarded)."""
-    parts = path.split(".")
-    prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
-
-    def present(root: str) -> str:
-        return " && ".join(f"has({root}.{prefix})" for prefix in prefixes)
-
-    return f"(({present('self')}) == ({present('oldSelf')}) && (!({present('self')}) || self.{path} == oldSelf.{path}))"
-
-
-SPEC_IMMUTABLE_CEL = " && ".join(_unchanged(path) for path in SPEC_IMMUTABLE_FIELDS)
+SPEC_IMMUTABLE_CEL = " && ".join(unchanged(path) for path in SPEC_IMMUTABLE_FIELDS)
 
 
 SPEC_IMMUTABLE_MESSAGE = (
