@@ -230,8 +230,7 @@ def test_a_job_borrows_idle_quota_within_its_cohort(product: Product, namespace:
     )
     apply(
         product,
-        small_job("one", namespace, queue="team-a", steps=20),
-        small_job("two", namespace, queue="team-a", steps=20),
+        *(borrower(name, namespace) for name in ("one", "two")),
     )
 
     # Team a's quota is 1 GPU; its second job borrows team b's idle one: both are admitted and placed at once.
@@ -263,6 +262,15 @@ def test_a_job_borrows_idle_quota_within_its_cohort(product: Product, namespace:
     assert seen[-1]["borrowed"] == "1", seen[-1]
     for job in ("one", "two"):
         wait_for(product, f"{job} Succeeded", lambda job=job: phase(product, namespace, job) == "Succeeded", 300)
+
+
+def borrower(name: str, namespace: str) -> dict[str, Any]:
+    """A short job in team a's queue that tries again for as long as the other one runs: on this machine's one
+    network both gangs' coordinators listen on port 29500, so the second fails to start (Address already in use)
+    until the first is done (a cluster gives each pod its own network). Three restarts were not enough for it."""
+    job = small_job(name, namespace, queue="team-a", steps=6)
+    job["spec"]["failurePolicy"] = {"backoffLimit": 30}
+    return job
 
 
 def test_a_gang_the_admitted_flavour_cannot_hold_gives_the_quota_back(product: Product, namespace: str) -> None:
@@ -330,9 +338,13 @@ def test_preemption_checkpoints_the_lower_priority_job_which_resumes_on_the_same
     assert "CheckpointRequested" in events and "Evicted" in events, events
     record = json.loads(get(product, f"/api/v1/namespaces/{namespace}/configmaps/low-config")["data"]["attempt.json"])
     assert record["evicted"] and record["eviction"]["reason"] == "Preempted", record
-    saved = [json.loads(line) for line in metrics.read_text().splitlines() if '"request"' in line]
-    assert saved and saved[-1]["event"] == "checkpoint" and 3 < saved[-1]["step"] < 20, "the requested checkpoint"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    saved = [r for r in records if r.get("event") == "checkpoint" and "request" in r]
+    assert saved and saved[-1]["step"] > 3, "the requested checkpoint"
     requested_step = saved[-1]["step"]
+    # It saved progress no scheduled checkpoint had (a loaded machine took the request past step 20 once).
+    scheduled = [r["step"] for r in records if r.get("event") == "checkpoint" and "request" not in r]
+    assert requested_step > max((step for step in scheduled if step <= requested_step), default=0), records
 
     wait_for(product, "high Succeeded", lambda: phase(product, namespace, "high") == "Succeeded", 300)
     wait_for(product, "low Succeeded", lambda: phase(product, namespace, "low") == "Succeeded", 400)
