@@ -5,10 +5,7 @@ from __future__ import annotations
 import kubernetes
 import pytest
 
-from tests.operator.conftest import finish_operator_passes, job_doc, operator_requests, wait_for
-
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
+from tests.operator.conftest import finish_operator_passes, job_doc, made_here, operator_requests, wait_for
 
 ZERO_2_WITH_PIPELINE = {
     "deepspeed": {
@@ -24,7 +21,7 @@ CHECKPOINT_WITHOUT_VOLUME = {"checkpoint": {"intervalSteps": 10}}
 
 def stored_before_the_rule_existed(cluster, doc):
     """The API refuses this job now (the CRD's CEL rule); one stored under an older CRD without the rule."""
-    cluster.emulator.call(cluster.emulator.server.add_unchecked("paralleljob.io", "v1alpha1", "paralleljobs", doc))
+    cluster.server.add_unchecked(doc)
 
 
 def applied(cluster, doc):
@@ -40,7 +37,7 @@ def applied(cluster, doc):
     ],
     ids=["api-rule-of-a-newer-crd", "template-env-overrides-the-operator", "checkpoint-without-a-volume"],
 )
-def test_invalid_job_gets_a_condition_an_event_and_nothing_else(cluster, operator, emulator, spec, write, mentions):
+def test_invalid_job_gets_a_condition_an_event_and_nothing_else(cluster, operator, spec, write, mentions):
     write(cluster, job_doc(**spec))
     status = wait_for(lambda: cluster.status().get("conditions") and cluster.status(), what="a condition")
     valid = status["conditions"][0]
@@ -51,7 +48,7 @@ def test_invalid_job_gets_a_condition_an_event_and_nothing_else(cluster, operato
     # Two more changes to the job, each answered by a pass that reads it; once both passes are seen, every
     # earlier pass (the one our own status patch triggered included) has ended: none may have written again.
     finish_operator_passes(cluster)
-    calls = operator_requests(emulator)
+    calls = operator_requests(cluster.server)
     writes = [c for c in calls if c[0] in {"create", "patch", "delete"}]
     assert len(writes) == 2, writes  # one status patch and one Event: an invalid job is never retried
     # Our own reads: the job and its attempt record (the ConfigMap, none here) once per pass, nothing else;
@@ -64,7 +61,7 @@ def test_invalid_job_gets_a_condition_an_event_and_nothing_else(cluster, operato
     lists = [r for r in reads if r[0] == "list"]
     assert sorted(lists) == [("list", "", "nodes"), ("list", "", "pods"), ("list", "", "pods")], lists
     assert cluster.pods() == []
-    assert cluster.core.list_namespaced_config_map("research").items == []
+    assert made_here(cluster.core.list_namespaced_config_map("research")) == []  # the cluster's root CA only
 
 
 def test_an_invalid_edit_to_a_running_job_keeps_the_running_attempt(cluster, operator):
