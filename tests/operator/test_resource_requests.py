@@ -47,3 +47,16 @@ def test_a_node_whose_cpu_another_pod_holds_is_avoided(cluster, operator):
     assert len(pods) == 2
     refused = [c for p in pods for c in p["status"].get("conditions") or [] if c["status"] == "False"]
     assert refused == []
+
+
+def test_a_missing_checkpoint_claim_is_named_in_the_status_while_the_pods_wait(cluster, operator):
+    # kube-scheduler binds no pod whose PersistentVolumeClaim does not exist; the job says which claim, at once,
+    # rather than nothing until its start timeout.
+    cluster.add_nodes(2)
+    cluster.apply(job_doc(parallelism=TWO_NODES))  # checkpoints on the claim `ckpt`, which nobody created
+    status = wait_for(
+        lambda: 'persistentvolumeclaim "ckpt" not found' in cluster.status().get("message", "") and cluster.status(),
+        what="the status naming the missing claim",
+    )
+    assert status["phase"] == "Pending", status
+    assert [p["spec"].get("nodeName") for p in cluster.pods()] == [None, None], "no pod bound"
