@@ -66,3 +66,31 @@ def test_the_admission_policy_and_pod_security_reach_the_operator() -> None:
 
 def reconcile_settings(args: Any) -> tuple[policy.AdmissionPolicy, security.PodSecurity]:
     return operator_command.policy_of(args), operator_command.pod_security_of(args)
+
+
+RECOVERY = {
+    "startTimeoutSeconds": 900,
+    "containerCreatingTimeoutSeconds": 2400,
+    "imagePullRetries": 5,
+    "notReadyGraceSeconds": 45,
+    "forceDeleteAfterSeconds": 30,
+    "restartHoldSeconds": 0,
+    "resyncPeriodSeconds": 20,
+}
+RECOVERY_FLAGS = (
+    "start_timeout",
+    "container_creating_timeout",
+    "image_pull_retries",
+    "not_ready_grace",
+    "force_delete_after",
+    "restart_hold",
+    "resync_period",
+)
+
+
+def test_the_charts_recovery_defaults_are_the_binarys_and_its_values_reach_the_operator() -> None:
+    binary = cli.build_parser().parse_args(["operator"])
+    defaults = parse_rendered_args({})
+    assert [getattr(defaults, flag) for flag in RECOVERY_FLAGS] == [getattr(binary, flag) for flag in RECOVERY_FLAGS]
+    custom = parse_rendered_args({"recovery": RECOVERY})
+    assert [getattr(custom, flag) for flag in RECOVERY_FLAGS] == list(RECOVERY.values())

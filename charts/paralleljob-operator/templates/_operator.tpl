@@ -26,6 +26,15 @@ its arguments. tests/chart/test_operator_args.py parses them with the operator's
 - {{ printf "--forbidden-env=%s" (join "," .Values.policy.forbiddenEnv) | quote }}
 - {{ printf "--allowed-priority-classes=%s" (join "," .Values.policy.allowedPriorityClasses) | quote }}
 - {{ printf "--allowed-metadata-domains=%s" (join "," .Values.policy.allowedMetadataDomains) | quote }}
+{{- with .Values.recovery }}
+- --start-timeout={{ .startTimeoutSeconds }}
+- --container-creating-timeout={{ .containerCreatingTimeoutSeconds }}
+- --image-pull-retries={{ .imagePullRetries }}
+- --not-ready-grace={{ .notReadyGraceSeconds }}
+- --force-delete-after={{ .forceDeleteAfterSeconds }}
+- --restart-hold={{ .restartHoldSeconds }}
+- --resync-period={{ .resyncPeriodSeconds }}
+{{- end }}
 - --pod-run-as-user={{ .Values.jobPods.runAsUser }}
 - --pod-run-as-group={{ .Values.jobPods.runAsGroup }}
 - --pod-fs-group={{ .Values.jobPods.fsGroup }}
