@@ -55,12 +55,20 @@ def watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> 
 
 
 def lost_past_grace(p: Pass, nodes: Sequence[str | None]) -> tuple[dict[str, str], float | None]:
-    """Of these nodes, the lost ones that break the gang now: deleted ones, and NotReady ones past the grace
-    period (counted from the Ready condition's transition as the API server reports it); with when the next
-    one falls due."""
+    """Of these nodes, the lost ones that break the gang now: deleted ones, ones tainted out-of-service (shut
+    down, as Kubernetes' non-graceful node shutdown declares: the pod garbage collector deletes their pods at
+    once), and NotReady ones past the grace period (counted from the Ready condition's transition as the API
+    server reports it); with when the next one falls due."""
     lost = lost_nodes(p, nodes)
+    shut_down = p.nodes.snapshot.out_of_service
+    for node in lost.keys() & shut_down:
+        lost[node] = "is NotReady and tainted out-of-service"
     now, since = p.session.server_now(), p.nodes.snapshot.not_ready_since
-    ages = {node: timestamps.seconds_since(since.get(node), now) or 0.0 for node in lost if node in p.nodes.not_ready}
+    ages = {
+        node: timestamps.seconds_since(since.get(node), now) or 0.0
+        for node in lost
+        if node in p.nodes.not_ready and node not in shut_down
+    }
     return breaking_nodes(lost, ages, p.settings.not_ready_grace_seconds)
 
 
