@@ -133,3 +133,30 @@ def report_checkpoint(cluster, step: int) -> None:
     """What rank 0's progress hook does after a checkpoint: merge-patch the job's progress ConfigMap."""
     data = {"step": str(step), "lastCheckpointStep": str(step)}
     cluster.core.patch_namespaced_config_map("gpt-progress", "research", {"data": data})
+
+
+def test_a_not_ready_nodes_pod_is_replaced_without_waiting_out_its_grace_period(cluster, operator):
+    # A NotReady node's kubelet honours no termination grace period: the lost rank's old pod is force-deleted
+    # --force-delete-after (1 s here) after its deletion is asked, not after its 30 s deadline as well.
+    cluster.add_nodes(6)
+    cluster.apply(job_doc(**FOUR_NODES_ONE_SPARE))
+    status = cluster.start_running(pods=4)
+    (spare,) = status["spareNodes"]
+    lost = next(entry["node"] for entry in status["placement"] if entry["nodeRank"] == 2)
+    old = next(pod for pod in cluster.pods() if pod["metadata"]["name"] == "gpt-2")["metadata"]["uid"]
+
+    cluster.set_node_ready(lost, False)
+
+    def deleting() -> dict | None:
+        found = [pod for pod in cluster.pods() if pod["metadata"]["uid"] == old]
+        return found[0]["metadata"] if found and found[0]["metadata"].get("deletionTimestamp") else None
+
+    deadline = wait_for(deleting, timeout=30, what="the lost rank's pod deleted")["deletionTimestamp"]
+
+    def made_again() -> dict | None:
+        found = [pod for pod in cluster.pods() if pod["metadata"]["name"] == "gpt-2"]
+        return found[0] if found and found[0]["metadata"]["uid"] != old else None
+
+    new = wait_for(made_again, timeout=60, what="gpt-2 made again on the spare")
+    assert new["metadata"]["labels"]["paralleljob.io/node"] == spare
+    assert new["metadata"]["creationTimestamp"] < deadline, (new["metadata"]["creationTimestamp"], deadline)

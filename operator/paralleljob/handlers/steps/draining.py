@@ -15,11 +15,12 @@ from paralleljob.handlers.passes import (
     Outcome,
     Pass,
     delete_pods,
+    deleting_for,
     is_terminating,
     lost_nodes,
     write_status,
 )
-from paralleljob.k8s import timestamps, writes
+from paralleljob.k8s import writes
 from paralleljob.manifests import labels
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def drain(p: Pass, stale: Sequence[Mapping[str, Any]]) -> Outcome:
             alone_on_partitioned_node=_only_pod_of_gang(pod)
             and node in p.nodes.not_ready
             and node not in p.nodes.snapshot.out_of_service,
-            deleting_for=timestamps.seconds_since(pod["metadata"]["deletionTimestamp"], p.session.server_now()) or 0.0,
+            deleting_for=deleting_for(p, pod),
             force_after=force_after,
         )
         if action == WAIT_FOR_NODE:

@@ -25,8 +25,8 @@ from typing import Any
 from paralleljob import planning
 from paralleljob.api import ResolvedJob
 from paralleljob.handlers import gang
-from paralleljob.handlers.passes import Outcome, Pass, is_terminating, write_record, write_status
-from paralleljob.k8s import reads, timestamps, writes
+from paralleljob.handlers.passes import Outcome, Pass, deleting_for, is_terminating, write_record, write_status
+from paralleljob.k8s import reads, writes
 from paralleljob.manifests import children as child_objects
 from paralleljob.manifests import configmap, labels, records
 from paralleljob.manifests import progress as progress_channel
@@ -164,8 +164,7 @@ def _remove_old_pods(p: Pass, old: Sequence[Mapping[str, Any]]) -> Outcome:
             writes.delete_pod(p.session, p.namespace, name)
             continue
         # On a NotReady node the kubelet cannot confirm the deletion: force it once overdue, as draining does.
-        since = timestamps.seconds_since(pod["metadata"]["deletionTimestamp"], p.session.server_now()) or 0.0
-        overdue = since - p.settings.force_delete_after_seconds
+        overdue = deleting_for(p, pod) - p.settings.force_delete_after_seconds
         if overdue >= 0:
             writes.delete_pod(p.session, p.namespace, name, force=True)
         else:
