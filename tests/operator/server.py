@@ -501,10 +501,11 @@ def install_crd(state: controlplane.State) -> None:
 
 def started(folder: Path) -> Iterator[UpstreamServer]:
     """The worker's control plane, up until the generator is closed."""
-    state = controlplane.up(folder, CONTROLLERS, scheduler=False)
+    # The CRD before the controller-manager: its garbage collector collects a deleted job's dependents from the
+    # start (tests/upstream/controlplane.py, `up`).
+    state = controlplane.up(folder, CONTROLLERS, scheduler=False, before_controllers=install_crd)
     proxy = agent = None
     try:
-        install_crd(state)
         proxy = FaultProxy(state).start()
         agent = NodeAgent(state).start()
         yield UpstreamServer(state, proxy, agent, folder)
