@@ -27,6 +27,8 @@ import contextlib
 import copy
 import datetime
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -163,6 +165,7 @@ class UpstreamServer:
         self.namespaced = namespaced_collections(self.client)
         self._requests_mark = 0
         self._scheduler_pid: int | None = None
+        self._resume: threading.Timer | None = None
 
     # -- where clients connect ----------------------------------------------------------------------------
 
@@ -320,6 +323,22 @@ class UpstreamServer:
             }
             extensions.replace_custom_resource_definition(CRD_NAME, restored)
 
+    # -- a garbage collector that comes late ---------------------------------------------------------------
+
+    def pause_controllers(self, seconds: float) -> None:
+        """Stop kube-controller-manager (SIGSTOP) for `seconds`, then let it go on (SIGCONT): the dependents of an
+        owner deleted meanwhile stay until then, and its garbage collector deletes them at once after, as a busy
+        collector would some time after the delete."""
+        pid = self.state.pids["kube-controller-manager"]
+        os.kill(pid, signal.SIGSTOP)
+        self._resume = threading.Timer(seconds, self._resume_controllers)
+        self._resume.daemon = True
+        self._resume.start()
+
+    def _resume_controllers(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.state.pids["kube-controller-manager"], signal.SIGCONT)
+
     # -- a scheduler, for the tests that want one -----------------------------------------------------------
 
     def start_scheduler(self) -> None:
@@ -364,6 +383,10 @@ class UpstreamServer:
         self.proxy.rejects.clear()
         self.proxy.muted.clear()
         self.proxy.clock_offset = 0.0
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
+            self._resume_controllers()
         if self._scheduler_pid is not None:
             controlplane.stop_process(self._scheduler_pid)
             self._scheduler_pid = None
@@ -501,10 +524,11 @@ def install_crd(state: controlplane.State) -> None:
 
 def started(folder: Path) -> Iterator[UpstreamServer]:
     """The worker's control plane, up until the generator is closed."""
-    state = controlplane.up(folder, CONTROLLERS, scheduler=False)
+    # The CRD before the controller-manager: its garbage collector collects a deleted job's dependents from the
+    # start (tests/upstream/controlplane.py, `up`).
+    state = controlplane.up(folder, CONTROLLERS, scheduler=False, before_controllers=install_crd)
     proxy = agent = None
     try:
-        install_crd(state)
         proxy = FaultProxy(state).start()
         agent = NodeAgent(state).start()
         yield UpstreamServer(state, proxy, agent, folder)

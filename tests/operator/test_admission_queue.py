@@ -28,9 +28,6 @@ from tests.operator.conftest import (
     wait_for,
 )
 
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
-
 SETTINGS = reconcile.Settings(image="trainer:test")
 
 # Two 4-GPU nodes per job: quick to create, bind and judge.
@@ -182,13 +179,13 @@ def test_a_waiting_job_ahead_is_not_tried_again_while_the_cluster_has_no_more_ro
     assert passes == [("first", 1), ("last", 1), ("first", 2), ("last", 2)]
 
 
-def cluster_wide_pod_lists(emulator: Any) -> int:
-    return sum(1 for call in operator_calls(emulator) if call == ("list", "", "pods", ""))
+def cluster_wide_pod_lists(apiserver: Any) -> int:
+    return sum(1 for call in operator_calls(apiserver) if call == ("list", "", "pods", ""))
 
 
-def cluster_wide_record_lists(emulator: Any) -> int:
+def cluster_wide_record_lists(apiserver: Any) -> int:
     """The operator's cluster-wide reads of the attempt records that reserve nodes (label-selected ConfigMaps)."""
-    return sum(1 for call in operator_requests(emulator) if call == ("list", "", "configmaps", ""))
+    return sum(1 for call in operator_requests(apiserver) if call == ("list", "", "configmaps", ""))
 
 
 def quiet(count: Callable[[], int], seconds: float = 1.5) -> int:
@@ -235,7 +232,7 @@ def operator_args() -> tuple[str, ...]:
     return (*Operator.ARGS, "--allowed-priority-classes=high")
 
 
-def test_freed_gpus_go_to_the_first_job_in_order_and_no_admission_lists_every_pod(cluster, operator, emulator):
+def test_freed_gpus_go_to_the_first_job_in_order_and_no_admission_lists_every_pod(cluster, operator, apiserver):
     scheduling = kubernetes.client.SchedulingV1Api(cluster.core.api_client)
     scheduling.create_priority_class({"metadata": {"name": "high"}, "value": 1000})
     cluster.add_nodes(2)
@@ -255,23 +252,23 @@ def test_freed_gpus_go_to_the_first_job_in_order_and_no_admission_lists_every_po
     for name in waiting:
         wait_for(lambda n=name: scheduled(cluster, n).get("reason") == "Unschedulable", what=f"{name} waiting")
 
-    pod_lists, record_lists = cluster_wide_pod_lists(emulator), cluster_wide_record_lists(emulator)
+    pod_lists, record_lists = cluster_wide_pod_lists(apiserver), cluster_wide_record_lists(apiserver)
     # A label change wakes every waiting job: a recheck lists the reserving records once, then each waiting
     # job's admission pass lists them (reservations), and none lists the pods of the cluster.
     cluster.core.patch_node("gpu-000", {"metadata": {"labels": {"example.com/relabelled": "true"}}})
-    wait_for(lambda: cluster_wide_record_lists(emulator) >= record_lists + 1 + len(waiting), what="admission passes")
-    assert cluster_wide_pod_lists(emulator) == pod_lists
+    wait_for(lambda: cluster_wide_record_lists(apiserver) >= record_lists + 1 + len(waiting), what="admission passes")
+    assert cluster_wide_pod_lists(apiserver) == pod_lists
 
     # With no more room than the waiting jobs were judged against, a job offered alone costs one round: the
     # round's read of the reservations and its own pass's; the jobs ahead of it are not tried again.
-    record_lists = quiet(lambda: cluster_wide_record_lists(emulator))
+    record_lists = quiet(lambda: cluster_wide_record_lists(apiserver))
     touch_job(cluster, "a-default-oldest", "1")
-    assert quiet(lambda: cluster_wide_record_lists(emulator)) == record_lists + 2
+    assert quiet(lambda: cluster_wide_record_lists(apiserver)) == record_lists + 2
 
     # From here every list of the records takes 3 s, so that the recheck that the holder's end requests offers
     # the waiting jobs late; meanwhile the last job in order is offered alone (any change of it brings a pass)
     # and its admission pass sees the freed GPUs. They must still go to the first job in order.
-    emulator.emulator.latency[("list", "configmaps")] = 3.0
+    apiserver.latency[("list", "configmaps")] = 3.0
     cluster.set_pod_phase("holder-0", "Succeeded")
     wait_for(lambda: cluster.status("holder").get("phase") == "Succeeded", what="the holder's end")
     finished = lambda: all(pod["status"].get("phase") == "Succeeded" for pod in cluster.pods("holder"))  # noqa: E731
@@ -284,7 +281,7 @@ def test_freed_gpus_go_to_the_first_job_in_order_and_no_admission_lists_every_po
         assert scheduled(cluster, name).get("reason") == "Unschedulable"
 
 
-def test_a_released_reservation_goes_to_the_first_job_in_order(cluster, operator, emulator):
+def test_a_released_reservation_goes_to_the_first_job_in_order(cluster, operator, apiserver):
     # The holder is placed but its pods are not bound: it holds its nodes by its reservation alone, which
     # goes when it is deleted, with no change the watches see. The jobs waiting ahead of a job offered alone
     # must be tried again all the same.
@@ -297,9 +294,9 @@ def test_a_released_reservation_goes_to_the_first_job_in_order(cluster, operator
         time.sleep(1.05)  # creation times have whole seconds
     for name in waiting:
         wait_for(lambda n=name: scheduled(cluster, n).get("reason") == "Unschedulable", what=f"{name} waiting")
-    quiet(lambda: cluster_wide_record_lists(emulator))
+    quiet(lambda: cluster_wide_record_lists(apiserver))
 
-    emulator.emulator.latency[("list", "configmaps")] = 3.0  # the recheck the deletion requests comes late
+    apiserver.latency[("list", "configmaps")] = 3.0  # the recheck the deletion requests comes late
     cluster.custom.delete_namespaced_custom_object("paralleljob.io", "v1alpha1", "research", "paralleljobs", "holder")
     wait_for(lambda: job_gone(cluster, "holder"), what="the holder gone")
     touch_job(cluster, "second", "1")
@@ -307,12 +304,12 @@ def test_a_released_reservation_goes_to_the_first_job_in_order(cluster, operator
     assert wait_for(started, timeout=30, what="a waiting job started") == ["first"]
 
 
-def test_an_admission_pass_still_counts_the_reservations_its_round_began_with(cluster, emulator):
+def test_an_admission_pass_still_counts_the_reservations_its_round_began_with(cluster, apiserver):
     # GPUs released during a round go to the next round, in order: a pass late in the round still counts what
     # the round began with, though the job that held it is gone when the pass reads the jobs.
     cluster.add_nodes(2)
     cluster.apply(job_doc("late", parallelism=TWO_NODES))
-    session = k8s_session.connect(str(install_operator_rbac(emulator, cluster.client)))
+    session = k8s_session.connect(str(install_operator_rbac(apiserver, cluster.client)))
     view = fresh_view(cluster)
     began_with = frozenset(Reservation(node, 4, "research/released-meanwhile") for node in view.known)
     assert reconcile.reconcile(session, SETTINGS, "research", "late", view).step == "awaiting-admission"
@@ -323,17 +320,17 @@ def test_an_admission_pass_still_counts_the_reservations_its_round_began_with(cl
     assert reconcile.reconcile(session, SETTINGS, "research", "late", view, admit=True).step == "admitted"
 
 
-def test_a_gang_restart_does_not_wait_behind_admissions(cluster, operator, emulator):
+def test_a_gang_restart_does_not_wait_behind_admissions(cluster, operator, apiserver):
     cluster.add_nodes(2)
     run_holder(cluster)
-    # From here every admission pass hangs for half a minute on its read of the other jobs' reservations;
-    # a restart reads none, so it must go through while the admissions queue up.
-    emulator.emulator.latency[("list", "configmaps")] = 30.0
-    record_lists = cluster_wide_record_lists(emulator)
+    # From here every admission pass hangs on its read of the other jobs' reservations; a restart reads none,
+    # so it must go through while the admissions queue up. (Held, not slowed: the proxy records a request once
+    # it is answered, and shows a held one in `holding` while it waits.)
+    apiserver.held.add(("list", "configmaps"))
     waiting = [f"waiting-{i}" for i in range(8)]  # more than asyncio's default thread pool has threads
     for name in waiting:
         cluster.apply(job_doc(name, parallelism=TWO_NODES))
-    wait_for(lambda: cluster_wide_record_lists(emulator) > record_lists, what="an admission under way")
+    wait_for(lambda: ("list", "configmaps", "") in apiserver.holding, what="an admission under way")
     nodes = {pod["metadata"]["name"]: pod["spec"]["nodeName"] for pod in cluster.pods("holder")}
     cluster.set_pod_phase("holder-1", "Failed", reason="Error")
 

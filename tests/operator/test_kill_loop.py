@@ -2,7 +2,7 @@
 completion of a job: never two generations of pods alive at once, never a duplicate pod, never a GPU booked
 twice, and the job always converges to the right phase with the right restart count.
 
-A kill is a pass cut off after a random number of API requests (the strict cluster answers every further
+A kill is a pass cut off after a random number of API requests (the fault proxy answers every further
 request of the operator 503, as if the process had died there). In half the kills the last request is carried
 out and only its answer is lost, as when the process dies awaiting the reply to a create, a patch or a delete
 that took effect. The next pass starts from nothing but the
@@ -20,7 +20,6 @@ import os
 import random
 
 import kubernetes
-import pytest
 
 from paralleljob.handlers import reconcile
 from paralleljob.k8s import session as k8s_session
@@ -32,9 +31,6 @@ from tests.operator.conftest import (
     job_doc,
 )
 
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
-
 FOUR_NODES = {"parallelism": {"pipeline": 1, "tensor": 4, "data": 4}, "failurePolicy": {"backoffLimit": 3}}
 FAILURES = 2  # gang restarts the world causes before letting rank 0 finish
 # Kills per run (at least 50, as issue 14 asks); `PARALLELJOB_KILL_COUNT` overrides.
@@ -42,11 +38,11 @@ CI_KILLS = 50
 SETTINGS = reconcile.Settings(image="trainer:test", force_delete_after_seconds=1.0, restart_hold_seconds=0.0)
 
 
-def one_pass(session, cluster, emulator, job: str, kill_after: int | None, answer_lost: bool = False) -> bool:
+def one_pass(session, cluster, apiserver, job: str, kill_after: int | None, answer_lost: bool = False) -> bool:
     """A pass of a freshly started operator (supervision, then admission when it asks for it), killed after
     `kill_after` requests, the last of them unanswered when `answer_lost`; True when it was killed."""
-    emulator.emulator.operator_outage_after = kill_after
-    emulator.emulator.operator_outage_loses_last_answer = answer_lost
+    apiserver.operator_outage_after = kill_after
+    apiserver.operator_outage_loses_last_answer = answer_lost
     try:
         view = fresh_view(cluster)
         outcome = reconcile.reconcile(session, SETTINGS, "research", job, view)
@@ -57,8 +53,8 @@ def one_pass(session, cluster, emulator, job: str, kill_after: int | None, answe
             raise
         return True
     finally:
-        emulator.emulator.operator_outage_after = None
-        emulator.emulator.operator_outage_loses_last_answer = False
+        apiserver.operator_outage_after = None
+        apiserver.operator_outage_loses_last_answer = False
     return False
 
 
@@ -79,11 +75,11 @@ def act_as_the_cluster(cluster, job: str, rng: random.Random, failures: list[int
         cluster.set_pod_phase(f"{job}-0", "Succeeded")
 
 
-def duplicate_pods(emulator) -> list[str]:
+def duplicate_pods(apiserver) -> list[str]:
     """Every pod name created again while a pod of that name still existed."""
     live: set[str] = set()
     found = []
-    for change in emulator.emulator.history:
+    for change in apiserver.history:
         if change.plural != "pods":
             continue
         if change.kind == "DELETED":
@@ -95,14 +91,14 @@ def duplicate_pods(emulator) -> list[str]:
     return found
 
 
-def test_killed_at_random_moments_the_operator_never_runs_two_generations_and_converges(cluster, emulator):
+def test_killed_at_random_moments_the_operator_never_runs_two_generations_and_converges(cluster, apiserver):
     seed = int(os.environ.get("PARALLELJOB_KILL_SEED") or random.SystemRandom().randrange(2**32))
     wanted_kills = int(os.environ.get("PARALLELJOB_KILL_COUNT") or CI_KILLS)
     rng = random.Random(seed)
     replay = f"(replay with PARALLELJOB_KILL_SEED={seed})"
-    emulator.emulator.termination_seconds = 0.0
+    apiserver.termination_seconds = 0.0
     cluster.add_nodes(5)
-    session = k8s_session.connect(str(install_operator_rbac(emulator, cluster.client)))
+    session = k8s_session.connect(str(install_operator_rbac(apiserver, cluster.client)))
     kills = iterations = 0
     killed_in: collections.Counter[str] = collections.Counter()
     jobs: list[str] = []
@@ -114,11 +110,11 @@ def test_killed_at_random_moments_the_operator_never_runs_two_generations_and_co
             act_as_the_cluster(cluster, job, rng, failures)
             phase = cluster.status(job).get("phase") or "new"
             if phase == "Succeeded":
-                one_pass(session, cluster, emulator, job, None)  # the operator left alone cleans up
+                one_pass(session, cluster, apiserver, job, None)  # the operator left alone cleans up
                 break
             kill_after = rng.randint(0, 24) if rng.random() < 0.6 else None
             answer_lost = bool(kill_after) and rng.random() < 0.5
-            if one_pass(session, cluster, emulator, job, kill_after, answer_lost):
+            if one_pass(session, cluster, apiserver, job, kill_after, answer_lost):
                 kills += 1
                 killed_in[f"{phase}, answer lost" if answer_lost else phase] += 1
             iterations += 1
@@ -127,7 +123,7 @@ def test_killed_at_random_moments_the_operator_never_runs_two_generations_and_co
         status = cluster.status(job)
         assert status.get("phase") == "Succeeded", f"{job} {status.get('phase')}: {status.get('message')} {replay}"
         assert status["restarts"] == len(failures) == FAILURES, replay
-        assert generations_overlapping(emulator, job) == [], replay
+        assert generations_overlapping(apiserver, job) == [], replay
     print(f"kill loop: seed={seed} iterations={iterations} kills={kills} jobs={len(jobs)} in {dict(killed_in)}")
-    assert duplicate_pods(emulator) == [], replay
-    assert gpus_oversubscribed(emulator) == [], replay
+    assert duplicate_pods(apiserver) == [], replay
+    assert gpus_oversubscribed(apiserver) == [], replay

@@ -17,9 +17,6 @@ import pytest
 from tests.chart.conftest import RELEASE_NAMESPACE, only, render
 from tests.operator.conftest import Operator, install_operator_rbac, job_doc, operator_requests, wait_for
 
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
-
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
 LEASE_SECONDS = "6"  # short, for the test; still above what this loaded machine needs to renew in time
 WRITES = ("create", "patch", "update", "delete")
@@ -113,14 +110,14 @@ class OtherHolder:
         self._stop.set()
 
 
-def operator_writes(emulator) -> list[tuple[str, str, str, str]]:
-    return [call for call in operator_requests(emulator) if call[0] in WRITES and call[2] != "leases"]
+def operator_writes(apiserver) -> list[tuple[str, str, str, str]]:
+    return [call for call in operator_requests(apiserver) if call[0] in WRITES and call[2] != "leases"]
 
 
 def test_only_the_lease_holder_acts_reports_a_rival_and_exits_once_the_lease_is_taken(
-    cluster, emulator, operator_args, tmp_path
+    cluster, apiserver, operator_args, tmp_path
 ):
-    kubeconfig = install_operator_rbac(emulator, cluster.client)
+    kubeconfig = install_operator_rbac(apiserver, cluster.client)
     holder = OtherHolder(cluster, RELEASE_NAMESPACE, chart_lease_name(), "replica-b").take()
     cluster.core.create_namespace({"metadata": {"name": "other-ops"}})
     rival = OtherHolder(
@@ -128,7 +125,7 @@ def test_only_the_lease_holder_acts_reports_a_rival_and_exits_once_the_lease_is_
     )
     rival.take()
     log = tmp_path / "operator.log"
-    operator = Operator(emulator, log, kubeconfig, operator_args).start()
+    operator = Operator(apiserver, log, kubeconfig, operator_args).start()
     try:
         # Standing by: nodes arrive (the node watch wakes the admission) and a job is created, and nothing is
         # written; the replica says who holds the Lease, and its liveness endpoint answers.
@@ -136,7 +133,7 @@ def test_only_the_lease_holder_acts_reports_a_rival_and_exits_once_the_lease_is_
         cluster.apply(job_doc(parallelism=TWO_NODES))
         wait_for(lambda: "is held by replica-b" in log.read_text(), timeout=60, what="the holder reported")
         time.sleep(2)
-        assert operator_writes(emulator) == [] and cluster.pods() == [] and cluster.status() == {}
+        assert operator_writes(apiserver) == [] and cluster.pods() == [] and cluster.status() == {}
         assert healthy()
 
         # The holder stops renewing: this replica takes the Lease over, acts on the job it saw while standing

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from tests.chart.conftest import only, render
-from tests.cluster.apiserver import ClusterThread
 from tests.operator.conftest import (
     OPERATOR_AGENTS,
     Cluster,
@@ -20,23 +19,21 @@ from tests.operator.conftest import (
     job_doc,
     wait_for,
 )
-
-# Not moved to the upstream control plane yet (see docs/operator.md).
-pytestmark = pytest.mark.emulator
+from tests.operator.server import UpstreamServer
 
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
 
 
-def test_operators_of_two_namespaces_never_place_two_jobs_on_the_same_nodes(cluster, emulator, tmp_path):
+def test_operators_of_two_namespaces_never_place_two_jobs_on_the_same_nodes(cluster, apiserver, tmp_path):
     for namespace in ("team-a", "team-b"):
-        cluster.core.create_namespace({"metadata": {"name": namespace}})
+        cluster.create_namespace(namespace)  # with its default ServiceAccount: pods are refused before it
     cluster.add_nodes(2)
     # The chart's RBAC for these watchNamespaces: Roles in the two namespaces only, and the cluster-wide rules.
-    kubeconfig = install_operator_rbac(emulator, cluster.client, ("team-a", "team-b"))
+    kubeconfig = install_operator_rbac(apiserver, cluster.client, ("team-a", "team-b"))
     operators = []
     for team in ("team-a", "team-b"):
         log = tmp_path / f"operator-{team}.log"
-        operators.append(Operator(emulator, log, kubeconfig, [*Operator.ARGS, "--namespace", team]).start())
+        operators.append(Operator(apiserver, log, kubeconfig, [*Operator.ARGS, "--namespace", team]).start())
     try:
         cluster.apply(job_doc("first", "team-a", parallelism=TWO_NODES))  # both nodes
         wait_for(lambda: len(cluster.pods("first", "team-a")) == 2, what="the first job's pods")
@@ -64,26 +61,26 @@ DEFAULT_LOCK_NAMESPACE = "kube-system"
 FLAGS_THE_TEST_SETS = ("--liveness", "--metrics-port", "--log-format", "--log-level", "--trainer-image")
 
 
-def operator_calls_since(emulator: ClusterThread, mark: int, verb: str, plural: str, namespace: str) -> int:
-    calls = emulator.server.calls[mark:]
+def operator_calls_since(apiserver: UpstreamServer, mark: int, verb: str, plural: str, namespace: str) -> int:
+    calls = apiserver.calls[mark:]
     return sum(
         1 for c in calls if c[0] == verb and c[2] == plural and c[3] == namespace and c[4].startswith(OPERATOR_AGENTS)
     )
 
 
-def test_two_operators_admitting_at_the_same_moment_take_turns_on_the_admission_lock(cluster, emulator, tmp_path):
+def test_two_operators_admitting_at_the_same_moment_take_turns_on_the_admission_lock(cluster, apiserver, tmp_path):
     for namespace in ("team-a", "team-b"):
-        cluster.core.create_namespace({"metadata": {"name": namespace}})
+        cluster.create_namespace(namespace)  # with its default ServiceAccount: pods are refused before it
     cluster.add_nodes(2)
     values = {"admissionLock": {"namespace": LOCK_NAMESPACE}}
-    kubeconfig = install_operator_rbac(emulator, cluster.client, ("team-a", "team-b"), values)
+    kubeconfig = install_operator_rbac(apiserver, cluster.client, ("team-a", "team-b"), values)
     operators = [
         Operator(
-            emulator, tmp_path / f"operator-{team}.log", kubeconfig, [*Operator.ARGS, "--namespace", team, LOCK_FLAG]
+            apiserver, tmp_path / f"operator-{team}.log", kubeconfig, [*Operator.ARGS, "--namespace", team, LOCK_FLAG]
         )
         for team in ("team-a", "team-b")
     ]
-    admit_at_the_same_moment(cluster, emulator, operators, LOCK_NAMESPACE)
+    admit_at_the_same_moment(cluster, apiserver, operators, LOCK_NAMESPACE)
 
 
 def release_at_defaults(team: str) -> tuple[dict[str, Any], str]:
@@ -103,46 +100,47 @@ def deployment_flags(values: dict[str, Any], namespace: str) -> list[str]:
     "flags", ["the-charts", "the-binarys"], ids=["with-the-charts-flags", "with-the-binarys-defaults"]
 )
 def test_two_releases_at_their_defaults_in_two_namespaces_never_place_two_jobs_on_the_same_nodes(
-    cluster, emulator, tmp_path, flags
+    cluster, apiserver, tmp_path, flags
 ):
     cluster.add_nodes(2)
     operators = []
     for team in ("team-a", "team-b"):
-        cluster.core.create_namespace({"metadata": {"name": team}})
+        cluster.create_namespace(team)  # with its default ServiceAccount: pods are refused before it
         values, namespace = release_at_defaults(team)
-        kubeconfig = install_operator_rbac(emulator, cluster.client, values=values, release_namespace=namespace)
+        kubeconfig = install_operator_rbac(apiserver, cluster.client, values=values, release_namespace=namespace)
         args = deployment_flags(values, namespace) if flags == "the-charts" else ["--namespace", team]
-        operators.append(Operator(emulator, tmp_path / f"operator-{team}.log", kubeconfig, [*Operator.ARGS, *args]))
-    admit_at_the_same_moment(cluster, emulator, operators, DEFAULT_LOCK_NAMESPACE)
+        operators.append(Operator(apiserver, tmp_path / f"operator-{team}.log", kubeconfig, [*Operator.ARGS, *args]))
+    admit_at_the_same_moment(cluster, apiserver, operators, DEFAULT_LOCK_NAMESPACE)
+
+
+def held_creates(server: UpstreamServer) -> list[tuple[str, str, str]]:
+    """The ConfigMap creates waiting in the proxy now."""
+    return [h for h in server.holding if h[:2] == ("create", "configmaps")]
 
 
 def admit_at_the_same_moment(
-    cluster: Cluster, emulator: ClusterThread, operators: list[Operator], lock_namespace: str
+    cluster: Cluster, apiserver: UpstreamServer, operators: list[Operator], lock_namespace: str
 ) -> None:
     """Start the two operators, create a two-node job for each at the same moment on a two-node cluster, and
     check that only one of them was placed."""
     for each in operators:
         each.start()
-    server = emulator.server
+    server = apiserver
     # An admission's attempt ConfigMap is its first write after planning: holding it holds whichever operator
     # planned first right after it read the reservations, and lets the other one go as far as it can.
     server.held.add(("create", "configmaps"))
     try:
-        mark = len(server.calls)
         cluster.apply(job_doc("first", "team-a", parallelism=TWO_NODES))  # both nodes
         cluster.apply(job_doc("second", "team-b", parallelism=TWO_NODES))  # both nodes too
-        first_create = wait_for(
-            lambda: next(
-                (i for i, c in enumerate(server.calls) if i >= mark and c[:3] == ("create", "", "configmaps")), None
-            ),
-            what="the first admission's write",
-        )
+        # The proxy records a request once it is answered: a held one is seen in `holding` while it waits.
+        wait_for(lambda: held_creates(server), what="the first admission's write")
+        first_create = len(server.calls)
         # The other operator either planned too (it creates its own ConfigMap) or waits on the lock (it reads
         # the Lease again and again while the first one holds it).
         wait_for(
             lambda: (
-                sum(1 for c in server.calls[mark:] if c[:3] == ("create", "", "configmaps")) == 2
-                or operator_calls_since(emulator, first_create + 1, "get", "leases", lock_namespace) >= 2
+                len(held_creates(server)) == 2
+                or operator_calls_since(server, first_create, "get", "leases", lock_namespace) >= 2
             ),
             what="the second operator's admission",
         )
@@ -158,7 +156,7 @@ def admit_at_the_same_moment(
         # The admitted one creates its pods next (a verdict of Admitted comes before them).
         placed = wait_for(lambda: [job for job, team in jobs if cluster.pods(job, team)], what="the placed job's pods")
         assert len(placed) == 1, f"both jobs got pods on the same two nodes: {placed}"
-        assert gpus_oversubscribed(emulator) == []
+        assert gpus_oversubscribed(apiserver) == []
     finally:
         server.held.clear()
         for each in operators:
