@@ -28,7 +28,6 @@ from paralleljob.handlers import reconcile
 from paralleljob.handlers.nodes import NodeWatch
 from paralleljob.planning.usage import UsageIndex
 from tests.chart.conftest import RELEASE_NAMESPACE, render
-from tests.cluster.apiserver import ClusterThread
 from tests.manifests.conftest import JOB_YAML
 from tests.operator import server as upstream
 from tests.operator.server import UpstreamServer
@@ -154,11 +153,6 @@ class Cluster:
             wait_for(
                 lambda: self.core.read_namespaced_service_account("default", name), what=f"{name}'s ServiceAccount"
             )
-
-    @property
-    def emulator(self) -> Any:
-        """The strict emulator (ClusterThread) of a module not moved to the upstream control plane yet."""
-        return self.server
 
     def add_nodes(self, count: int, prefix: str = "gpu-", start: int = 0, **kwargs: Any) -> None:
         """Register Nodes as their kubelets would (the object, then its status). The API server taints every new
@@ -403,19 +397,10 @@ def apiserver(control_plane: UpstreamServer) -> Iterator[UpstreamServer]:
 
 
 @pytest.fixture
-def emulator(tmp_path: Path) -> Iterator[ClusterThread]:
-    """The strict emulator of tests/cluster, for the modules marked `emulator` that are not moved yet."""
-    thread = ClusterThread(tmp_path).start()
-    yield thread
-    denied = thread.server.denied
-    thread.stop()
-    assert denied == [], "the API server refused requests (least privilege or a missing permission)"
-
-
-@pytest.fixture
-def server(request: pytest.FixtureRequest) -> Any:
-    """The API server of the test: the upstream control plane, or the emulator for a module marked `emulator`."""
-    return request.getfixturevalue("emulator" if request.node.get_closest_marker("emulator") else "apiserver")
+def server(apiserver: UpstreamServer) -> UpstreamServer:
+    """The API server of the test: the upstream control plane (tests/chart drives the operator on the strict
+    emulator through the same helpers, which is why they take either)."""
+    return apiserver
 
 
 @pytest.fixture
