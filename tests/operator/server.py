@@ -377,9 +377,7 @@ class UpstreamServer:
         """Put the cluster back as it was after start-up, and lift every fault."""
         self.proxy.outage_after = None
         self.proxy.lose_last_answer = False
-        self.proxy.held.clear()
-        self.proxy.held_verbs.clear()
-        self.proxy.latency.clear()
+        self.proxy.end_holds()
         self.proxy.rejects.clear()
         self.proxy.muted.clear()
         self.proxy.clock_offset = 0.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -87,3 +88,37 @@ def test_a_namespace_made_again_after_a_reset_keeps_what_is_put_in_it(apiserver:
     while time.monotonic() < deadline and holding(client, "third") == every_kind:
         time.sleep(0.1)
     assert holding(client, "third") == every_kind
+
+
+def test_a_request_held_when_a_test_ends_never_reaches_the_next_one(apiserver: UpstreamServer) -> None:
+    # A test may end with requests held in the fault proxy (its operator stopped mid-request). They must not be
+    # sent on once the reset lifts the hold: into the next test's cluster, with the RBAC of the last one gone
+    # (a 403 then counts against the next test).
+    client = kubernetes.config.new_client_from_config(str(apiserver.proxied_kubeconfig))
+    proxied = kubernetes.client.CoreV1Api(client)
+    apiserver.proxy.held.add(("POST", "configmaps"))
+    answers: list[object] = []
+    sending = threading.Thread(
+        target=lambda: answers.append(
+            _answer(lambda: proxied.create_namespaced_config_map("default", {"metadata": {"name": "late"}}))
+        )
+    )
+    sending.start()
+    deadline = time.monotonic() + 10
+    while not apiserver.proxy.holding and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert apiserver.proxy.holding, "the create is held"
+    apiserver.reset()
+    sending.join(10)
+    time.sleep(0.5)
+    names = {c.metadata.name for c in apiserver.core.list_namespaced_config_map("default").items}
+    assert "late" not in names, answers
+    assert answers == [503], answers
+
+
+def _answer(call: Callable[[], object]) -> int:
+    try:
+        call()
+    except kubernetes.client.ApiException as error:
+        return int(error.status)
+    return 200

@@ -16,8 +16,10 @@ Faults (attributes of `FaultProxy`, safe to set from the test's thread):
   server), `held_verbs` (as `held`), and `rejects` (creates of a resource answered with this (HTTP status,
   reason, message) and never forwarded: an admission webhook or a quota that refuses).
 
-A held request is in `holding` as (verb, resource, namespace) while it waits. Every request is recorded in `calls` as (method, resource, namespace, user agent, status), and in `requests`
-with its verb, group, subresource, name, and whether it was a delete with `gracePeriodSeconds=0` (a force delete).
+A held request is in `holding` as (verb, resource, namespace) while it waits; `end_holds` (a test's end) lifts
+every hold and delay and answers what they kept with 503, never sending it on. Every request is recorded in
+`calls` as (method, resource, namespace, user agent, status), and in `requests` with its verb, group,
+subresource, name, and whether it was a delete with `gracePeriodSeconds=0` (a force delete).
 """
 
 from __future__ import annotations
@@ -136,6 +138,8 @@ class FaultProxy:
         self.held_verbs: set[tuple[str, str]] = set()
         self.holding: list[tuple[str, str, str]] = []
         self.rejects: dict[str, tuple[int, str, str]] = {}
+        # Moved on by `end_holds`: a request held across it is answered 503 here, never sent on.
+        self.epoch = 0
         self.port = 0
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -226,8 +230,12 @@ class FaultProxy:
         if refuse:
             record(503)
             return self._refusal("the operator was killed here")
+        epoch = self.epoch
         await asyncio.sleep(self.latency.get((verb, full_resource), 0.0))
         await self._wait_while_held(request.method, resource, verb, full_resource, namespace)
+        if self.epoch != epoch:
+            record(503)
+            return self._refusal("held until the test that held it ended")
         if verb == "create" and full_resource in self.rejects:
             code, reason, message = self.rejects[full_resource]
             record(code)
@@ -257,6 +265,15 @@ class FaultProxy:
                 await response.write(chunk)
             await response.write_eof()
             return response
+
+    def end_holds(self) -> None:
+        """Lift every hold and delay without sending on what they kept: a request held or delayed until now is
+        answered 503 (its client is a test's operator, stopped or about to be), never sent to the server, where
+        the next test would meet it."""
+        self.epoch += 1
+        self.held.clear()
+        self.held_verbs.clear()
+        self.latency.clear()
 
     async def _wait_while_held(self, method: str, resource: str, verb: str, full_resource: str, namespace: str) -> None:
         def held() -> bool:
