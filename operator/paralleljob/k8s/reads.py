@@ -46,6 +46,11 @@ def node_exists(session: Session, name: str) -> bool:
     return session.send(session.core.read_node, name, tolerate={404}).body is not None
 
 
+def get_node(session: Session, name: str) -> dict[str, Any] | None:
+    """The Node as the API server has it now (None when there is none of that name)."""
+    return _object(session.send(session.core.read_node, name, tolerate={404}).body)
+
+
 def priority_value(session: Session, name: str) -> int | None:
     """The value of a PriorityClass, or None when there is none of that name."""
     reply = session.send(session.scheduling.read_priority_class, name, tolerate={404})

@@ -25,6 +25,7 @@ from typing import Any
 from paralleljob import planning
 from paralleljob.api import ResolvedJob
 from paralleljob.handlers import gang
+from paralleljob.handlers.nodes import OUT_OF_SERVICE_TAINT
 from paralleljob.handlers.passes import Outcome, Pass, deleting_for, is_terminating, write_record, write_status
 from paralleljob.k8s import reads, writes
 from paralleljob.manifests import children as child_objects
@@ -148,6 +149,35 @@ def replace_pods(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any
     write_status(p, {"message": message, "placement": _placement(p, live)})
     p.event("Normal", "SpareReplaced", message)
     return Outcome("replaced-node", requeue_after=0.0)
+
+
+def vanished_on_lost_nodes(p: Pass, pods: Sequence[Mapping[str, Any]], known_lost: Mapping[str, str]) -> dict[str, str]:
+    """The nodes of the live gang's node ranks whose pod is gone, looked up afresh: deleted ones, and NotReady ones
+    tainted out-of-service, with why. The pod garbage collector deletes such a node's pods at once, and that
+    deletion can reach a pass before the Node watch brings the taint (seen in CI): without this look the
+    vanished pod broke the gang, which restarted on a stale view of the nodes."""
+    live = p.live
+    assert live is not None
+    present = {_rank(pod) for pod in pods if labels.NODE_RANK_LABEL in (pod["metadata"].get("labels") or {})}
+    found: dict[str, str] = {}
+    for rank, node in enumerate(live.nodes):
+        if rank in present or node in known_lost:
+            continue
+        current = reads.get_node(p.session, node)
+        if current is None:
+            found[node] = "no longer exists"
+        elif not _ready(current) and OUT_OF_SERVICE_TAINT in _taints(current):
+            found[node] = "is NotReady and tainted out-of-service"
+    return found
+
+
+def _ready(node: Mapping[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _taints(node: Mapping[str, Any]) -> set[str]:
+    return {str(taint.get("key")) for taint in (node.get("spec") or {}).get("taints") or ()}
 
 
 def _remove_old_pods(p: Pass, old: Sequence[Mapping[str, Any]]) -> Outcome:
