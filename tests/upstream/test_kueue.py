@@ -355,7 +355,10 @@ def test_preemption_checkpoints_the_lower_priority_job_which_resumes_on_the_same
     failures = sum(1 for line in events.splitlines() if " Restarting " in line)
     assert final["restarts"] == failures and record["attempt"] == 0, (final["restarts"], events)
     resumed = [json.loads(line) for line in metrics.read_text().splitlines() if '"resume"' in line]
-    assert [r["step"] for r in resumed] == [requested_step], "resumed from the checkpoint it was asked for"
+    # From the newest checkpoint the evicted gang saved: the one asked for, or a scheduled one after it when the
+    # gang ran on a few steps before it was stopped (CI, loaded: asked for at 15, stopped after step 20).
+    newest = max(r["step"] for r in records if r.get("event") == "checkpoint")
+    assert newest >= requested_step and [r["step"] for r in resumed] == [newest], (resumed, records)
 
     config = get(product, f"/api/v1/namespaces/{namespace}/configmaps/low-config") or {}
     trained = json.loads(config["data"][jobfile.FILE_NAME])
