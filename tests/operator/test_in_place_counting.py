@@ -29,5 +29,8 @@ def test_an_in_place_restart_reported_just_before_a_pod_is_lost_is_counted(clust
     assert (status["restarts"], status.get("inPlaceRestarts")) == (2, 1), status
     reasons = [e["reason"] for e in cluster.events()]
     assert reasons.count("RestartedInPlace") == 1, reasons
-    restarting = [e["message"] for e in cluster.events() if e["reason"] == "Restarting"]
-    assert restarting and restarting[-1].startswith("gang restart 2/5"), restarting
+    # The Restarting Event follows the status write.
+    restarting = wait_for(
+        lambda: [e["message"] for e in cluster.events() if e["reason"] == "Restarting"], what="the Restarting Event"
+    )
+    assert restarting[-1].startswith("gang restart 2/5"), restarting
