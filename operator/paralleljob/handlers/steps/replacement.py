@@ -152,13 +152,18 @@ def replace_pods(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any
 
 
 def vanished_on_lost_nodes(p: Pass, pods: Sequence[Mapping[str, Any]], known_lost: Mapping[str, str]) -> dict[str, str]:
-    """The nodes of the live gang's node ranks whose pod is gone, looked up afresh: deleted ones, and NotReady ones
+    """The nodes of the live gang's node ranks whose pod is gone or being deleted, looked up afresh: deleted ones, and NotReady ones
     tainted out-of-service, with why. The pod garbage collector deletes such a node's pods at once, and that
     deletion can reach a pass before the Node watch brings the taint (seen in CI): without this look the
     vanished pod broke the gang, which restarted on a stale view of the nodes."""
     live = p.live
     assert live is not None
-    present = {_rank(pod) for pod in pods if labels.NODE_RANK_LABEL in (pod["metadata"].get("labels") or {})}
+    # A pod being deleted counts as gone: Kubernetes' taint eviction deletes it gracefully first.
+    present = {
+        _rank(pod)
+        for pod in pods
+        if labels.NODE_RANK_LABEL in (pod["metadata"].get("labels") or {}) and not is_terminating(pod)
+    }
     found: dict[str, str] = {}
     for rank, node in enumerate(live.nodes):
         if rank in present or node in known_lost:
