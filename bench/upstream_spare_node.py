@@ -130,7 +130,8 @@ def main() -> None:
     marks = found["marks"]
     verdict = "met" if marks["next_step"] <= GOAL_SECONDS else "missed"
     print(
-        f"3 nodes (2 + spare {found['spare']}), node {found['lost']} killed at step {arguments.kill_at}, then {arguments.then}"
+        f"3 job nodes (2 + spare {found['spare']}), node {found['lost']} killed at step {arguments.kill_at}, "
+        f"then {arguments.then}"
     )
     print(f"killed node to the next step: {marks['next_step']:.1f} s (goal <= {GOAL_SECONDS:.0f} s: {verdict})")
     for mark in ("not_ready", "replaced", "running"):

@@ -5,9 +5,9 @@ test in the roles the control plane leaves to nodes.
 What runs, and what the test plays:
 - etcd, kube-apiserver (authentication, RBAC, the CRD's schema and CEL, admission) and kube-controller-manager
   (garbage collector, ServiceAccount tokens) are the real ones. The controller-manager runs without its
-  node-lifecycle and namespace controllers, and no kube-scheduler runs: the tests write their Nodes' status and bind the
-  operator's pods themselves, as the scheduler and kubelets would (a test that needs the real scheduler starts
-  one, `start_scheduler`);
+  node-lifecycle and namespace controllers, and no kube-scheduler runs: the tests write their Nodes' status and
+  bind the operator's pods themselves, as the scheduler and kubelets would (a test that needs the real scheduler
+  starts one, `start_scheduler`);
 - `NodeAgent` watches every pod, keeps the history of their changes (`history`, as the tests replay it), and
   confirms the graceful deletion of a pod on a Ready node after `termination_seconds`, as a kubelet does once
   the containers stopped; a pod on a NotReady node stays Terminating until someone force-deletes it;
@@ -17,8 +17,9 @@ What runs, and what the test plays:
 Tests share the cluster one after another: `reset` puts it back as it was after start-up (every namespace,
 Node, cluster role and binding, priority class, admission policy and kube-system Lease made since then goes),
 so each test starts from the cluster the one before it found. A namespace goes the way the namespace controller
-takes it, but without that controller (which would race the next test's namespace of the same name): deleted (so nothing new can be created in it), emptied of every
-namespaced resource the server lists in its discovery, then finalized.
+takes it, but without that controller (which would race the next test's namespace of the same name): deleted
+(so nothing new can be created in it), emptied of every namespaced resource the server lists in its discovery,
+then finalized.
 """
 
 from __future__ import annotations

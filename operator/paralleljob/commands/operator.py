@@ -93,7 +93,8 @@ def register(sub: Any) -> None:
         type=positive_seconds,
         default=120.0,
         metavar="SECONDS",
-        help="force-delete a pod stuck Terminating on a NotReady or deleted node this long after its deletion was asked",
+        help="force-delete a pod stuck Terminating on a NotReady or deleted node this long after its deletion "
+        "was asked",
     )
     parser.add_argument(
         "--not-ready-grace",

@@ -113,8 +113,7 @@ class NodeWatch:
             self._not_ready_since.pop(name, None)
         elif name not in self._not_ready_since:
             self._not_ready_since[name] = _ready_transition(node) or timestamps.now()
-        taints = {str(taint.get("key")) for taint in (node.get("spec") or {}).get("taints") or ()}
-        if OUT_OF_SERVICE_TAINT in taints:
+        if out_of_service(node):
             self._out_of_service.add(name)
         else:
             self._out_of_service.discard(name)
@@ -128,6 +127,16 @@ class NodeWatch:
             return False
         self._snapshot = None
         return True
+
+
+def out_of_service(node: Mapping[str, Any]) -> bool:
+    """Whether the Node carries the out-of-service taint."""
+    return any(taint.get("key") == OUT_OF_SERVICE_TAINT for taint in (node.get("spec") or {}).get("taints") or ())
+
+
+def shut_down(node: Mapping[str, Any]) -> bool:
+    """Whether the Node is declared shut down: NotReady and tainted out-of-service (KEP-2268)."""
+    return not node_info(node).ready and out_of_service(node)
 
 
 def _slim(node: Mapping[str, Any], info: NodeInfo) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 from paralleljob import planning
 from paralleljob.api import ResolvedJob
 from paralleljob.handlers import gang
-from paralleljob.handlers.nodes import OUT_OF_SERVICE_TAINT
+from paralleljob.handlers.nodes import shut_down
 from paralleljob.handlers.passes import Outcome, Pass, deleting_for, is_terminating, write_record, write_status
 from paralleljob.k8s import reads, writes
 from paralleljob.manifests import children as child_objects
@@ -152,10 +152,10 @@ def replace_pods(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any
 
 
 def vanished_on_lost_nodes(p: Pass, pods: Sequence[Mapping[str, Any]], known_lost: Mapping[str, str]) -> dict[str, str]:
-    """The nodes of the live gang's node ranks whose pod is gone or being deleted, looked up afresh: deleted ones, and NotReady ones
-    tainted out-of-service, with why. The pod garbage collector deletes such a node's pods at once, and that
-    deletion can reach a pass before the Node watch brings the taint (seen in CI): without this look the
-    vanished pod broke the gang, which restarted on a stale view of the nodes."""
+    """The nodes of the live gang's node ranks whose pod is gone or being deleted, looked up afresh: deleted
+    ones, and NotReady ones tainted out-of-service, with why. The pod garbage collector deletes such a node's
+    pods at once, and that deletion can reach a pass before the Node watch brings the taint (seen in CI):
+    without this look the vanished pod broke the gang, which restarted on a stale view of the nodes."""
     live = p.live
     assert live is not None
     # A pod being deleted counts as gone: Kubernetes' taint eviction deletes it gracefully first.
@@ -171,18 +171,9 @@ def vanished_on_lost_nodes(p: Pass, pods: Sequence[Mapping[str, Any]], known_los
         current = reads.get_node(p.session, node)
         if current is None:
             found[node] = "no longer exists"
-        elif not _ready(current) and OUT_OF_SERVICE_TAINT in _taints(current):
+        elif shut_down(current):
             found[node] = "is NotReady and tainted out-of-service"
     return found
-
-
-def _ready(node: Mapping[str, Any]) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or ()
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _taints(node: Mapping[str, Any]) -> set[str]:
-    return {str(taint.get("key")) for taint in (node.get("spec") or {}).get("taints") or ()}
 
 
 def _remove_old_pods(p: Pass, old: Sequence[Mapping[str, Any]]) -> Outcome:
