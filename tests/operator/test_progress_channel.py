@@ -4,6 +4,8 @@ restarts. (Which calls rank 0's token may make at all is the API server's RBAC, 
 
 from __future__ import annotations
 
+from paralleljob.handlers import progress
+from paralleljob.k8s import session as k8s_session
 from tests.operator.conftest import job_doc, wait_for
 
 TWO_NODES = {"parallelism": {"pipeline": 2, "tensor": 4, "data": 1}}
@@ -61,3 +63,23 @@ def test_valid_progress_is_copied_and_bogus_reports_are_dropped_without_reaching
         assert status.get(field) == before.get(field), field
     assert [pod["metadata"]["uid"] for pod in cluster.pods()] == pods
     assert all(pod["status"]["phase"] == "Running" for pod in cluster.pods())
+
+
+def test_a_report_for_a_job_being_deleted_is_not_copied(cluster, operator):
+    """A job another controller holds in deletion (a finalizer of its own) while rank 0 still reports: the copy
+    leaves the dying job alone and says so, and the pass that called it goes on (it read `in_place_reported`)."""
+    running_job(cluster)
+    hold = {"metadata": {"finalizers": ["example.com/hold"]}}
+    cluster.custom.patch_namespaced_custom_object("paralleljob.io", "v1alpha1", "research", "paralleljobs", "gpt", hold)
+    cluster.custom.delete_namespaced_custom_object("paralleljob.io", "v1alpha1", "research", "paralleljobs", "gpt")
+    try:
+        report(cluster, step="10", inPlaceRestarts="1")
+        session = k8s_session.from_configuration(cluster.core.api_client.configuration)
+        copied = progress.copy_progress(session, progress.ProgressKey("research", "gpt"))
+        assert (copied.written, copied.in_place_reported) == (False, False)
+        assert "progress" not in cluster.status()
+    finally:
+        release = {"metadata": {"finalizers": None}}
+        cluster.custom.patch_namespaced_custom_object(
+            "paralleljob.io", "v1alpha1", "research", "paralleljobs", "gpt", release
+        )

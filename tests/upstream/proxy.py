@@ -259,11 +259,14 @@ class FaultProxy:
                 return aiohttp.web.Response(status=403, body=refused, headers=answer_headers)
             response = aiohttp.web.StreamResponse(status=upstream.status, headers=answer_headers)
             await response.prepare(request)
-            async for chunk in self._chunks(upstream, watching):
-                if watching and resource in self.muted:
-                    continue  # the stream stays open and carries nothing
-                await response.write(chunk)
-            await response.write_eof()
+            try:
+                async for chunk in self._chunks(upstream, watching):
+                    if watching and resource in self.muted:
+                        continue  # the stream stays open and carries nothing
+                    await response.write(chunk)
+                await response.write_eof()
+            except ConnectionResetError:
+                pass  # the client went away (a stopped operator's watch): nothing is left to answer
             return response
 
     def end_holds(self) -> None:

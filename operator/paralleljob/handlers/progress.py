@@ -41,7 +41,7 @@ def copy_progress(session: Session, key: ProgressKey) -> Copied:
     """Patch the job's status with the validated progress."""
     job = reads.get_job(session, key.namespace, key.name)
     if job is None or job["metadata"].get("deletionTimestamp"):
-        return False
+        return Copied(False)
     uid = str(job["metadata"].get("uid"))
     found = reads.get_config_map(session, key.namespace, labels.progress_config_map_name(key.name))
     total = _total_steps(job)
