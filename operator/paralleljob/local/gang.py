@@ -131,9 +131,10 @@ def stop_marked(marker: str, procs: Iterable[subprocess.Popen[bytes]] = ()) -> N
     procs = list(procs)
 
     def alive() -> list[int]:
-        for proc in procs:
-            proc.poll()  # reap finished node processes so they do not linger as zombies
-        return [pid for pid in marked_processes(marker) if not _is_zombie(pid)]
+        # The node processes by their pids as well: a process's environment (/proc/PID/environ) reads empty
+        # until its exec is complete, which is after Popen has returned, and a node may exec with another one.
+        own = {proc.pid for proc in procs if proc.poll() is None}  # poll() reaps a finished node: no zombie
+        return sorted(own | {pid for pid in marked_processes(marker) if not _is_zombie(pid)})
 
     _signal_all(alive(), signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_SECONDS
