@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import sys
 import pytest
 
 from paralleljob_contract import launcher
-from paralleljob_contract.supervisor import EXIT_PEER, GangState
+from paralleljob_contract.supervisor import EXIT_NO_PROGRESS, EXIT_PEER, GangState
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -69,7 +70,11 @@ def free_port_pair() -> int:
 
 
 def run_gang(
-    tmp_path: pathlib.Path, budget: int, fail_until: int
+    tmp_path: pathlib.Path,
+    budget: int,
+    fail_until: int,
+    script: str = RANK_SCRIPT,
+    progress_timeout: float | None = None,
 ) -> tuple[list[int], list[subprocess.CompletedProcess[str]]]:
     """Two nodes of two ranks, each node's supervisor a process of its own, as two pods."""
     port = free_port_pair()
@@ -83,8 +88,9 @@ def run_gang(
                 master_addr="127.0.0.1",
                 master_port=port,
                 in_place_restarts=budget,
-                command=[sys.executable, "-c", RANK_SCRIPT],
+                command=[sys.executable, "-c", script],
                 python=(sys.executable,),
+                progress_timeout_seconds=progress_timeout,
             ),
             env=env,
             cwd=ROOT,
@@ -121,4 +127,41 @@ def test_a_gang_that_spent_its_in_place_budget_fails_its_pods_for_a_gang_restart
     # The failing rank's node exits with its rank's code; the other with the trainer's "a peer failed".
     assert [r.returncode for r in results] == [EXIT_PEER, 1], "\n".join(r.stdout for r in results)
     assert sorted(p.name for p in tmp_path.glob("rank3-gen*")) == ["rank3-gen0", "rank3-gen1"]
+    assert "in-place restarts spent: 1" in results[1].stdout
+
+
+# A rank that beats every 0.1 s for 3 s and finishes (rank 0 at once: a finished rank beats no more and is
+# not hung), except rank 3 in generations below FAIL_UNTIL: it beats five times and then hangs (as in a collective
+# that never returns), neither failing nor beating.
+BEATING_RANK_SCRIPT = """
+import os, pathlib, time
+from paralleljob_contract import heartbeat
+rank, generation = int(os.environ["RANK"]), int(os.environ["PARALLELJOB_IN_PLACE_RESTARTS"])
+(pathlib.Path(os.environ["OUT"]) / f"rank{rank}-gen{generation}").write_text("started")
+hangs = generation < int(os.environ["FAIL_UNTIL"]) and rank == int(os.environ["FAIL_RANK"])
+for beat in range(0 if rank == 0 else 30):
+    if hangs and beat == 5:
+        time.sleep(600)
+    heartbeat.beat()
+    time.sleep(0.1)
+"""
+
+
+def test_a_rank_that_stops_beating_restarts_the_gang_in_place_and_beating_ranks_are_left_alone(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Every rank runs 3 s, twice the timeout: only the one that went quiet is judged hung.
+    _, results = run_gang(tmp_path, budget=2, fail_until=1, script=BEATING_RANK_SCRIPT, progress_timeout=1.5)
+    output = "\n".join(r.stdout for r in results)
+    assert [r.returncode for r in results] == [0, 0], output
+    assert re.search(
+        r"in-place restart 1/2: node 1: rank 3 made no progress for \d+s \(progress timeout 1.5s\)", output
+    )
+    assert sorted(p.name for p in tmp_path.glob("rank*-gen1")) == [f"rank{r}-gen1" for r in range(4)]
+    assert not list(tmp_path.glob("rank*-gen2"))
+
+
+def test_a_gang_that_hangs_past_its_in_place_budget_fails_its_pods_for_a_gang_restart(tmp_path: pathlib.Path) -> None:
+    _, results = run_gang(tmp_path, budget=1, fail_until=99, script=BEATING_RANK_SCRIPT, progress_timeout=1.0)
+    assert [r.returncode for r in results] == [EXIT_PEER, EXIT_NO_PROGRESS], "\n".join(r.stdout for r in results)
     assert "in-place restarts spent: 1" in results[1].stdout

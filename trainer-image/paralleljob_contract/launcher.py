@@ -70,9 +70,12 @@ def supervisor_command(
     master_port: int = DEFAULT_MASTER_PORT,
     command: Sequence[str] | None = None,
     python: Sequence[str] = ("python",),
+    progress_timeout_seconds: float | None = None,
 ) -> list[str]:
     """The in-pod supervisor for this node rank, running the bundled trainer (forked from a warm forkserver) or
     `command` (spec.command) once per rank. `python` is the interpreter: `python` in the image, this one locally.
+    With `progress_timeout_seconds` (spec.failurePolicy.progressTimeoutSeconds) the supervisor restarts a gang
+    whose ranks stopped beating (`paralleljob_contract.heartbeat`) in place.
     """
     argv = [
         *python,
@@ -84,6 +87,7 @@ def supervisor_command(
         f"--master-addr={master_addr}",
         f"--master-port={master_port}",
         f"--in-place-restarts={in_place_restarts}",
+        *([f"--progress-timeout={progress_timeout_seconds:g}"] if progress_timeout_seconds else []),
     ]
     if command:
         return [*argv, "--", *command]

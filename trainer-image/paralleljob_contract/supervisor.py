@@ -16,7 +16,12 @@ in a process group. The ranks' own rendezvous (torch's env://, rank 0 hosting th
 A warm standby: with `--entrypoint MODULE:FUNCTION`, ranks are forked from a multiprocessing forkserver that
 has already imported `--preload` (torch, DeepSpeed, the trainer), so a restart pays for none of those imports;
 a `--` command (spec.command) is started as a process of its own each time. Each rank sees IN_PLACE_RESTARTS,
-the generation, so rank 0 can report it in its progress. Standard library only, like the rest of the contract.
+the generation, so rank 0 can report it in its progress.
+
+A hung gang: with `--progress-timeout` (spec.failurePolicy.progressTimeoutSeconds), each rank gets a heartbeat
+file (`paralleljob_contract.heartbeat`) that it touches after every step; a rank quiet for the timeout is
+stopped and the gang restarts in place, as for a failed rank, before the operator's watchdog (its backstop)
+would restart it with new pods. Standard library only, like the rest of the contract.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ import importlib
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,6 +53,7 @@ from paralleljob_contract.coordinator import (
     log,
 )
 from paralleljob_contract.environment import IN_PLACE_RESTARTS
+from paralleljob_contract.heartbeat import HEARTBEAT_FILE, last_beat
 
 DEFAULT_IN_PLACE_RESTARTS = 3
 # Exit codes of the bundled trainer that a restart in the same pods would meet again (a bad job file, a
@@ -54,6 +62,8 @@ DEFAULT_IN_PLACE_RESTARTS = 3
 NOT_RESTARTED_IN_PLACE = frozenset({2, 3, 5, 6})
 # A node's exit code when the gang gave up because of another node's rank (the trainer's "a peer died").
 EXIT_PEER = 4
+# A node's exit code when the gang gave up after one of its ranks made no progress (timeout(1)'s).
+EXIT_NO_PROGRESS = 124
 # Node rank 0's log line for each in-place restart: generation, budget, and which rank failed how.
 IN_PLACE_LINE = re.compile(r"in-place restart (\d+)/(\d+): (.*)")
 # How long a node whose ranks only saw a peer fail waits for the failed rank's node to report first.
@@ -84,8 +94,11 @@ class NodeSpec:
     master_addr: str
     master_port: int
 
-    def rank_environ(self, base: Mapping[str, str], local_rank: int, generation: int) -> dict[str, str]:
-        """The variables torchrun gave a rank, with its rank fixed by placement, and the generation."""
+    def rank_environ(
+        self, base: Mapping[str, str], local_rank: int, generation: int, heartbeat_file: str | None = None
+    ) -> dict[str, str]:
+        """The variables torchrun gave a rank, with its rank fixed by placement, the generation, and its
+        heartbeat file when the supervisor watches one."""
         return {
             **base,
             "RANK": str(self.node_rank * self.ranks_per_node + local_rank),
@@ -98,7 +111,33 @@ class NodeSpec:
             "MASTER_PORT": str(self.master_port + 1),
             "TORCHELASTIC_RESTART_COUNT": str(generation),
             IN_PLACE_RESTARTS: str(generation),
+            **({HEARTBEAT_FILE: heartbeat_file} if heartbeat_file else {}),
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class Heartbeats:
+    """This node's ranks' heartbeat files, one per local rank in `folder`, and how long a rank may go quiet."""
+
+    folder: str
+    timeout: float
+
+    def path(self, local_rank: int) -> str:
+        return os.path.join(self.folder, f"rank{local_rank}")
+
+    def clear(self, count: int) -> None:
+        """Forget the last generation's beats: a new generation's ranks are judged from their own start."""
+        for local_rank in range(count):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(local_rank))
+
+    def stalled(self, running: Sequence[int], since: float, now: float) -> tuple[int, float] | None:
+        """(local rank, seconds quiet) of the quietest `running` rank once it has been quiet for the timeout,
+        or None. A rank is quiet since the later of its last beat and `since`, its generation's start
+        (time.time()); a rank that has finished beats no more and is not judged."""
+        quiet = [(now - max(since, last_beat(self.path(i)) or since), i) for i in running]
+        longest, local_rank = max(quiet, default=(0.0, -1))
+        return (local_rank, longest) if longest >= self.timeout else None
 
 
 def run_entrypoint(entrypoint: str, environ: dict[str, str]) -> None:
@@ -235,6 +274,9 @@ class Supervisor:
     generation: int = 0
     # The ranks of the generation running now (stopped ones stay listed until the next starts).
     ranks: list[Rank] = dataclasses.field(default_factory=list)
+    heartbeats: Heartbeats | None = None
+    # When this generation's ranks were started (time.time(), the clock of the heartbeat files).
+    started_at: float = 0.0
 
     def run(self) -> int:
         """The pod's exit code: 0 when every rank finished, the failing rank's code when the gang gave up
@@ -264,8 +306,13 @@ class Supervisor:
         if self.generation:
             log(self.spec.node_rank, f"in-place restart {self.generation}: starting ranks again")
         ranks = []
+        beats = self.heartbeats
+        if beats is not None:
+            beats.clear(self.spec.ranks_per_node)
+        self.started_at = time.time()
         for local_rank in range(self.spec.ranks_per_node):
-            environ = self.spec.rank_environ(self.base_environ, local_rank, self.generation)
+            heartbeat_file = beats.path(local_rank) if beats is not None else None
+            environ = self.spec.rank_environ(self.base_environ, local_rank, self.generation, heartbeat_file)
             ranks.append(self.start_rank(environ))
             self.ranks = ranks
         pids = " ".join(f"{self.spec.node_rank * self.spec.ranks_per_node + i}={r.pid}" for i, r in enumerate(ranks))
@@ -297,6 +344,10 @@ class Supervisor:
                 stop_ranks(ranks)
                 self.generation = state["generation"]
                 return None
+            running = [i for i, rank in enumerate(ranks) if rank.exit_code() is None]
+            hung = self.heartbeats.stalled(running, self.started_at, time.time()) if self.heartbeats else None
+            if hung is not None:
+                return self.after_hang(ranks, *hung)
             time.sleep(POLL_SECONDS)
 
     def after_failure(self, ranks: list[Rank], local_rank: int, code: int) -> int | None:
@@ -309,16 +360,28 @@ class Supervisor:
         reason = f"rank {rank} {describe_exit(code)}"
         log(self.spec.node_rank, reason)
         stop_ranks(ranks)
+        return self.restart_or_give_up(reason, code if code > 0 else 128 - code, code in NOT_RESTARTED_IN_PLACE)
+
+    def after_hang(self, ranks: list[Rank], local_rank: int, quiet: float) -> int | None:
+        """A rank here made no progress for the timeout: stop this node's ranks and restart the gang in place."""
+        assert self.heartbeats is not None
+        rank = self.spec.node_rank * self.spec.ranks_per_node + local_rank
+        reason = f"rank {rank} made no progress for {quiet:.0f}s (progress timeout {self.heartbeats.timeout:g}s)"
+        log(self.spec.node_rank, reason)
+        stop_ranks(ranks)
+        return self.restart_or_give_up(reason, EXIT_NO_PROGRESS, permanent=False)
+
+    def restart_or_give_up(self, reason: str, exit_code: int, permanent: bool) -> int | None:
+        """Report a failure of this node's ranks (already stopped): None to start the next generation, or the
+        pod's exit code when the gang gave up (the budget spent, a permanent failure, the coordinator gone)."""
         try:
-            state = self.client.post_patiently(
-                "/fail", self.generation, reason=reason, permanent=code in NOT_RESTARTED_IN_PLACE
-            )
+            state = self.client.post_patiently("/fail", self.generation, reason=reason, permanent=permanent)
         except OSError:
             log(self.spec.node_rank, "the coordinator (node rank 0) is gone: the pod fails for a gang restart")
-            return code if code > 0 else 128 - code
+            return exit_code
         if state["failed"] is not None:
             log(self.spec.node_rank, f"not restarted in place: {state['failed']}")
-            return code if code > 0 else 128 - code
+            return exit_code
         self.generation = max(self.generation + 1, state["generation"])
         return None
 
@@ -354,6 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--master-addr", required=True)
     parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("--in-place-restarts", type=int, default=DEFAULT_IN_PLACE_RESTARTS)
+    parser.add_argument(
+        "--progress-timeout",
+        type=float,
+        default=0.0,
+        help="seconds a rank may go without a heartbeat (paralleljob_contract.heartbeat) before the gang "
+        "restarts in place; 0: not watched",
+    )
     parser.add_argument("--entrypoint", help="MODULE:FUNCTION each rank runs, forked from the warm forkserver")
     parser.add_argument("--preload", default="", help="comma-separated modules the forkserver imports once")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...: each rank runs it instead")
@@ -369,7 +439,16 @@ def rank_starter(entrypoint: str | None, preload: str, command: Sequence[str]) -
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([name for name in preload.split(",") if name])
+    # Start the forkserver and its imports now, before the gang's first generation: its ranks are timed from
+    # their start (the progress timeout) and only then forked, in a fraction of a second each.
+    warm = context.Process(target=ready, daemon=True)
+    warm.start()
+    warm.join()
     return lambda environ: ForkedRank(context, entrypoint, environ)
+
+
+def ready() -> None:
+    """What the forkserver's first child runs: nothing (the forkserver is up and has imported the preload)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -391,6 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     client = CoordinatorClient(spec.master_addr, spec.master_port, spec.node_rank)
     starter = rank_starter(arguments.entrypoint, arguments.preload, command)
     supervisor = Supervisor(spec, client, starter, dict(os.environ))
+    if arguments.progress_timeout > 0:
+        folder = tempfile.mkdtemp(prefix="paralleljob-heartbeats-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        supervisor.heartbeats = Heartbeats(folder, arguments.progress_timeout)
     try:
         with signals_end_the_node():
             return supervisor.run()

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import ProcessTopology
 from torch.distributed import distributed_c10d
 
-from paralleljob_contract import environment
+from paralleljob_contract import environment, heartbeat
 from paralleljob_contract.environment import Launch, PodEnvironment
 from paralleljob_contract.jobfile import JobConfig
 from paralleljob_contract.layout import Coord
@@ -163,12 +163,14 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     check_storage(job, options, launch.rank)
     nccl_log_path = prepare_nccl_log(options.output_dir)
     init_distributed(env)
+    heartbeat.beat()  # each phase on the way to the first step beats too: a hang is timed from the last one
     network = verify_network(nccl_log_path)
     started = time.perf_counter()
     chosen = checkpoint.choose(job, options.checkpoint_dir, options.resume_from)
     verify_seconds = time.perf_counter() - started
     coords = coords_of(topology, dist.get_rank())
     engine = build_engine(job, topology)
+    heartbeat.beat()
     hooks = HookCaller(list(options.hooks))
     writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, hooks)
     if network is not None:
@@ -180,6 +182,7 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
         if chosen is not None:
             started = time.perf_counter()
             start_step = checkpoint.load(engine, job, chosen)
+            heartbeat.beat()
             progress = dataclasses.replace(progress, start_step=start_step, last_checkpoint_step=chosen.step)
             timings = {"verify_s": verify_seconds, "load_s": time.perf_counter() - started}
             writer.write(_resume_record(chosen) | timings, hook_method="on_checkpoint")
@@ -243,6 +246,7 @@ def _train_one_step(
     started = time.perf_counter()
     loss = float(engine.train_batch(data_iter=batches))
     seconds = time.perf_counter() - started
+    heartbeat.beat()  # for the supervisor's progress timeout: this rank's step is done
     tokens = job.train_batch_size * job.model.sequence_length
     progress.first_loss = loss if progress.first_loss is None else progress.first_loss
     progress.last_loss, progress.tokens, progress.seconds = loss, progress.tokens + tokens, progress.seconds + seconds
@@ -256,6 +260,7 @@ def _train_one_step(
         started = time.perf_counter()
         saved = checkpoint.save(engine, job, options.checkpoint_dir, step)
         progress.last_checkpoint_step = step
+        heartbeat.beat()
         record = {"event": "checkpoint", "step": step, "path": str(saved.folder), "bytes": saved.size}
         asked = {"request": request} if request else {}
         writer.write(record | asked | {"save_s": time.perf_counter() - started}, hook_method="on_checkpoint")

@@ -142,7 +142,12 @@ def resolve_data_path(config: dict[str, Any], job_file: Path) -> None:
 
 
 def supervisor_argv(
-    shape: LocalShape, node_rank: int, port: int, command: list[str] | None, in_place_restarts: int
+    shape: LocalShape,
+    node_rank: int,
+    port: int,
+    command: list[str] | None,
+    in_place_restarts: int,
+    progress_timeout_seconds: int | None = None,
 ) -> list[str]:
     """The same supervisor line a pod runs, with this machine as master and this interpreter."""
     return launcher.supervisor_command(
@@ -154,6 +159,7 @@ def supervisor_argv(
         in_place_restarts=in_place_restarts,
         command=command,
         python=(sys.executable,),
+        progress_timeout_seconds=progress_timeout_seconds,
     )
 
 
@@ -268,7 +274,14 @@ class LocalRun:
             launches.append(
                 gangs.NodeLaunch(
                     rank,
-                    supervisor_argv(self.shape, rank, port, self.resolved.spec.command, in_place_restarts),
+                    supervisor_argv(
+                        self.shape,
+                        rank,
+                        port,
+                        self.resolved.spec.command,
+                        in_place_restarts,
+                        self.resolved.spec.failure_policy.progress_timeout_seconds,
+                    ),
                     env,
                     self.node_log(rank),
                     self.output / f"node-{rank}.pid",

@@ -112,6 +112,7 @@ def node_command(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -
         master_port=labels.MASTER_PORT,
         in_place_restarts=settings.in_place_restarts,
         command=resolved.spec.command,
+        progress_timeout_seconds=resolved.spec.failure_policy.progress_timeout_seconds,
     )
 
 
