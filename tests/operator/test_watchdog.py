@@ -47,13 +47,46 @@ def test_the_watchdog_calls_a_gang_hung_only_after_a_quiet_timeout(progress, run
         assert 0 < verdict.recheck_in <= timeout + 1
 
 
-def test_a_hung_gang_restarts_with_reason_no_progress_counted_against_the_backoff_limit(cluster, operator):
+@pytest.mark.parametrize(
+    ("progress", "running_since", "hung", "mentions"),
+    [
+        ({"step": 40, "updated": ago(700)}, ago(900), False, ""),
+        ({"step": 40, "updated": ago(1300)}, ago(1400), True, "the pods did not restart it in place"),
+        (None, ago(1100), False, ""),
+        (None, ago(1300), True, "no training step within 1200s of the gang starting (twice"),
+    ],
+    ids=["past-the-timeout", "past-twice-the-timeout", "starting-past-the-timeout", "starting-past-twice"],
+)
+def test_with_in_place_restarts_left_the_watchdog_waits_twice_the_timeout(progress, running_since, hung, mentions):
+    # The pods' supervisors restart a hung gang in place at the timeout; the operator is their backstop.
+    verdict = watchdog.judge_progress(progress, running_since, 600, at=NOW, in_place_first=True)
+    assert verdict.hung is hung
+    assert mentions in verdict.message
+    if not hung:
+        assert 0 < verdict.recheck_in <= 1201
+
+
+@pytest.mark.parametrize(
+    ("in_place", "mentions"),
+    [
+        (0, "no training step within 2s of the gang starting"),
+        (2, "no training step within 4s of the gang starting (tw"),
+    ],
+    ids=["no-in-place-budget", "in-place-budget-left"],
+)
+def test_a_hung_gang_restarts_with_reason_no_progress_counted_against_the_backoff_limit(
+    cluster, operator, in_place, mentions
+):
     cluster.add_nodes(16)
-    cluster.apply(job_doc(failurePolicy={"backoffLimit": 2, "progressTimeoutSeconds": 2}))
+    policy = {"backoffLimit": 2, "progressTimeoutSeconds": 2, "inPlaceRestarts": in_place}
+    cluster.apply(job_doc(failurePolicy=policy))
     wait_for(lambda: len(cluster.pods()) == 16, what="16 pods")
+    # Every pod's supervisor watches its ranks' heartbeats with the same timeout.
+    command = cluster.pods()[0]["spec"]["containers"][0]["command"]
+    assert "--progress-timeout=2" in command and f"--in-place-restarts={in_place}" in command
     cluster.bind_all()
     status = wait_for(lambda: cluster.status().get("restarts") == 1 and cluster.status(), timeout=30, what="restart")
     ready = {c["type"]: c for c in status["conditions"]}["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "NoProgress")
-    assert "no training step within 2s" in ready["message"]
+    assert mentions in ready["message"]
     assert [e for e in cluster.events() if e["reason"] == "NoProgress"]

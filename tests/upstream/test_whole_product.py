@@ -40,6 +40,8 @@ from tests.upstream.product import Product
 
 pytestmark = pytest.mark.slow
 EXAMPLE = REPO / "examples" / "quickstart-on-a-cluster.yaml"
+# spec.failurePolicy.progressTimeoutSeconds of the test's job: how long the hung rank's heartbeat stays quiet.
+HANG_TIMEOUT_SECONDS = 30
 
 
 OPERATOR_IMAGE = "ghcr.io/paralleljob/operator:0.1.0"  # the chart's default image at its appVersion
@@ -131,10 +133,12 @@ def pod_uids(product: Product) -> set[str]:
 
 
 def check_an_in_place_restart(product: Product, rows: list[dict[str, str]]) -> None:
-    """A killed rank restarts the gang inside its pods: no pod is recreated, and the operator counts it."""
+    """A hung rank (stopped: it neither steps nor fails, and its peers wait for it in their collectives) restarts
+    the gang inside its pods once its heartbeat has been quiet for progressTimeoutSeconds, long before the
+    process-group timeout and the operator's watchdog: no pod is recreated, and the operator counts it."""
     before = pod_uids(product)
     pid = wait_for("rank 5's pid", lambda: rank_pid(product, f"{JOB}-1", 5), product, 60)
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGSTOP)
 
     def counted() -> dict[str, object] | None:
         status = json.loads(product.kubectl("get", "pj", JOB, "-o", "json")).get("status") or {}
@@ -147,6 +151,8 @@ def check_an_in_place_restart(product: Product, rows: list[dict[str, str]]) -> N
     assert json.loads(config["data"]["attempt.json"])["inPlaceRestarts"] == 1
     events = product.kubectl("get", "events", "-n", "default", "--field-selector", "reason=RestartedInPlace")
     assert "in-place restart 1/2" in events, events
+    log = (product.pod_folder("default", f"{JOB}-0") / "container.log").read_text(errors="replace")
+    assert re.search(r"in-place restart 1/2: node \d: rank \d made no progress for \d+s", log), log[-3000:]
     rows.append(product.job_row())
     assert rows[-1]["RESTARTS"] == "1"
 
@@ -158,6 +164,8 @@ def test_the_quickstart_survives_a_killed_pod_on_the_upstream_control_plane(prod
     # The example as written, but 24 steps with a checkpoint every 8 instead of 60 and 20 (CI's time).
     job = yaml.safe_load(EXAMPLE.read_text())
     job["spec"]["training"]["steps"], job["spec"]["checkpoint"]["intervalSteps"] = TOTAL_STEPS, CHECKPOINT_EVERY
+    # Above each phase of a start on 2 loaded cores (process groups, engine, checkpoint) and any step.
+    job["spec"]["failurePolicy"]["progressTimeoutSeconds"] = HANG_TIMEOUT_SECONDS
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     product.kubectl("apply", "-f", str(REPO / "examples" / "quickstart-volumes.yaml"))
     product.kubectl("apply", "-f", str(tmp_path / "job.yaml"))

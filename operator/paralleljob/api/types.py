@@ -108,10 +108,13 @@ class FailurePolicy:
         minimum=0,
     )
     progress_timeout_seconds: int | None = api_field(
-        "Restart the gang (reason NoProgress, counted against backoffLimit) when rank 0's reported training step "
-        "has not advanced for this many seconds while the job is Running, e.g. a collective that never returns. "
+        "Restart a hung gang, e.g. a collective that never returns: each pod's supervisor restarts the gang in "
+        "place when one of its ranks has made no progress (its heartbeat, every step) for this many seconds; "
+        "the operator restarts it with new pods (reason NoProgress) when rank 0's reported step has not advanced "
+        "for twice as long (this long once no in-place restart is left). Both count against backoffLimit. "
         "Absent: no watchdog (the process-group timeout, spec.network.timeoutSeconds, still aborts a hung "
-        "collective). Set it well above the slowest step plus a checkpoint write.",
+        "collective). Set it well above the slowest step plus a checkpoint write, and above a start's slowest "
+        "phase (process groups, engine build, checkpoint load).",
         default=None,
         minimum=1,
         json_name="progressTimeoutSeconds",

@@ -285,7 +285,10 @@ def _progress_verdict(
     timeout = resolved.spec.failure_policy.progress_timeout_seconds
     if timeout is None:
         return watchdog.Verdict(False)
-    return watchdog.judge_progress(reported, running_since, timeout, p.session.server_now())
+    live = p.live
+    # The pods' supervisors restart a hung gang in place while the attempt has in-place restarts left.
+    in_place_first = live is not None and live.in_place_restarts < pod_manifests.in_place_budget(resolved, live.attempt)
+    return watchdog.judge_progress(reported, running_since, timeout, p.session.server_now(), in_place_first)
 
 
 def _resync(p: Pass, *due: float | None) -> float:
