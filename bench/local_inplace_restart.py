@@ -1,6 +1,6 @@
 """A killed rank to its next step, in place, against the same run's cold start: `paralleljob run` of the quickstart.
 
-    .venv/bin/python bench/local_inplace_restart.py [--kill-at 24] [--rank 5] [--output DIR]
+    .venv/bin/python bench/local_inplace_restart.py [--kill-at 24] [--rank 5] [--output DIR] [--hang SECONDS]
 
 Runs `paralleljob run examples/quickstart.yaml` (8 ranks, 2 simulated nodes, fp32 on gloo) and reads
 metrics.jsonl every 20 ms. Cold start: from starting `paralleljob run` to rank 0's first step record. Then,
@@ -10,6 +10,11 @@ record of the next generation (the in-place restart resumes from the checkpoint 
 after it). Both are measured in the one run, so the machine's load weighs on both alike. Goals (issue 26): the
 restart at most 6 s and at most 0.3 of the cold start. Prints the figures and where the restart's time went,
 read off node rank 0's log: stop (the kill to every node's ranks started again), ranks up to the first step.
+
+With --hang SECONDS the job gets spec.failurePolicy.progressTimeoutSeconds = SECONDS and the rank is stopped
+(SIGSTOP) instead of killed: it neither fails nor steps, its peers wait for it in their collectives, and the
+supervisors see its heartbeat go quiet. The figure is then from the stop to the next step, and the same less
+the timeout, which is what the restart itself cost.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTED_LINE = re.compile(r"generation (\d+) ranks started \(rank=pid\): (.*)")
@@ -65,7 +72,21 @@ def wait_for(predicate: Any, timeout: float = 600.0, tick: float = 0.02) -> Any:
     return value
 
 
-def measure(output: Path, kill_at: int, rank: int) -> dict[str, float]:
+def job_file(scratch: Path, hang: float | None) -> Path:
+    """The quickstart, or with --hang a copy that sets progressTimeoutSeconds (its corpus path made absolute)."""
+    quickstart = ROOT / "examples" / "quickstart.yaml"
+    if hang is None:
+        return quickstart
+    doc = yaml.safe_load(quickstart.read_text())
+    data = doc["spec"]["training"]["data"]
+    data["path"] = str((quickstart.parent / data["path"]).resolve())
+    doc["spec"].setdefault("failurePolicy", {})["progressTimeoutSeconds"] = int(hang)
+    path = scratch / "quickstart-hang.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def measure(output: Path, kill_at: int, rank: int, job: Path, hang: float | None) -> dict[str, float]:
     metrics = output / "metrics.jsonl"
     shutil.rmtree(output, ignore_errors=True)  # a previous run's records would read as this run's
     started = time.monotonic()
@@ -75,7 +96,7 @@ def measure(output: Path, kill_at: int, rank: int) -> dict[str, float]:
             "-m",
             "paralleljob",
             "run",
-            str(ROOT / "examples" / "quickstart.yaml"),
+            str(job),
             "--output",
             str(output),
         ],
@@ -89,7 +110,7 @@ def measure(output: Path, kill_at: int, rank: int) -> dict[str, float]:
         cold = time.monotonic() - started
         wait_for(lambda: any(r["step"] >= kill_at for r in step_records(metrics)))
         pid = wait_for(lambda: rank_pid(output, rank, 0))
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL if hang is None else signal.SIGSTOP)
         killed = time.monotonic()
         wait_for(lambda: rank_pid(output, 0, 1))
         ranks_started = time.monotonic() - killed
@@ -109,9 +130,20 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=24)
     parser.add_argument("--rank", type=int, default=5)
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--hang", type=float, help="stop the rank instead, with this progressTimeoutSeconds")
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        figures = measure(arguments.output or Path(scratch) / "run", arguments.kill_at, arguments.rank)
+        job = job_file(Path(scratch), arguments.hang)
+        output = arguments.output or Path(scratch) / "run"
+        figures = measure(output, arguments.kill_at, arguments.rank, job, arguments.hang)
+    if arguments.hang is not None:
+        print(f"cold start (paralleljob run to its first step): {figures['cold']:.1f} s")
+        print(f"stopped (hung) rank {arguments.rank} to the next step, in place: {figures['restart']:.1f} s")
+        beyond = figures["restart"] - arguments.hang
+        print(f"  less the progress timeout ({arguments.hang:g} s): {beyond:.1f} s")
+        print(f"  of which the stop to every rank started again: {figures['ranks_started']:.1f} s")
+        print(f"restarts in the summary: {figures['restarts']}; load average at the end: {os.getloadavg()[0]:.1f}")
+        return
     ratio = figures["restart"] / figures["cold"]
     load = os.getloadavg()[0]
     print(f"cold start (paralleljob run to its first step): {figures['cold']:.1f} s")
