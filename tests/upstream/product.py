@@ -2,7 +2,8 @@
 (`tests.upstream.cluster`) with the chart installed by `helm install`, whose operator Deployment the real
 controller-manager and scheduler turn into a pod that the process kubelet runs.
 
-Used by the whole-product test (tests/upstream/test_whole_product.py) and by `make cluster-demo`.
+Used by the whole-product test (tests/upstream/test_whole_product.py), the DP shrink test (test_data_shrink.py)
+and `make cluster-demo`.
 """
 
 from __future__ import annotations
@@ -21,19 +22,19 @@ CORPUS_CLAIM = "quickstart-corpus"
 
 
 class Product:
-    """A cluster of its own (two 4-GPU nodes) with the chart installed by helm, in `folder`."""
+    """A cluster of its own (two 4-GPU nodes unless told) with the chart installed by helm, in `folder`."""
 
-    def __init__(self, folder: Path, nodes: int = 2) -> None:
-        self.cluster = upstream_cluster.up(folder / "cluster", nodes=nodes, gpus_per_node=4)
+    def __init__(self, folder: Path, nodes: int = 2, gpus_per_node: int = 4) -> None:
+        self.cluster = upstream_cluster.up(folder / "cluster", nodes=nodes, gpus_per_node=gpus_per_node)
         self.kubectl = Tool("kubectl", self.cluster.kubeconfig)
         self.helm = Tool("helm", self.cluster.kubeconfig)
         self.admin = Api(self.cluster.state, self.cluster.state.tokens["admin"])
 
     @classmethod
     @contextlib.contextmanager
-    def running(cls, folder: Path, nodes: int = 2) -> Iterator[Product]:
+    def running(cls, folder: Path, nodes: int = 2, gpus_per_node: int = 4) -> Iterator[Product]:
         """A product for one test, stopped afterwards whatever the test did."""
-        made = cls(folder, nodes)
+        made = cls(folder, nodes, gpus_per_node)
         try:
             yield made
         finally:
@@ -63,12 +64,16 @@ class Product:
         assert found, f"no pod folder {namespace}_{prefix}*"
         return found[-1]
 
-    def fill_corpus(self, namespace: str = "default") -> Path:
-        """Put this repository's Python sources (the corpus `paralleljob run` reads for the quickstart) in the
-        corpus claim's folder, as a user copies a data set onto a shared volume."""
+    def fill_corpus(self, namespace: str = "default", text: Path | None = None) -> Path:
+        """Put this repository's Python sources (the corpus `paralleljob run` reads for the quickstart), or the
+        one file `text`, in the corpus claim's folder, as a user copies a data set onto a shared volume."""
         folder = self.cluster.folder / "kubelet" / "pvc" / namespace / CORPUS_CLAIM
         shutil.rmtree(folder, ignore_errors=True)
-        shutil.copytree(REPO / "operator" / "paralleljob", folder, ignore=shutil.ignore_patterns("__pycache__"))
+        if text is None:
+            shutil.copytree(REPO / "operator" / "paralleljob", folder, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            folder.mkdir(parents=True)
+            shutil.copy(text, folder / text.name)
         return folder
 
     def checkpoints(self) -> Path:
