@@ -67,12 +67,16 @@ def test_stalls_are_timed_on_the_servers_clock_and_a_failed_mount_is_reported(cl
     ready = {c["type"]: c for c in status["conditions"]}["Ready"]
     assert ready["reason"] == "StartTimeout"
     assert ready["message"].startswith(f"pod gpt-1 stayed ContainerCreating on node {mounting} for {TIMEOUT}s")
-    warnings = [e for e in cluster.events() if e["reason"] == "StartTimeout" and e["type"] == "Warning"]
-    assert warnings and "a volume that does not mount" in warnings[0]["message"]
+    # Each Event is posted after the status write it goes with.
+    warnings = wait_for(
+        lambda: [e for e in cluster.events() if e["reason"] == "StartTimeout" and e["type"] == "Warning"],
+        what="a StartTimeout Event",
+    )
+    assert "a volume that does not mount" in warnings[0]["message"]
     assert set(status["excludedNodes"]) == {pulling, mounting}
 
     # The old attempt's pods stay Terminating on their live nodes: the status and an Event say so.
     said = wait_for(lambda: "stuck Terminating" in cluster.status().get("message", "") and cluster.status())
     assert "the next attempt starts once it is gone" in said["message"]
-    assert [e for e in cluster.events() if e["reason"] == "StuckTerminating"]
+    wait_for(lambda: [e for e in cluster.events() if e["reason"] == "StuckTerminating"], what="the Event")
     assert not server.force_deleted
