@@ -1,7 +1,9 @@
-"""Admission at 10,000 nodes and 50,000 pods: the cost of one admission pass with a warm usage index, and the
-operator's memory once its watches hold that cluster.
+"""Admission at 10,000 nodes and 50,000 pods, in process: the cost of planning inside one admission pass with a
+warm usage index, and of warming that index. No API server: the caches are filled from the synthesized cluster
+as a listing would fill them. The same cluster and jobs serve bench/upstream_admission_scale.py, which measures
+the whole pass over HTTPS and the operator's memory on the upstream control plane.
 
-    .venv/bin/python bench/admission_scale.py [--nodes 10000] [--pods-per-node 5] [--pending 100] [--rss]
+    .venv/bin/python bench/admission_scale.py [--nodes 10000] [--pods-per-node 5] [--pending 100] [--repeat 10]
 
 The cluster: 8-GPU nodes under 32-node leaves and 512-node blocks (`paralleljob cluster synth`); on every node
 four DaemonSet-like pods (CPU and memory only), on half of the nodes a GPU pod holding all 8 GPUs; plus
@@ -9,50 +11,30 @@ four DaemonSet-like pods (CPU and memory only), on half of the nodes a GPU pod h
 their attempt records).
 The job admitted: 8x8x16 (PP x TP x DP), 1,024 GPUs on 128 nodes.
 
-Prints:
-1. planning inside one admission pass, in this process, from warm caches (`NodeWatch`, `UsageIndex`): the
-   round's snapshot, the reservations of the other jobs, the cluster assembled by the `ClusterBuilder` and the
-   plan (best and median of --repeat, CPU time);
-2. one whole admission pass (`reconcile(..., admit=True)`) over HTTP against the emulator holding the jobs:
-   reading the job, its pods and every record that reserves nodes, planning, writing the ConfigMap and the
-   status: wall time, and CPU time of the thread running the pass (the emulator serves from another thread of
-   this process, so the wall time includes the API server's own work under the same GIL); and the read of
-   every job's reservations that each admission round makes once as it begins (wall time);
-3. with --rss: `paralleljob operator` started against the emulator, its resident memory once both informers
-   have listed the cluster and watch it (VmRSS) and its peak (VmHWM), from /proc. kmock's store cannot serve
-   a listing of 60,000 objects in pages within a request timeout, so in this run the emulator serves the Nodes
-   and Pods from a static store (`StaticEmulator`: sorted, paged with limit/continue, label- and
-   field-selected as the API server does, watches from "now" with no replay); everything else (discovery,
-   ParallelJobs, kopf's watches) is the emulator's own.
-Figures are recorded in docs/operator.md.
+Prints the CPU time of filling the caches (`NodeWatch`, `UsageIndex`) from the cluster, then of planning inside
+one admission pass from them: the round's snapshot, the reservations of the other jobs, the cluster assembled by
+the `ClusterBuilder` and the plan (best and median of --repeat). Figures are recorded in docs/operator.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import bisect
-import dataclasses
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paralleljob.handlers import reconcile
 from paralleljob.handlers.nodes import NodeWatch
-from paralleljob.k8s import reads
-from paralleljob.k8s import session as k8s_session
 from paralleljob.manifests import labels, records
 from paralleljob.planning import synth
 from paralleljob.planning.inventory import ClusterBuilder
 from paralleljob.planning.usage import UsageIndex
-from tests.cluster.apiserver import APIServer, ClusterThread, matches_fields, matches_selector
-from tests.operator.conftest import Cluster, Operator, install_operator_rbac, job_doc, wait_for
+from tests.operator.conftest import job_doc
 
 JOB = {"parallelism": {"pipeline": 8, "tensor": 8, "data": 16}, "gpusPerNode": 8}
 JOB_DEEPSPEED = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 16}
@@ -162,140 +144,16 @@ def planning_in_process(view: reconcile.NodeView, config_maps: list[dict[str, An
     return samples
 
 
-class StaticEmulator(APIServer):
-    """The emulator, serving cluster-wide lists and watches of `static` kinds from a fixed, sorted store."""
-
-    static: ClassVar[dict[str, list[tuple[str, dict[str, Any]]]]] = {}
-
-    async def _serve_list(self, request: Any) -> Any:
-        plural = request.resource.plural if request.resource is not None else None
-        if plural not in self.static or request.namespace:
-            return await super()._serve_list(request)
-        labels, fields = request.params.get("labelSelector"), request.params.get("fieldSelector")
-        rows = self.static[plural]
-        token = request.params.get("continue")
-        position = bisect.bisect_right([key for key, _ in rows], token) if token else 0
-        limit = int(request.params.get("limit") or 0) or len(rows)
-        page = []
-        while position < len(rows) and len(page) < limit:
-            obj = rows[position][1]
-            position += 1
-            if labels and not matches_selector(obj["metadata"].get("labels") or {}, labels):
-                continue
-            if fields and not matches_fields(obj, fields):
-                continue
-            page.append(obj)
-        metadata: dict[str, Any] = {"resourceVersion": "1"}
-        if position < len(rows):
-            metadata["continue"] = rows[position - 1][0]
-        return {"apiVersion": "v1", "kind": "List", "metadata": metadata, "items": page}
-
-    async def _serve_watch(self, request: Any) -> Any:
-        plural = request.resource.plural if request.resource is not None else None
-        if plural not in self.static:
-            async for event in super()._serve_watch(request):
-                yield event
-            return
-        yield b""
-        await asyncio.Event().wait()  # nothing changes in this run: hold the watch open
-
-
-def static_emulator(objects: dict[str, list[dict[str, Any]]]) -> type[StaticEmulator]:
-    """An emulator class whose Nodes and Pods are these objects."""
-
-    def key(obj: dict[str, Any]) -> str:
-        return f"{obj['metadata'].get('namespace') or ''}/{obj['metadata']['name']}"
-
-    rows = {plural: sorted(((key(o), o) for o in items), key=lambda row: row[0]) for plural, items in objects.items()}
-    return type("SeededEmulator", (StaticEmulator,), {"static": rows})
-
-
-def admission_over_http(
-    jobs: list[dict[str, Any]], node_dicts: list[dict[str, Any]], view: reconcile.NodeView, repeat: int
-) -> tuple[list[float], list[float], list[float]]:
-    workdir = Path(tempfile.mkdtemp())
-    emulator = ClusterThread(workdir).start()
-    cluster = Cluster(emulator, namespaces=("research", "queue"))
-    try:
-        placed = 0
-        for job in jobs:
-            created = cluster.apply(job)
-            if created["metadata"]["name"].startswith("placed-"):
-                cluster.core.create_namespaced_config_map("queue", placed_record(node_dicts, created, placed))
-                placed += 1
-        api = k8s_session.connect(str(emulator.kubeconfig))
-        wall, cpu, round_wall = [], [], []
-        for attempt in range(repeat):
-            name = f"gpt-{attempt}"
-            cluster.apply(job_doc(name, **JOB, deepspeed=JOB_DEEPSPEED))
-            started = time.perf_counter()
-            # What each admission round reads once as it begins (registry._admission_view).
-            held = frozenset(records.reservations_of(reads.list_reserving_config_maps(api), bound=view.usage.bound))
-            round_wall.append(time.perf_counter() - started)
-            in_round = dataclasses.replace(view, round_held=held)
-            started, started_cpu = time.perf_counter(), time.thread_time()
-            outcome = reconcile.reconcile(api, reconcile.Settings(), "research", name, in_round, admit=True)
-            wall.append(time.perf_counter() - started)
-            cpu.append(time.thread_time() - started_cpu)
-            assert outcome.step == "admitted", outcome
-        return wall, cpu, round_wall
-    finally:
-        emulator.stop()
-
-
-def operator_memory(node_dicts: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, float]:
-    workdir = Path(tempfile.mkdtemp())
-    emulator = ClusterThread(workdir, static_emulator({"nodes": node_dicts, "pods": pods})).start()
-    try:
-        kubeconfig = install_operator_rbac(emulator, Cluster(emulator).client)
-        operator = Operator(emulator, workdir / "operator.log", kubeconfig, ["--log-level", "info"]).start()
-        assert operator.process is not None
-        try:
-            started = time.perf_counter()
-            # Synced: every page of the usage informer's listing was asked for, and then both pod informers
-            # (the usage index's and the job pods') watch.
-            assert emulator.emulator is not None
-            calls = emulator.emulator.calls
-            pages = -(-len(pods) // 500)
-
-            def ours(verb: str, plural: str) -> int:
-                return sum(1 for c in calls if c[0] == verb and c[2] == plural and c[4].startswith("paralleljob"))
-
-            def watching_pods() -> bool:
-                return ours("list", "pods") >= pages and ours("watch", "pods") >= 2
-
-            wait_for(watching_pods, timeout=1800, what="the usage informer watching")
-            listed = time.perf_counter() - started
-            time.sleep(10)  # whatever the listings left behind is collected
-            status = Path(f"/proc/{operator.process.pid}/status").read_text()
-            fields = {line.split(":")[0]: line.split(":")[1].strip() for line in status.splitlines()}
-            return {
-                "listed_s": listed,
-                "rss_mib": int(fields["VmRSS"].split()[0]) / 1024,
-                "peak_mib": int(fields["VmHWM"].split()[0]) / 1024,
-            }
-        finally:
-            operator.stop()
-    finally:
-        emulator.stop()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--pods-per-node", type=int, default=5)
     parser.add_argument("--pending", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--rss", action="store_true", help="also measure the operator process's memory")
-    parser.add_argument("--rss-only", action="store_true", help="measure only the operator process's memory")
     args = parser.parse_args()
     node_dicts, pods = synth_objects(args.nodes, args.pods_per_node)
     pod_bytes = statistics.mean(len(json.dumps(p)) for p in pods[:1000])
     print(f"cluster: {len(node_dicts)} nodes, {len(pods)} pods ({pod_bytes:.0f} bytes of JSON each)", flush=True)
-
-    if args.rss_only:
-        print_memory(node_dicts, pods)
-        return 0
     nodes, usage = NodeWatch(), UsageIndex()
     started = time.process_time()
     nodes.replace(iter(node_dicts))
@@ -309,26 +167,8 @@ def main() -> int:
         for i, job in enumerate(jobs[-PLACED:])
     ]
     planning_in_process(view, held, 1)  # the first pass fills the builder's records; passes after it are warm
-    print(f"1. planning in an admission pass (warm): {best_and_median(planning_in_process(view, held, args.repeat))}")
-    wall, cpu, round_wall = admission_over_http(jobs, node_dicts, view, min(args.repeat, 5))
-    print(
-        f"2. whole admission pass over HTTP, {args.pending} jobs pending: wall {best_and_median(wall)}; "
-        f"CPU of the pass's thread {best_and_median(cpu)}; the round's own read of every job's reservations "
-        f"(once per round): wall {best_and_median(round_wall)}",
-        flush=True,
-    )
-    if args.rss:
-        print_memory(node_dicts, pods)
+    print(f"planning in an admission pass (warm), CPU: {best_and_median(planning_in_process(view, held, args.repeat))}")
     return 0
-
-
-def print_memory(node_dicts: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
-    memory = operator_memory(node_dicts, pods)
-    print(
-        f"3. operator memory with {len(node_dicts)} nodes and {len(pods)} pods watched: RSS "
-        f"{memory['rss_mib']:.0f} MiB, peak {memory['peak_mib']:.0f} MiB (listed and watching after "
-        f"{memory['listed_s']:.0f} s)"
-    )
 
 
 if __name__ == "__main__":

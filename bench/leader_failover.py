@@ -3,8 +3,10 @@ lost its Lease stops.
 
     .venv/bin/python bench/leader_failover.py [--lease-seconds 15] [--repeat 2]
 
-Each round starts `paralleljob operator --leader-elect` (the chart's Lease flags) against the emulator while
-another holder renews the Lease every 0.5 s, creates a 2-node job, and then:
+Each round starts `paralleljob operator --leader-elect` (the chart's Lease flags, with the chart's RBAC, through
+the fault proxy) on the operator tests' upstream control plane (tests/operator/server.py; one for every round,
+reset between rounds as between tests) while another holder renews the Lease every 0.5 s, creates a 2-node job,
+and then:
 1. takeover: the holder stops renewing; measured from its last renewal to the moment the Lease names the
    operator (Lease expiry as the client's election sees it: counted from when it last saw the record change,
    plus a retry period), and to the first pod of the job the operator creates (then the recheck of every
@@ -17,6 +19,8 @@ Figures are recorded in docs/install.md ("High availability").
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
 import statistics
 import sys
 import tempfile
@@ -28,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kubernetes
 
 from tests.chart.conftest import RELEASE_NAMESPACE
-from tests.cluster.apiserver import ClusterThread
+from tests.operator import server as upstream
 from tests.operator.conftest import Cluster, Operator, install_operator_rbac, job_doc, wait_for
+from tests.operator.server import UpstreamServer
 from tests.operator.test_leader_election import TWO_NODES, OtherHolder, chart_leader_election_args, chart_lease_name
 
 
@@ -38,36 +43,31 @@ def lease_holder(cluster: Cluster) -> str:
     return str(api.read_namespaced_lease(chart_lease_name(), RELEASE_NAMESPACE).spec.holder_identity)
 
 
-def one_round(lease_seconds: int) -> tuple[float, float, float]:
-    with tempfile.TemporaryDirectory() as workdir:
-        server = ClusterThread(Path(workdir)).start()
-        try:
-            cluster = Cluster(server)
-            kubeconfig = install_operator_rbac(server, cluster.client)
-            holder = OtherHolder(cluster, RELEASE_NAMESPACE, chart_lease_name(), "replica-b").take()
-            args = [*Operator.ARGS, *chart_leader_election_args(), "--lease-seconds", str(lease_seconds)]
-            log = Path(workdir) / "operator.log"
-            operator = Operator(server, log, kubeconfig, args).start()
-            try:
-                cluster.add_nodes(2)
-                cluster.apply(job_doc(parallelism=TWO_NODES))
-                wait_for(lambda: "is held by replica-b" in log.read_text(), timeout=120, what="the standby")
-                holder.release()
-                stopped = time.monotonic()
-                wait_for(lambda: lease_holder(cluster) != "replica-b", timeout=120, what="the Lease taken")
-                taken_over = time.monotonic() - stopped
-                wait_for(lambda: cluster.pods(), timeout=120, what="the first pod")
-                takeover = time.monotonic() - stopped
-                usurper = OtherHolder(cluster, RELEASE_NAMESPACE, chart_lease_name(), "usurper").take()
-                taken = time.monotonic()
-                wait_for(lambda: operator.process is not None and operator.process.poll() is not None, timeout=60)
-                fenced = time.monotonic() - taken
-                usurper.release()
-            finally:
-                holder.release()
-                operator.stop()
-        finally:
-            server.stop()
+def one_round(server: UpstreamServer, workdir: Path, lease_seconds: int) -> tuple[float, float, float]:
+    cluster = Cluster(server)
+    kubeconfig = install_operator_rbac(server, cluster.client)
+    holder = OtherHolder(cluster, RELEASE_NAMESPACE, chart_lease_name(), "replica-b").take()
+    args = [*Operator.ARGS, *chart_leader_election_args(), "--lease-seconds", str(lease_seconds)]
+    log = workdir / "operator.log"
+    operator = Operator(server, log, kubeconfig, args).start()
+    try:
+        cluster.add_nodes(2)
+        cluster.apply(job_doc(parallelism=TWO_NODES))
+        wait_for(lambda: "is held by replica-b" in log.read_text(), timeout=120, what="the standby")
+        holder.release()
+        stopped = time.monotonic()
+        wait_for(lambda: lease_holder(cluster) != "replica-b", timeout=120, what="the Lease taken")
+        taken_over = time.monotonic() - stopped
+        wait_for(lambda: cluster.pods(), timeout=120, what="the first pod")
+        takeover = time.monotonic() - stopped
+        usurper = OtherHolder(cluster, RELEASE_NAMESPACE, chart_lease_name(), "usurper").take()
+        taken = time.monotonic()
+        wait_for(lambda: operator.process is not None and operator.process.poll() is not None, timeout=60)
+        fenced = time.monotonic() - taken
+        usurper.release()
+    finally:
+        holder.release()
+        operator.stop()
     return taken_over, takeover, fenced
 
 
@@ -76,7 +76,20 @@ def main() -> None:
     parser.add_argument("--lease-seconds", type=int, default=15)
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    rounds = [one_round(args.lease_seconds) for _ in range(args.repeat)]
+    workdir = Path(tempfile.mkdtemp(prefix="leader-failover-"))
+    rounds = []
+    try:
+        with contextlib.contextmanager(upstream.started)(workdir) as server:
+            for number in range(args.repeat):
+                # Each round on the cluster as it was after start-up, as each operator test begins.
+                server.begin()
+                folder = workdir / f"round-{number}"
+                folder.mkdir()
+                rounds.append(one_round(server, folder, args.lease_seconds))
+                assert server.denied == [], server.denied
+                server.reset()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     leases, takeovers, exits = ([r[i] for r in rounds] for i in range(3))
     print(f"lease {args.lease_seconds} s, {args.repeat} rounds")
     print(

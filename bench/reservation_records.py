@@ -7,8 +7,9 @@ Every admission reads the records that reserve nodes (`reads.list_reserving_conf
 labelled paralleljob.io/reserving=true, cluster-wide, in pages) and turns them into reservations
 (`records.reservations_of`), under the admission lock, so that what another operator wrote just before is in
 it. The ConfigMap measured is the one the operator writes: a 16-node job (4x4x4 on 4-GPU nodes, the operator
-tests' job) admitted by a real admission pass on the strict test cluster, then copied `--jobs` times under
-other names, namespaces, uids and nodes, all of them live (the worst case: every job of the cluster reserving).
+tests' job) admitted by a real admission pass on the operator tests' upstream control plane
+(tests/operator/server.py), as the API server returns it, then copied `--jobs` times under other names,
+namespaces, uids and nodes, all of them live (the worst case: every job of the cluster reserving).
 
 Prints:
 1. the size of one ConfigMap as the API returns it, and of the whole list;
@@ -24,10 +25,12 @@ Figures are recorded in docs/operator.md ("Reservations").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import gc
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -42,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from paralleljob.handlers import reconcile
 from paralleljob.k8s import session as k8s_session
 from paralleljob.manifests import labels, records
-from tests.cluster.apiserver import ClusterThread
+from tests.operator import server as upstream
 from tests.operator.conftest import Cluster, fresh_view, job_doc
 
 NODES_PER_JOB = 16
@@ -50,20 +53,21 @@ NODES_PER_JOB = 16
 
 def admitted_config_map() -> dict[str, Any]:
     """The `-config` ConfigMap of a 16-node job, as a real admission pass writes it and the API returns it."""
-    emulator = ClusterThread(Path(tempfile.mkdtemp())).start()
+    workdir = Path(tempfile.mkdtemp(prefix="reservation-records-"))
     try:
-        cluster = Cluster(emulator)
-        cluster.add_nodes(NODES_PER_JOB)
-        cluster.apply(job_doc())
-        session = k8s_session.connect(str(emulator.kubeconfig))
-        settings = reconcile.Settings(image="trainer:bench")
-        view = fresh_view(cluster)
-        assert reconcile.reconcile(session, settings, "research", "gpt", view).step == "awaiting-admission"
-        assert reconcile.reconcile(session, settings, "research", "gpt", view, admit=True).step == "admitted"
-        found = cluster.core.read_namespaced_config_map("gpt-config", "research")
-        return dict(cluster.client.sanitize_for_serialization(found))
+        with contextlib.contextmanager(upstream.started)(workdir) as server:
+            cluster = Cluster(server)
+            cluster.add_nodes(NODES_PER_JOB)
+            cluster.apply(job_doc())
+            session = k8s_session.connect(str(server.kubeconfig))
+            settings = reconcile.Settings(image="trainer:bench")
+            view = fresh_view(cluster)
+            assert reconcile.reconcile(session, settings, "research", "gpt", view).step == "awaiting-admission"
+            assert reconcile.reconcile(session, settings, "research", "gpt", view, admit=True).step == "admitted"
+            found = cluster.core.read_namespaced_config_map("gpt-config", "research")
+            return dict(cluster.client.sanitize_for_serialization(found))
     finally:
-        emulator.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def copies(template: dict[str, Any], jobs: int) -> list[dict[str, Any]]:

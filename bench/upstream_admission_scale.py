@@ -1,7 +1,7 @@
 """Admission at 10,000 nodes and 50,000 pods on the upstream control plane (tests/upstream): the CPU cost of one
 admission pass with a warm usage index, and the memory of `paralleljob operator` once its watches hold that
-cluster. The same cluster, jobs and job as bench/admission_scale.py (which runs against the strict emulator),
-served by the real kube-apiserver and etcd.
+cluster. The same cluster, jobs and job as bench/admission_scale.py (which measures the planning inside a pass
+in process, without a server), served by the real kube-apiserver and etcd.
 
     .venv/bin/python bench/upstream_admission_scale.py [--nodes 10000] [--pods-per-node 5] [--pending 100]
 
@@ -200,7 +200,7 @@ def main() -> int:
         session = k8s_session.connect(str(state.kubeconfig))
         view = warm_view(session, api)
         admission(api, session, view, args.repeat)
-        # The operator's memory is measured over the nodes and pods alone, as bench/admission_scale.py does.
+        # The operator's memory is measured over the nodes and pods alone.
         for namespace in ("queue", "research"):
             api.send("DELETE", f"/api/v1/namespaces/{namespace}")
         wait_for(lambda: api.send("GET", "/api/v1/namespaces/queue").status_code == 404, 300, "queue deleted")

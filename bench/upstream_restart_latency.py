@@ -1,5 +1,5 @@
 """Failed rank -> every pod of its gang deleted, while 100 other jobs wait for admission, on the upstream
-control plane (tests/upstream): the same protocol as bench/restart_latency.py on the emulator.
+control plane (tests/upstream).
 
     .venv/bin/python bench/upstream_restart_latency.py [--pending 100] [--repeat 3]
 

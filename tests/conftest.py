@@ -2,8 +2,8 @@
 
 `make test` runs the suite on two workers with `--dist loadgroup`. Every training run is a gang of up to 8
 processes that keeps both cores busy, so two at once would only slow each other and crowd their timeouts;
-grouped, they run one after another on one worker while the other worker takes the operator, cluster, chart,
-planning and API tests, which spend most of their time waiting on timers and the API server.
+grouped, they run one after another on one worker while the other worker takes the operator, chart, planning
+and API tests, which spend most of their time waiting on timers and the API server.
 
 The tests of tests/upstream share one group too: they run against one upstream control plane (etcd, the API
 server, the scheduler and the controller-manager, about 1 GB), started once by the worker that takes the group.

@@ -35,15 +35,10 @@ from tests.operator.server import UpstreamServer
 OPERATOR_AGENTS = ("kopf", "paralleljob-operator")  # kopf's own requests, and paralleljob.k8s's
 
 
-def _calls(server: Any) -> list[tuple[str, str, str, str, str]]:
-    """(verb, group, resource, namespace, user agent) of the requests a server saw: the upstream server's
-    through its proxy, or the strict emulator's (tests/chart still drives the operator on it)."""
-    return list(server.calls if isinstance(server, UpstreamServer) else server.server.calls)
-
-
-def operator_calls(server: Any) -> list[tuple[str, str, str, str]]:
-    """(verb, group, resource, namespace) of every resource request the operator process made."""
-    return [call[:4] for call in _calls(server) if call[4].startswith(OPERATOR_AGENTS) and call[2]]
+def operator_calls(server: UpstreamServer) -> list[tuple[str, str, str, str]]:
+    """(verb, group, resource, namespace) of every resource request the operator process made (through the
+    proxy)."""
+    return [call[:4] for call in server.calls if call[4].startswith(OPERATOR_AGENTS) and call[2]]
 
 
 # The chart's objects that make the operator's identity and permissions (the rest is its Deployment).
@@ -147,12 +142,9 @@ class Cluster:
 
     def create_namespace(self, name: str) -> None:
         """A namespace, once the controller-manager gave it its `default` ServiceAccount: pods are refused
-        before that, on a real cluster as on this one."""
+        before that."""
         self.core.create_namespace({"metadata": {"name": name}})
-        if isinstance(self.server, UpstreamServer):
-            wait_for(
-                lambda: self.core.read_namespaced_service_account("default", name), what=f"{name}'s ServiceAccount"
-            )
+        wait_for(lambda: self.core.read_namespaced_service_account("default", name), what=f"{name}'s ServiceAccount")
 
     def add_nodes(self, count: int, prefix: str = "gpu-", start: int = 0, **kwargs: Any) -> None:
         """Register Nodes as their kubelets would (the object, then its status). The API server taints every new
@@ -244,9 +236,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "con
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
-def operator_requests(server: Any) -> list[tuple[str, str, str, str]]:
+def operator_requests(server: UpstreamServer) -> list[tuple[str, str, str, str]]:
     """paralleljob.k8s's requests (kopf's list-and-watch is the framework's, made once at startup)."""
-    return [c[:4] for c in _calls(server) if c[4].startswith("paralleljob-operator") and c[2]]
+    return [c[:4] for c in server.calls if c[4].startswith("paralleljob-operator") and c[2]]
 
 
 def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str = "research") -> None:
@@ -254,14 +246,14 @@ def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str =
     kopf handles one object's events one after another, so when the operator reads the job for a change made
     after it read the job for an earlier change, the earlier pass, writes included, is over."""
     for poke in ("1", "2"):
-        mark = len(_calls(cluster.server))
+        mark = len(cluster.server.calls)
         patch = {"metadata": {"labels": {"test.paralleljob.io/poke": f"{time.monotonic_ns()}-{poke}"}}}
         cluster.custom.patch_namespaced_custom_object(
             "paralleljob.io", "v1alpha1", namespace, "paralleljobs", name, patch
         )
 
         def read_since(mark: int = mark) -> bool:
-            later = _calls(cluster.server)[mark:]
+            later = cluster.server.calls[mark:]
             return any(
                 c[0] == "get" and c[2] == "paralleljobs" and c[4].startswith("paralleljob-operator") for c in later
             )
@@ -333,12 +325,10 @@ def fresh_view(cluster: Cluster) -> reconcile.NodeView:
     return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage.snapshot())
 
 
-def _history(server: Any) -> list[Any]:
-    """The pod changes a test replays: the node agent's watch, or the strict emulator's own record."""
-    if isinstance(server, UpstreamServer):
-        assert server.agent.gaps == 0, "the pod watch expired: the history has a gap"
-        return server.history
-    return list(server.server.history)
+def _history(server: UpstreamServer) -> list[upstream.Change]:
+    """The pod changes a test replays: the node agent's watch."""
+    assert server.agent.gaps == 0, "the pod watch expired: the history has a gap"
+    return server.history
 
 
 def generations_overlapping(server: Any, job: str = "gpt") -> list[str]:
@@ -398,8 +388,7 @@ def apiserver(control_plane: UpstreamServer) -> Iterator[UpstreamServer]:
 
 @pytest.fixture
 def server(apiserver: UpstreamServer) -> UpstreamServer:
-    """The API server of the test: the upstream control plane (tests/chart drives the operator on the strict
-    emulator through the same helpers, which is why they take either)."""
+    """The API server of the test: the upstream control plane."""
     return apiserver
 
 

@@ -32,15 +32,14 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent import futures
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import kubernetes
 import yaml
 
-from tests.cluster.apiserver import Change  # one history entry for both servers, so tests replay either
 from tests.upstream import controlplane
 from tests.upstream.proxy import FaultProxy
 
@@ -54,6 +53,34 @@ CRD_NAME = "paralleljobs.paralleljob.io"
 # (CI lost the operator's ServiceAccount and a test's ConfigMap so; tests/operator/test_server_reset.py).
 CONTROLLERS = "*,-node-lifecycle-controller,-namespace-controller"
 KUBELET_AGENT = "paralleljob-test-node-agent"
+
+
+class Change(NamedTuple):
+    """One pod change the node agent saw: what changed, and the fields tests replay."""
+
+    kind: str  # ADDED, MODIFIED, DELETED
+    plural: str
+    namespace: str
+    name: str
+    labels: dict[str, str]
+    phase: str | None
+    gpus: int  # nvidia.com/gpu requested by a pod's containers
+
+    @classmethod
+    def of(cls, kind: str, plural: str, obj: Mapping[str, Any]) -> Change:
+        meta = obj.get("metadata") or {}
+        containers = (obj.get("spec") or {}).get("containers") or []
+        gpus = sum(int(((c.get("resources") or {}).get("requests") or {}).get("nvidia.com/gpu", 0)) for c in containers)
+        phase = (obj.get("status") or {}).get("phase")
+        return cls(
+            kind,
+            plural,
+            meta.get("namespace") or "",
+            meta.get("name") or "",
+            dict(meta.get("labels") or {}),
+            phase,
+            gpus,
+        )
 
 
 def admin_client(state: controlplane.State, agent: str = "paralleljob-tests") -> kubernetes.client.ApiClient:

@@ -2,24 +2,23 @@
 the old nodes a restarting gang holds for its grace period.
 
 A table of ParallelJob and Pod dicts as the API returns them, and the reservations they make; then the live
-path of `paralleljob plan`, which reads ParallelJobs as well as Nodes and Pods.
+path of `paralleljob plan`, which reads ParallelJobs as well as Nodes and Pods, from an API server's canned
+answers (kmock): what is read, not how a server stores it, is under test here.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import json
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-import kubernetes
+import kmock
 import pytest
-import yaml
 
 from paralleljob import cli, planning
 from paralleljob.api import types as api_types
 from paralleljob.planning import Reservation
-from tests.cluster.apiserver import ClusterThread
 from tests.planning import clusters
 
 
@@ -92,32 +91,28 @@ def test_job_reservations(jobs: list[dict[str, Any]], pods: list[dict[str, Any]]
     assert planning.job_reservations(jobs, pods, exclude=("research", "self")) == expected
 
 
-@contextlib.contextmanager
-def live_cluster(tmp_path: Any, with_crd: bool = True) -> Iterator[dict[str, Any]]:
-    """The strict cluster's API server (with or without the ParallelJob CRD installed); the test fills it through
-    the kubernetes client, as kubectl would."""
-    server = ClusterThread(tmp_path) if with_crd else ClusterThread(tmp_path, crds=())
-    server.start()
-    client = kubernetes.config.new_client_from_config(str(server.kubeconfig))
-    kubernetes.client.CoreV1Api(client).create_namespace({"metadata": {"name": "research"}})
-    try:
-        yield {
-            "kubeconfig": str(server.kubeconfig),
-            "core": kubernetes.client.CoreV1Api(client),
-            "custom": kubernetes.client.CustomObjectsApi(client),
-        }
-    finally:
-        server.stop()
+def live_cluster(server: kmock.RawHandler, folder: Path, jobs: list[dict[str, Any]] | None) -> str:
+    """An API server's canned answers to what `paralleljob plan` reads, and a kubeconfig for it: one 8-GPU Node,
+    no bound pod, and these ParallelJobs (None: the CRD is not installed, so their list is a 404)."""
+    server["get /api/v1/nodes"] << {"kind": "NodeList", "metadata": {}, "items": [clusters.node("n0")]}
+    server["get /api/v1/pods"] << {"kind": "PodList", "metadata": {}, "items": []}
+    everywhere = f"get /apis/{api_types.GROUP}/{api_types.VERSION}/{api_types.PLURAL}"
+    if jobs is None:
+        server[everywhere] << 404 << {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
+    else:
+        server[everywhere] << {"kind": "ParallelJobList", "metadata": {}, "items": jobs}
+    kubeconfig = folder / "kubeconfig"
+    cluster = {"name": "canned", "cluster": {"server": str(server.url)}}
+    context = {"name": "canned", "context": {"cluster": "canned", "user": "admin"}}
+    users = [{"name": "admin", "user": {"token": "canned"}}]
+    config = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster], "contexts": [context], "users": users}
+    kubeconfig.write_text(json.dumps({**config, "current-context": "canned"}))
+    return str(kubeconfig)
 
 
-def add_job_with_placement(live: dict[str, Any], job: dict[str, Any]) -> None:
-    """Create a ParallelJob, then write its status through the status subresource, as the operator does."""
-    args = (api_types.GROUP, api_types.VERSION, job["metadata"]["namespace"], api_types.PLURAL)
-    spec = yaml.safe_load(JOB)["spec"]
-    live["custom"].create_namespaced_custom_object(
-        *args, {**job, "apiVersion": api_types.API_VERSION, "status": {}, "spec": spec}
-    )
-    live["custom"].patch_namespaced_custom_object_status(*args, job["metadata"]["name"], {"status": job["status"]})
+async def plan_live(job: Path, kubeconfig: str, *args: str) -> int:
+    """`paralleljob plan` against the live cluster, in a thread: kmock answers on this test's event loop."""
+    return await asyncio.to_thread(cli.main, ["plan", str(job), "--kubeconfig", kubeconfig, *args])
 
 
 JOB = """apiVersion: paralleljob.io/v1alpha1
@@ -132,22 +127,23 @@ spec:
 """
 
 
-def test_the_live_path_subtracts_other_jobs_placements_not_yet_bound(
-    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=kmock.RawHandler)
+async def test_the_live_path_subtracts_other_jobs_placements_not_yet_bound(
+    kmock: kmock.RawHandler, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "job.yaml").write_text(JOB)
-    with live_cluster(tmp_path) as live:
-        live["core"].create_node(clusters.node("n0"))
-        add_job_with_placement(live, parallel_job("gpt", ("n0", "gpt-0")))
-        code = cli.main(["plan", str(tmp_path / "job.yaml"), "--kubeconfig", live["kubeconfig"]])
-    assert code == 1
+    kubeconfig = live_cluster(kmock, tmp_path, [parallel_job("gpt", ("n0", "gpt-0"))])
+    assert await plan_live(tmp_path / "job.yaml", kubeconfig) == 1
     assert "0 qualify: 1 has GPUs in use by ParallelJob research/gpt" in capsys.readouterr().out
 
 
-def test_the_live_path_plans_when_the_crd_is_not_installed(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=kmock.RawHandler)
+async def test_the_live_path_plans_when_the_crd_is_not_installed(
+    kmock: kmock.RawHandler, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "job.yaml").write_text(JOB)
-    with live_cluster(tmp_path, with_crd=False) as live:
-        live["core"].create_node(clusters.node("n0"))
-        code = cli.main(["plan", str(tmp_path / "job.yaml"), "--kubeconfig", live["kubeconfig"], "-o", "json"])
-    assert code == 0
+    kubeconfig = live_cluster(kmock, tmp_path, jobs=None)
+    assert await plan_live(tmp_path / "job.yaml", kubeconfig, "-o", "json") == 0
     assert json.loads(capsys.readouterr().out)["nodes"][0]["node"] == "n0"

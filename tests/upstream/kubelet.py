@@ -6,7 +6,7 @@ The only simulated part of the cluster. It talks to the real API server as a cli
   their Ready condition every `HEARTBEAT_SECONDS`; a silenced node (a fault) stops both, so the
   controller-manager's node-lifecycle controller marks it NotReady and taints it, as on a real cluster;
 - watches the pods bound to its nodes and runs each one's first container in its own mount and UTS namespace
-  (`tests.cluster.sandbox`). A container whose image is in the local store (`make images`, `tests.upstream.images`)
+  (`tests.upstream.sandbox`). A container whose image is in the local store (`make images`, `tests.upstream.images`)
   runs in that image's root filesystem: its entrypoint, command, environment, working directory and user, each
   overridden by the pod spec as Kubernetes does; runAsUser, runAsGroup, runAsNonRoot, fsGroup (on its volumes)
   and readOnlyRootFilesystem honoured. Any other container runs on the machine's root with the project's venv
@@ -50,9 +50,8 @@ from typing import Any
 import requests
 
 from paralleljob.k8s import timestamps
-from tests.cluster import containers
-from tests.cluster import sandbox as sandbox_program
-from tests.upstream import controlplane, images
+from tests.upstream import containers, controlplane, images
+from tests.upstream import sandbox as sandbox_program
 
 HEARTBEAT_SECONDS = controlplane.HEARTBEAT_SECONDS
 LEASE_SECONDS = 40

@@ -13,10 +13,10 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.cluster.product import CLAIM, JOB
 from tests.upstream import cluster as upstream_cluster
 from tests.upstream import controlplane
 from tests.upstream.conftest import CHART, RELEASE, RELEASE_NAMESPACE, REPO, Api, Tool
+from tests.upstream.quickstart import CLAIM, JOB
 
 CORPUS_CLAIM = "quickstart-corpus"
 

@@ -2,6 +2,8 @@
 GPU nodes with the real API server, runs a pod with the projected ServiceAccount token the API server's
 admission added, reports its exit and termination message, honours graceful deletion, and a node that stops
 heartbeating is marked NotReady and tainted by the real node-lifecycle controller, and Ready again when it resumes.
+A killed container takes every process it started with it, and a pod's volumes never hide the repository and the
+Python environment its command runs from (tests/upstream/sandbox.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.upstream import cluster as upstream_cluster
@@ -123,6 +126,51 @@ def test_a_silent_node_goes_not_ready_and_tainted_and_comes_back(api: Api, small
     assert node_view(api, "gpu-0") == ("True", set())
     small.fault("resume", node="gpu-1")
     upstream_cluster.wait_for(lambda: node_view(api, "gpu-1") == ("True", set()), 60, "gpu-1 Ready again")
+
+
+def test_a_killed_container_takes_every_process_it_started_with_it(api: Api, small: upstream_cluster.Cluster) -> None:
+    """A process that left the container's process group (torchrun's ranks do) dies with the container."""
+    script = (
+        "import subprocess, time\n"
+        "escaped = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        "open('/scratch/escaped.pid', 'w').write(str(escaped.pid))\n"
+        "time.sleep(600)\n"
+    )
+    mounts = [{"name": "scratch", "mountPath": "/scratch"}]
+    leaky = pod("leaky", script, volumes=[{"name": "scratch", "emptyDir": {}}])
+    leaky["spec"]["containers"][0]["volumeMounts"] = mounts
+    api.create(PODS, leaky)
+    wait_for_pod(api, "leaky", lambda p: p["status"].get("phase") == "Running")
+    (folder,) = (f for f in small.container_folders() if f.name.startswith("default_leaky_"))
+    pid_file = folder / "volumes" / "scratch" / "escaped.pid"
+    upstream_cluster.wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, "the escaped process's pid")
+    escaped = psutil.Process(int(pid_file.read_text()))
+    small.fault("kill-container", namespace="default", pod="leaky")
+    done = wait_for_pod(api, "leaky", lambda p: p["status"].get("phase") == "Failed")
+    assert done["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
+    escaped.wait(10)
+    assert not escaped.is_running()
+
+
+def test_an_empty_dir_over_the_checkouts_parent_still_leaves_the_python_environment_visible(
+    api: Api, small: upstream_cluster.Cluster
+) -> None:
+    # A pod with an emptyDir at /tmp, from a checkout under /tmp (as CI clones might be), would see neither the
+    # repository nor its venv: here the emptyDir goes over the checkout's own parent, wherever that is.
+    parent = REPO.parent
+    script = (
+        "import pathlib\n"
+        f"assert pathlib.Path({str(REPO / 'tests')!r}).is_dir()\n"
+        f"pathlib.Path({str(parent / 'scratch')!r}).touch()\n"
+        "print('sees-both')\n"
+    )
+    covered = pod("covered", script, volumes=[{"name": "scratch", "emptyDir": {}}])
+    covered["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": str(parent)}]
+    api.create(PODS, covered)
+    wait_for_pod(api, "covered", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"))
+    (folder,) = (f for f in small.container_folders() if f.name.startswith("default_covered_"))
+    assert (folder / "container.log").read_text().splitlines() == ["sees-both"]
+    assert not (parent / "scratch").exists(), "the emptyDir is the pod's, not the machine's folder"
 
 
 def test_the_state_file_names_every_process(small: upstream_cluster.Cluster) -> None:

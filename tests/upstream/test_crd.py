@@ -1,6 +1,7 @@
 """The chart's CRD on the real kube-apiserver, installed by `helm install`: every CEL rule refuses exactly the
-jobs its Python twin refuses, with the rule's own message at its field, and what a user does with kubectl
-(apply without `--validate=false`, server-side apply, explain, the printer columns) works.
+jobs its Python twin refuses, with the rule's own message at its field; the structural schema refuses, defaults
+and prunes as generated, on status writes too; and what a user does with kubectl (apply without
+`--validate=false`, server-side apply, explain, the printer columns) works.
 
 The jobs are the CEL table of tests/api/test_cel_rules.py, which exercises every rule both ways. They are sent
 as dry-run creates: the API server defaults, validates and runs CEL (costs included) exactly as for a create,
@@ -19,7 +20,7 @@ import yaml
 
 from paralleljob.api import crd, parsing, rules
 from tests.api import test_cel_rules
-from tests.api.jobs import job
+from tests.api.jobs import DELETE, job
 from tests.upstream.conftest import REPO, Api, Tool
 
 JOBS = "/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs"
@@ -79,6 +80,55 @@ def test_the_name_rule_runs_on_the_server(chart: str, admin_api: Api, namespace:
     assert (code == 201) == allowed, causes
     if not allowed:
         assert [c["message"] for c in causes] == [rules.NAME_RULE_MESSAGE]
+
+
+# What the CRD's structural schema, generated from the API types, refuses before any CEL rule runs: a minimum, a
+# type, an enum and a required field, each with the server's message at the field.
+SCHEMA_REFUSALS = {
+    "below-a-minimum": (
+        {"spec.parallelism.pipeline": 0},
+        "spec.parallelism.pipeline: Invalid value: 0: spec.parallelism.pipeline in body should be greater than or "
+        "equal to 1",
+    ),
+    "wrong-type": (
+        {"spec.parallelism.tensor": "2"},
+        'spec.parallelism.tensor: Invalid value: "string": spec.parallelism.tensor in body must be of type integer: '
+        '"string"',
+    ),
+    "not-in-the-enum": ({"spec.model.precision": "fp8"}, 'spec.model.precision: Unsupported value: "fp8"'),
+    "a-required-field-missing": ({"spec.model": DELETE}, "spec.model: Required value"),
+}
+
+
+@pytest.mark.parametrize(("edits", "message"), SCHEMA_REFUSALS.values(), ids=list(SCHEMA_REFUSALS))
+def test_the_schema_refuses_a_bad_field_with_a_422_naming_it(
+    chart: str, admin_api: Api, namespace: str, edits: dict[str, Any], message: str
+) -> None:
+    response = admin_api.send("POST", JOBS.format(namespace=namespace), job_of(edits), dryRun="All")
+    assert response.status_code == 422, response.text
+    assert message in response.json()["message"], response.json()["message"]
+
+
+def test_the_schema_defaults_are_stored(chart: str, admin_api: Api, namespace: str) -> None:
+    created = admin_api.create(JOBS.format(namespace=namespace), job_of({"spec.failurePolicy": DELETE}))
+    assert "failurePolicy" in created["spec"]
+
+
+def test_an_unknown_field_is_pruned_or_refused_under_strict_validation(
+    chart: str, admin_api: Api, namespace: str
+) -> None:
+    path, doc = JOBS.format(namespace=namespace), job_of({"spec.gpuz": 8})
+    strict = admin_api.send("POST", path, doc, fieldValidation="Strict")
+    assert strict.status_code == 400 and 'unknown field "spec.gpuz"' in strict.json()["message"], strict.text
+    assert "gpuz" not in admin_api.create(path, doc)["spec"]
+
+
+def test_a_status_write_is_validated_too(chart: str, admin_api: Api, namespace: str) -> None:
+    path = JOBS.format(namespace=namespace)
+    admin_api.create(path, job())
+    response = admin_api.send("PATCH", f"{path}/gpt-small/status", {"status": {"phase": "Exploded"}})
+    assert response.status_code == 422, response.text
+    assert 'status.phase: Unsupported value: "Exploded"' in response.json()["message"]
 
 
 def test_a_transition_rule_refuses_changing_the_layout_of_a_created_job(

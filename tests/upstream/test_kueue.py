@@ -22,13 +22,12 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
-from tests.cluster.product import cluster_quickstart
-from tests.cluster.test_whole_product import LOSS_TOLERANCE, losses
 from tests.trainer.reference import train_reference
 from tests.upstream import cluster as upstream_cluster
 from tests.upstream import controlplane, kueue
 from tests.upstream.conftest import CHART, RELEASE, RELEASE_NAMESPACE
 from tests.upstream.product import Product
+from tests.upstream.quickstart import LOSS_TOLERANCE, cluster_quickstart, losses
 
 pytestmark = pytest.mark.slow
 CLAIM = "checkpoints"

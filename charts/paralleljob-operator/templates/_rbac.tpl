@@ -1,8 +1,8 @@
 {{/*
 The operator's RBAC rules, grouped as kopf's documentation groups them: what the framework needs, then what the
-application needs. tests/chart/test_operator_on_emulator.py runs the operator with these settings and checks
-that the calls it makes are exactly what these rules allow: a rule nobody uses fails it, and so does a call no
-rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
+application needs. tests/operator/test_chart_permissions.py runs the operator with these settings on the real API
+server and checks that the calls it makes are exactly what these rules allow: a rule nobody uses fails it, and so
+does a call no rule allows. Nothing here touches Secrets, and no rule uses a wildcard.
 */}}
 
 {{- define "paralleljob-operator.clusterRules" -}}

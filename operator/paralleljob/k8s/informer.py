@@ -7,8 +7,8 @@ its job). Each lists in pages of `page_size` (so a listing of 50,000 pods is nev
 in memory at once: the sink turns each page into small records before the next is read), then watches from
 the listing's resourceVersion with watch bookmarks, and lists again every `relist_seconds` to correct drift,
 after a watch that expired (410 Gone), and after any error (with backoff). Pods are selected server-side
-(bound, not finished), so neither unbound nor finished pods cross the wire; the sink checks again, as the
-emulator in the tests ignores field selectors.
+(bound, not finished), so neither unbound nor finished pods cross the wire; the sink checks again, so a server
+that ignores field selectors (a test double) costs bytes, never a wrong count.
 
 `synced` is set once the first listing is in: admission waits for it, so an operator that just started never
 plans on an empty cluster. `on_change` is called (from this thread) when an event changed what the planner sees.

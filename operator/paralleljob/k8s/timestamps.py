@@ -1,6 +1,6 @@
 """Kubernetes timestamps (RFC 3339, UTC, whole seconds), the one format every status, condition and Event uses.
 
-Pure; called by `events`, by the handlers' conditions and gang policy, and by the tests' emulator.
+Pure; called by `events`, by the handlers' conditions and gang policy, and by the test cluster's kubelet.
 """
 
 from __future__ import annotations

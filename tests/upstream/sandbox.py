@@ -1,10 +1,10 @@
 """A pod's filesystem view, built inside its own mount (and UTS) namespace, then its container's command.
 
-The process kubelet runs `unshare --mount --uts --propagation private python -m tests.cluster.sandbox SPEC`.
-Inside, this module makes a tmpfs root that mirrors the machine's top-level folders by bind mounts, mounts each
-volume at its real `mountPath` (a folder of the machine is never written: a folder that needs a new mount point
-is shadowed by a tmpfs that re-binds its children), sets the pod's hostname, chroots and execs the command.
-Nothing done here is visible outside the pod's namespace.
+The test cluster's kubelet (tests/upstream/kubelet.py) runs `unshare --mount --uts --propagation private python -m
+tests.upstream.sandbox SPEC`. Inside, this module makes a tmpfs root that mirrors the machine's top-level folders
+by bind mounts, mounts each volume at its real `mountPath` (a folder of the machine is never written: a folder
+that needs a new mount point is shadowed by a tmpfs that re-binds its children), sets the pod's hostname,
+chroots and execs the command. Nothing done here is visible outside the pod's namespace.
 
 SPEC is a JSON file: {"root", "hostname", "mounts": [{"source", "target", "readOnly"}], "keep", "workingDir",
 "command", "env"}. `keep` names the machine's folders the command itself needs (the repository and the Python
@@ -44,7 +44,7 @@ def argv(spec_file: Path) -> list[str]:
         "private",
         sys.executable,
         "-m",
-        "tests.cluster.sandbox",
+        "tests.upstream.sandbox",
         str(spec_file),
     ]
 

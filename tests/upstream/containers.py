@@ -1,7 +1,7 @@
-"""What a kubelet makes of a pod to run its container as local processes, shared by the strict cluster's
-`ProcessKubelet` and the upstream cluster's kubelet (tests/upstream/kubelet.py): the pod's loopback address
-and /etc/hosts, the downward API's field values, the container's environment, its volume mounts list, its
-security context (user, groups, read-only root, fsGroup on its volumes), its conditions, and the signals a
+"""What a kubelet makes of a pod to run its container as local processes, for the test cluster's kubelet
+(tests/upstream/kubelet.py) and the image tests' commands (tests/images/conftest.py): the pod's loopback
+address and /etc/hosts, the downward API's field values, the container's environment, its volume mounts list,
+its security context (user, groups, read-only root, fsGroup on its volumes), its conditions, and the signals a
 runtime sends a container."""
 
 from __future__ import annotations
