@@ -17,8 +17,12 @@ def test_a_refused_pod_fails_the_attempt_with_the_api_message_and_no_storm(clust
     assert (conditions["Scheduled"]["status"], conditions["Scheduled"]["reason"]) == ("False", "CreateFailed")
     assert INVALID in conditions["Scheduled"]["message"]
     assert INVALID in status["message"]
-    refused = [e for e in cluster.events() if e["reason"] == "CreateFailed"]
-    assert len(refused) == 2 and INVALID in refused[0]["message"]  # one per attempt
+    # One per attempt, the second posted after the status write that fails the job.
+    refused = wait_for(
+        lambda: len(found := [e for e in cluster.events() if e["reason"] == "CreateFailed"]) >= 2 and found,
+        what="two CreateFailed Events",
+    )
+    assert len(refused) == 2 and INVALID in refused[0]["message"]
     finish_operator_passes(cluster)  # every pass so far has ended: no retry is on its way
     pod_creates = [c for c in operator_calls(apiserver) if c[:3] == ("create", "", "pods")]
     assert len(pod_creates) == 2  # the first pod of each attempt, then nothing more

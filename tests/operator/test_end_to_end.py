@@ -97,7 +97,7 @@ def test_failed_pod_restarts_the_gang_and_backoff_limit_fails_the_job(cluster, o
     nodes = {p["metadata"]["labels"]["paralleljob.io/node"] for p in cluster.pods()}
     assert broken_node not in nodes  # 17 nodes: the failed one is left out
     assert cluster.status()["excludedNodes"] == [broken_node]
-    assert "Restarting" in {e["reason"] for e in cluster.events()}
+    wait_for(lambda: "Restarting" in {e["reason"] for e in cluster.events()}, what="the Restarting Event")
 
     wait_for(lambda: placed(cluster), what="placed again")
     cluster.bind_all()
@@ -107,7 +107,7 @@ def test_failed_pod_restarts_the_gang_and_backoff_limit_fails_the_job(cluster, o
     assert "backoffLimit 1" in status["message"]
     assert status["restarts"] == 1
     wait_for(lambda: cluster.pods() == [], what="pods deleted")
-    assert "Failed" in {e["reason"] for e in cluster.events()}
+    wait_for(lambda: "Failed" in {e["reason"] for e in cluster.events()}, what="the Failed Event")
     assert generations_overlapping(apiserver) == []
     assert apiserver.force_deleted == []
 

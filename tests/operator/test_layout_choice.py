@@ -24,6 +24,8 @@ def test_the_layout_is_chosen_once_at_admission_and_kept_across_a_restart(cluste
     chosen = {c["type"]: c for c in status["conditions"]}["LayoutChosen"]
     assert (chosen["status"], chosen["reason"]) == ("True", "LayoutChosen")
     assert chosen["message"].startswith("1. the model fits one GPU")
+    # The Event is posted after the status write it goes with.
+    wait_for(lambda: "LayoutChosen" in [e["reason"] for e in cluster.events()], what="the LayoutChosen Event")
     assert [e["reason"] for e in cluster.events()].count("LayoutChosen") == 1
 
     wait_for(lambda: cluster.status().get("message", "").startswith("4 pods"), what="placed")

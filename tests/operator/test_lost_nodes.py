@@ -84,8 +84,11 @@ def test_a_lost_node_is_replaced_by_the_spare_recreating_only_its_pod(cluster, o
     wait_for(lambda: not cluster.status().get("spareNodes"), timeout=30, what="the lost spare dropped")
     cluster.add_nodes(1, start=10)
     wait_for(lambda: cluster.status().get("spareNodes") == ["gpu-010"], timeout=30, what="a spare on the new node")
-    reasons = [event["reason"] for event in cluster.events()]
-    assert {"SpareTaken", "SpareReplaced", "SpareAdded", "SpareLost"} <= set(reasons)
+    # Each Event is posted after the status write it goes with.
+    wanted = {"SpareTaken", "SpareReplaced", "SpareAdded", "SpareLost"}
+    reasons = wait_for(
+        lambda: wanted <= set(found := [event["reason"] for event in cluster.events()]) and found, what="the Events"
+    )
     assert "Restarting" not in reasons and cluster.status().get("restarts", 0) == 0
 
 
@@ -115,7 +118,7 @@ def test_with_no_spare_and_allow_data_shrink_the_job_resumes_at_a_smaller_dp_and
     deepspeed = job_json["deepspeed"]
     assert (deepspeed["train_batch_size"], deepspeed["train_micro_batch_size_per_gpu"]) == (32, 2)
     assert deepspeed["gradient_accumulation_steps"] == 16  # was 8 at DP 2
-    assert any(event["reason"] == "DataShrunk" for event in cluster.events())
+    wait_for(lambda: any(event["reason"] == "DataShrunk" for event in cluster.events()), what="DataShrunk")
     status = cluster.start_running(pods=2)
     assert status["layout"] == "2x4x1" and status["restarts"] == 1
 

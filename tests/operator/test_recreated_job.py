@@ -53,7 +53,8 @@ def test_a_job_recreated_while_its_namesakes_pods_are_stuck_on_a_lost_node_says_
         what="a message",
     )
     assert "gpt-3" in message
-    assert [e for e in cluster.events() if e["reason"] == "WaitingForPreviousJob"]
+    # The Event is posted after the status write it goes with.
+    wait_for(lambda: [e for e in cluster.events() if e["reason"] == "WaitingForPreviousJob"], what="the Event")
     wait_for(
         lambda: len(cluster.pods()) == 16 and all(owner_uid(p) == uid for p in cluster.pods()),
         timeout=30,

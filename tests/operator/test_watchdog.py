@@ -89,4 +89,4 @@ def test_a_hung_gang_restarts_with_reason_no_progress_counted_against_the_backof
     ready = {c["type"]: c for c in status["conditions"]}["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "NoProgress")
     assert mentions in ready["message"]
-    assert [e for e in cluster.events() if e["reason"] == "NoProgress"]
+    wait_for(lambda: [e for e in cluster.events() if e["reason"] == "NoProgress"], what="the NoProgress Event")
