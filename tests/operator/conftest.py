@@ -242,9 +242,11 @@ def operator_requests(server: UpstreamServer) -> list[tuple[str, str, str, str]]
 
 
 def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str = "research") -> None:
-    """Return once every pass the operator started on the job so far has ended, proven by recorded requests:
-    kopf handles one object's events one after another, so when the operator reads the job for a change made
-    after it read the job for an earlier change, the earlier pass, writes included, is over."""
+    """Return once the passes the operator started on the job before this call have most likely ended, shown by
+    recorded requests: a job's passes run one after another (its coalescer key), so a read of the job after the
+    second poke is a later pass than the one that read it after the first. Not a proof: one pass may read its
+    job more than once. A test that needs one write of a pass waits for that write itself, then calls this to
+    let what follows it settle."""
     for poke in ("1", "2"):
         mark = len(cluster.server.calls)
         patch = {"metadata": {"labels": {"test.paralleljob.io/poke": f"{time.monotonic_ns()}-{poke}"}}}
