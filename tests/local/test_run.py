@@ -343,11 +343,34 @@ def test_a_run_whose_output_disk_fills_up_still_writes_its_summary(tmp_path) -> 
         summary_text = subprocess.run(
             [*volume.enter, "cat", str(output / "summary.json")], capture_output=True, text=True, check=True
         ).stdout
+        # The failed save removes its partial files, so the plot may find room again: whichever way it went,
+        # the summary names a picture only if one is there, whole (a PNG ends with its IEND chunk).
+        plot = subprocess.run([*volume.enter, "tail", "-c", "12", str(output / "loss.png")], capture_output=True)
     assert proc.returncode == 1, out[-3000:]
     summary = json.loads(summary_text)
     assert not summary["succeeded"] and summary["steps_done"] >= 2, summary
-    assert summary["last_checkpoint_step"] is not None and summary["loss_curve"] is None
+    assert summary["last_checkpoint_step"] is not None
+    if summary["loss_curve"] is None:
+        assert plot.returncode != 0, "loss.png is left on the disk but the summary does not name it"
+    else:
+        assert plot.stdout[4:8] == b"IEND", f"the summary names a partial loss.png: {plot.stdout!r}"
     assert "Traceback" not in out, out[-3000:]
+
+
+def test_a_loss_curve_with_no_room_to_write_is_left_out_without_a_partial_file(tmp_path) -> None:
+    disk = tmp_path / "disk"
+    with PrivateTmpfs(disk, "1m") as volume:
+        subprocess.run([*volume.enter, "sh", "-c", f"cat /dev/zero > {disk / 'filler'}"], check=False)
+        plot = (
+            "import pathlib, sys; from paralleljob.local.report import write_loss_curve; "
+            "print(write_loss_curve([(1, 5.0), (2, 4.0), (3, 3.5)], pathlib.Path(sys.argv[1]), 'full disk'))"
+        )
+        written = subprocess.run(
+            [*volume.enter, sys.executable, "-c", plot, str(disk / "loss.png")], capture_output=True, text=True
+        )
+        listing = subprocess.run([*volume.enter, "ls", str(disk)], capture_output=True, text=True, check=True)
+    assert written.returncode == 0 and written.stdout.strip() == "None", written.stdout + written.stderr
+    assert listing.stdout.split() == ["filler"]
 
 
 def test_the_tiny_llama_trains_its_loss_falls_and_it_exports_a_hugging_face_folder(tmp_path) -> None:
