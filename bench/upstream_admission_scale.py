@@ -5,18 +5,21 @@ in process, without a server), served by the real kube-apiserver and etcd.
 
     .venv/bin/python bench/upstream_admission_scale.py [--nodes 10000] [--pods-per-node 5] [--pending 100]
 
-The bench writes the Nodes (the object, then its status; Ready, untainted) and the pods (bound with
-`spec.nodeName`, four CPU-only DaemonSet-like pods per node and a GPU pod holding all 8 GPUs on every other
-node) itself, 32 requests in flight: there is no kubelet, so the controller-manager runs without its
-node-lifecycle controller, and no scheduler runs. Then `--pending` ParallelJobs wait unplaced and 20 placed ones
-hold nodes in their attempt records.
+The bench writes the Nodes and the pods (bound with `spec.nodeName`, four CPU-only DaemonSet-like pods per node
+and a GPU pod holding all 8 GPUs on every other node), 32 requests in flight, and kwok (`make kwok`,
+bench/kwok.py) keeps them as the nodes' kubelets would: nodes Ready with their Leases renewed, pods Running.
+The controller-manager runs whole, node-lifecycle controller included; no scheduler runs. A kubelet renews its
+40 s Lease every 10 s, which this 2-core machine could not do for 10,000 nodes beside 50,000 pods, so kwok's
+Leases last `--lease-seconds` (200: renewed every 50 s, 200 writes a second) and the node grace is 5/4 of that. Then `--pending` ParallelJobs wait unplaced and 20 placed ones hold nodes in their attempt
+records.
 
 Prints:
 1. one whole admission pass (`reconcile(..., admit=True)`) in this process, as the admin over HTTPS, from warm
    caches listed from the server: wall time and CPU time of the pass's thread (the API server is another process
    here, so the CPU time is the operator's alone), and the round's own read of every job's reservations;
 2. `paralleljob operator` started against the cluster: its resident memory once both pod informers have listed
-   the cluster and watch it (VmRSS), and its peak (VmHWM), from /proc.
+   the cluster and watch it (VmRSS), and its peak (VmHWM), from /proc; and how many node and Lease writes a
+   second the cluster made meanwhile (kwok's heartbeats), with how many nodes were still Ready at the end.
 Figures are recorded in docs/operator.md.
 """
 
@@ -37,6 +40,7 @@ import requests
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import kwok  # noqa: E402
 from bench.admission_scale import (  # noqa: E402
     JOB,
     JOB_DEEPSPEED,
@@ -68,14 +72,7 @@ def in_parallel(work: Any, items: list[Any], threads: int = 32) -> None:
             pass
 
 
-def write_cluster(api: Api, node_dicts: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
-    def node(doc: dict[str, Any]) -> None:
-        name = doc["metadata"]["name"]
-        api.ok(api.send("POST", "/api/v1/nodes", {"metadata": doc["metadata"]}))
-        status = {**doc["status"], "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
-        api.ok(api.send("PATCH", f"/api/v1/nodes/{name}/status", {"status": status}))
-        api.ok(api.send("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}}))
-
+def write_cluster(api: Api, node_dicts: list[dict[str, Any]], pods: list[dict[str, Any]], fakes: kwok.Kwok) -> None:
     def pod(doc: dict[str, Any]) -> None:
         meta = {k: v for k, v in doc["metadata"].items() if k not in ("uid", "resourceVersion", "ownerReferences")}
         api.ok(api.send("POST", f"/api/v1/namespaces/{meta['namespace']}/pods", {**doc, "metadata": meta}))
@@ -83,31 +80,22 @@ def write_cluster(api: Api, node_dicts: list[dict[str, Any]], pods: list[dict[st
     for namespace in ("other-team", "queue", "research"):
         api.ok(api.send("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}}))
     wait_for(lambda: api.send("GET", "/api/v1/namespaces/other-team/serviceaccounts/default").ok, what="accounts")
-    started = time.perf_counter()
-    in_parallel(node, node_dicts)
-    print(f"   wrote {len(node_dicts)} nodes in {time.perf_counter() - started:.0f} s", flush=True)
+    seconds = kwok.write_nodes(api, [kwok.fake_node(doc) for doc in node_dicts], fakes)
+    print(f"   wrote {len(node_dicts)} nodes, all Ready and untainted after {seconds:.0f} s", flush=True)
     started = time.perf_counter()
     in_parallel(pod, pods)
     print(f"   wrote {len(pods)} pods in {time.perf_counter() - started:.0f} s", flush=True)
+    seconds = kwok.wait_running(api, len(pods), fakes)
+    print(f"   all {len(pods)} pods Running {seconds:.0f} s later", flush=True)
 
 
 def warm_view(session: k8s_session.Session, api: Api) -> reconcile.NodeView:
     """The caches an operator's informers hold, filled from a listing of the server."""
     nodes, usage = NodeWatch(), UsageIndex()
-    nodes.replace(iter(list_all(api, "/api/v1/nodes")))
-    usage.replace(iter(list_all(api, "/api/v1/pods", fieldSelector="spec.nodeName!=")))
+    nodes.replace(iter(kwok.list_all(api, "/api/v1/nodes")))
+    usage.replace(iter(kwok.list_all(api, "/api/v1/pods", fieldSelector="spec.nodeName!=")))
     snapshot = nodes.snapshot()
     return reconcile.NodeView(snapshot.known, snapshot.not_ready, snapshot, usage.snapshot(), ClusterBuilder())
-
-
-def list_all(api: Api, path: str, **params: str) -> list[dict[str, Any]]:
-    items, token = [], ""
-    while True:
-        page = api.ok(api.send("GET", path, limit="500", **params, **({"continue": token} if token else {})))
-        items += page["items"]
-        token = page["metadata"].get("continue") or ""
-        if not token:
-            return items
 
 
 def admission(api: Api, session: k8s_session.Session, view: reconcile.NodeView, repeat: int) -> None:
@@ -132,7 +120,7 @@ def admission(api: Api, session: k8s_session.Session, view: reconcile.NodeView, 
     )
 
 
-def memory(state: controlplane.State, workdir: Path, pods: int) -> None:
+def memory(state: controlplane.State, api: Api, workdir: Path, pods: int) -> None:
     """The operator through the fault proxy (no faults: it only counts the operator's requests)."""
     proxy = FaultProxy(state).start()
     kubeconfig = proxy.kubeconfig_for("admin", workdir)
@@ -157,13 +145,16 @@ def memory(state: controlplane.State, workdir: Path, pods: int) -> None:
             what="the usage informer watching",
         )
         listed = time.perf_counter() - started
-        time.sleep(10)  # whatever the listings left behind is collected
+        # The watches' steady state, while whatever the listings left behind is collected.
+        node_writes = kwok.writes_per_second(api, "/api/v1/nodes", 15)
+        lease_writes = kwok.writes_per_second(api, "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", 15)
         status = Path(f"/proc/{operator.process.pid}/status").read_text()
         fields = {line.split(":")[0]: line.split(":")[1].strip() for line in status.splitlines()}
         rss, peak = (int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM"))
         print(
             f"2. operator memory with {pods} pods watched: RSS {rss:.0f} MiB, peak {peak:.0f} MiB (listed and "
-            f"watching after {listed:.0f} s)",
+            f"watching after {listed:.0f} s); meanwhile {node_writes:.1f} node writes/s and {lease_writes:.0f} Lease "
+            f"writes/s, {kwok.ready_nodes(api)} nodes Ready and untainted",
             flush=True,
         )
     finally:
@@ -177,34 +168,42 @@ def main() -> int:
     parser.add_argument("--pods-per-node", type=int, default=5)
     parser.add_argument("--pending", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--lease-seconds",
+        type=int,
+        default=200,
+        help="kwok's node Leases (renewed every quarter of it; a kubelet's are 40 s, more than 2 cores can renew "
+        "at 10,000 nodes beside 50,000 pods); the node grace is 5/4 of it",
+    )
     args = parser.parse_args()
     node_dicts, pods = synth_objects(args.nodes, args.pods_per_node)
     print(f"cluster: {len(node_dicts)} nodes, {len(pods)} pods", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="upstream-admission-"))
-    # Without the node-lifecycle controller (no kubelet keeps the nodes Ready), but with the namespace controller
-    # that the operator tests leave out: the bench deletes its job namespaces before it measures memory.
-    state = controlplane.up(workdir / "cluster", controllers="*,-node-lifecycle-controller", scheduler=False)
+    # With the namespace controller that the operator tests leave out: the bench deletes its job namespaces
+    # before it measures memory.
+    state = controlplane.up(workdir / "cluster", scheduler=False, node_grace=kwok.node_grace(args.lease_seconds))
     try:
         upstream.install_crd(state)
         api = Api(state, state.tokens["admin"])
         api.session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=64))
-        write_cluster(api, node_dicts, pods)
-        jobs = other_jobs(args.pending)
-        placed = 0
-        for job in jobs:
-            created = api.create(JOBS.format("queue"), job)
-            if created["metadata"]["name"].startswith("placed-"):
-                api.create("/api/v1/namespaces/queue/configmaps", placed_record(node_dicts, created, placed))
-                placed += 1
-        assert placed == PLACED
-        session = k8s_session.connect(str(state.kubeconfig))
-        view = warm_view(session, api)
-        admission(api, session, view, args.repeat)
-        # The operator's memory is measured over the nodes and pods alone.
-        for namespace in ("queue", "research"):
-            api.send("DELETE", f"/api/v1/namespaces/{namespace}")
-        wait_for(lambda: api.send("GET", "/api/v1/namespaces/queue").status_code == 404, 300, "queue deleted")
-        memory(state, workdir, len(pods))
+        with kwok.Kwok(state, workdir / "kwok.log", args.lease_seconds) as fakes:
+            write_cluster(api, node_dicts, pods, fakes)
+            jobs = other_jobs(args.pending)
+            placed = 0
+            for job in jobs:
+                created = api.create(JOBS.format("queue"), job)
+                if created["metadata"]["name"].startswith("placed-"):
+                    api.create("/api/v1/namespaces/queue/configmaps", placed_record(node_dicts, created, placed))
+                    placed += 1
+            assert placed == PLACED
+            session = k8s_session.connect(str(state.kubeconfig))
+            view = warm_view(session, api)
+            admission(api, session, view, args.repeat)
+            # The operator's memory is measured over the nodes and pods alone.
+            for namespace in ("queue", "research"):
+                api.send("DELETE", f"/api/v1/namespaces/{namespace}")
+            wait_for(lambda: api.send("GET", "/api/v1/namespaces/queue").status_code == 404, 300, "queue deleted")
+            memory(state, api, workdir, len(pods))
     finally:
         controlplane.down(workdir / "cluster")
         shutil.rmtree(workdir, ignore_errors=True)

@@ -4,17 +4,20 @@ control plane (tests/upstream).
     .venv/bin/python bench/upstream_restart_latency.py [--pending 100] [--repeat 3]
 
 A 16-node job (4x4x4 on 4-GPU nodes) runs on all 16 nodes; `--pending` more 16-node jobs wait, unschedulable.
-The real scheduler binds the gang's pods; the bench writes their status as a kubelet would (Running, then one
-rank Failed with exit code 1), with no kubelet and no node-lifecycle controller (the nodes are written once).
+The real scheduler binds the gang's pods and kwok (`make kwok`, bench/kwok.py) plays the nodes' kubelets: it keeps
+the nodes Ready, marks bound pods Running and removes deleted ones. The bench writes what a crashed rank's
+kubelet would (its pod Failed with exit code 1).
 Each round relabels a node (every waiting job is offered to the admission queue at once), then marks one
 rank's pod Failed, and measures the wall time from that status write to the moment every pod of the gang
-carries a deletionTimestamp (or is gone), listing the gang's pods every 5 ms. The operator runs as
+carries a deletionTimestamp (or is gone), listing the gang's pods every 5 ms; then the time until kwok has
+removed them all and the next attempt's pods are Running. The operator runs as
 `paralleljob operator` in a subprocess with the admin's kubeconfig; figures are recorded in docs/operator.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -25,7 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.upstream_scale import write_nodes  # noqa: E402
+from bench import kwok  # noqa: E402
+from bench.upstream_scale import write_checkpoint_claim, write_nodes  # noqa: E402
 from paralleljob.k8s import timestamps  # noqa: E402
 from tests.operator.conftest import Operator, job_doc  # noqa: E402
 from tests.upstream import controlplane  # noqa: E402
@@ -42,20 +46,17 @@ def gang(api: Api, attempt: int) -> list[dict]:  # type: ignore[type-arg]
     return list(api.ok(api.send("GET", PODS, labelSelector=selector))["items"])
 
 
-def report(api: Api, pod: dict, phase: str) -> None:  # type: ignore[type-arg]
-    """What the kubelet writes: the phase, the conditions and the container's state."""
-    now, ready = timestamps.now(), "True" if phase == "Running" else "False"
-    if phase == "Running":
-        state = {"running": {"startedAt": now}}
-    else:
-        state = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}}
-    conditions = [{"type": kind, "status": ready, "lastTransitionTime": now} for kind in ("Ready", "ContainersReady")]
+def fail(api: Api, pod: dict) -> None:  # type: ignore[type-arg]
+    """What a kubelet writes when the pod's one container exits 1: the phase, the conditions and its state."""
+    now = timestamps.now()
+    state = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}}
+    conditions = [{"type": kind, "status": "False", "lastTransitionTime": now} for kind in ("Ready", "ContainersReady")]
     container = pod["spec"]["containers"][0]
     status = {
-        "phase": phase,
+        "phase": "Failed",
         "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now}, *conditions],
         "containerStatuses": [
-            {"name": container["name"], "image": container["image"], "imageID": "", "ready": ready == "True",
+            {"name": container["name"], "image": container["image"], "imageID": "", "ready": False,
              "restartCount": 0, "state": state}
         ],
     }  # fmt: skip
@@ -68,29 +69,18 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="upstream-restart-"))
-    state = controlplane.up(workdir / "cluster", controllers="*,-node-lifecycle-controller")
+    state = controlplane.up(workdir / "cluster", node_grace=kwok.node_grace())
     api = Api(state, state.tokens["admin"])
-    operator = None
-    samples = []
+    operator, kubelets = None, contextlib.ExitStack()
+    samples: list[float] = []
+    gone: list[float] = []
     try:
         kubectl = [str(controlplane.binary("kubectl")), "--kubeconfig", str(state.kubeconfig)]
         subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds")], check=True, capture_output=True)
         api.ok(api.send("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}))
-        write_nodes(api, 16, gpus=4)
-        # The job's checkpoint claim, bound to a volume: the real scheduler leaves a pod whose claim is missing
-        # or unbound Pending.
-        volume = {
-            "metadata": {"name": "ckpt"},
-            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-                     "hostPath": {"path": "/tmp/ckpt"}},
-        }  # fmt: skip
-        api.ok(api.send("POST", "/api/v1/persistentvolumes", volume))
-        claim = {
-            "metadata": {"name": "ckpt"},
-            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": "ckpt",
-                     "resources": {"requests": {"storage": "1Gi"}}},
-        }  # fmt: skip
-        api.ok(api.send("POST", f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims", claim))
+        fakes = kubelets.enter_context(kwok.Kwok(state, workdir / "kwok.log"))
+        write_nodes(api, 16, fakes, gpus=4)
+        write_checkpoint_claim(api, NAMESPACE)
         operator = Operator(None, workdir / "operator.log", state.kubeconfig).start()  # type: ignore[arg-type]
         api.ok(api.send("POST", JOBS, job_doc(failurePolicy={"backoffLimit": args.repeat + 1})))
         # The gang is placed before the others are created, so that it is the one that runs.
@@ -112,8 +102,7 @@ def main() -> int:
                 300,
                 "the gang's pods bound",
             )
-            for pod in pods:
-                report(api, pod, "Running")
+            wait_for(lambda a=attempt: all(p["status"].get("phase") == "Running" for p in gang(api, a)), 120, "kwok")
             wait_for(
                 lambda: api.ok(api.send("GET", f"{JOBS}/gpt")).get("status", {}).get("phase") == "Running",
                 120,
@@ -126,7 +115,7 @@ def main() -> int:
             )
             failed = next(p for p in pods if p["metadata"]["name"] == "gpt-5")
             started = time.perf_counter()
-            report(api, failed, "Failed")
+            fail(api, failed)
             while not all(p["metadata"].get("deletionTimestamp") for p in gang(api, attempt)):
                 time.sleep(0.005)
             samples.append(time.perf_counter() - started)
@@ -134,16 +123,22 @@ def main() -> int:
                 f"round {attempt}: every pod of the gang deleted {samples[-1] * 1e3:.0f} ms after the failure",
                 flush=True,
             )
-            # No kubelet confirms the deletions: the bench does, so the next attempt's pods can be created.
-            for pod in gang(api, attempt):
-                api.send("DELETE", f"{PODS}/{pod['metadata']['name']}", {"gracePeriodSeconds": 0})
+            # kwok confirms the deletions as a kubelet would; then the operator's hold and the next attempt.
+            wait_for(lambda a=attempt: not gang(api, a), 120, "the old gang gone")
+            gone.append(time.perf_counter() - started)
+            if attempt + 1 < args.repeat:
+                wait_for(lambda a=attempt: all(p["status"].get("phase") == "Running" for p in gang(api, a + 1))
+                         and len(gang(api, a + 1)) == 16, 300, "the next gang Running")  # fmt: skip
+                print(f"   the next gang Running {time.perf_counter() - started:.1f} s after the failure", flush=True)
     finally:
         if operator is not None:
             operator.stop()
+        kubelets.close()
         controlplane.down(workdir / "cluster")
     print(
         f"failed rank -> gang deleted with {args.pending} jobs pending: best {min(samples) * 1e3:.0f} ms, "
-        f"median {statistics.median(samples) * 1e3:.0f} ms, worst {max(samples) * 1e3:.0f} ms"
+        f"median {statistics.median(samples) * 1e3:.0f} ms, worst {max(samples) * 1e3:.0f} ms; every old pod "
+        f"removed by kwok after a median {statistics.median(gone):.1f} s"
     )
     return 0
 

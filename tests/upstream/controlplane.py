@@ -220,7 +220,9 @@ def _scheduler_args(folder: Path, state: State, port: int) -> list[str]:
     ]
 
 
-def _controller_manager_args(state: State, keys: pki.Keys, port: int, controllers: str) -> list[str]:
+def _controller_manager_args(
+    state: State, keys: pki.Keys, port: int, controllers: str, node_grace: str = NODE_MONITOR_GRACE
+) -> list[str]:
     return [
         str(binary("kube-controller-manager")),
         f"--kubeconfig={state.kubeconfig}",
@@ -237,7 +239,7 @@ def _controller_manager_args(state: State, keys: pki.Keys, port: int, controller
         "--use-service-account-credentials=false",
         f"--service-cluster-ip-range={SERVICE_RANGE}",
         f"--node-monitor-period={NODE_MONITOR_PERIOD}",
-        f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+        f"--node-monitor-grace-period={node_grace}",
         "--kube-api-qps=500",
         "--kube-api-burst=1000",
     ]
@@ -317,6 +319,7 @@ def up(
     *,
     scheduler: bool = True,
     before_controllers: Callable[[State], None] | None = None,
+    node_grace: str = NODE_MONITOR_GRACE,
 ) -> State:
     """Start etcd, the API server, the scheduler and the controller-manager; return once the API server is ready
     and the controller-manager has published the root CA to the default namespace (its controllers run).
@@ -327,7 +330,9 @@ def up(
     `before_controllers` runs once the API server is ready and before the scheduler and controller-manager start:
     a CRD installed there is watched by the garbage collector from its start, where one installed later is
     only found by its discovery resync, every 30 s (until then the dependents of a deleted custom object stay:
-    40 s measured for a ParallelJob's ConfigMap on a control plane just started)."""
+    40 s measured for a ParallelJob's ConfigMap on a control plane just started).
+    `node_grace` is how long a node may miss its heartbeats before it is marked NotReady: the tests' kubelet
+    renews every HEARTBEAT_SECONDS, kwok (bench/kwok.py) as a real kubelet does, every 10 s."""
     folder = folder.resolve()
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     keys = pki.make_keys(folder / "pki")
@@ -349,7 +354,9 @@ def up(
         if scheduler:
             state.pids["kube-scheduler"] = _start(folder, "kube-scheduler", _scheduler_args(folder, state, free_port()))
         state.pids["kube-controller-manager"] = _start(
-            folder, "kube-controller-manager", _controller_manager_args(state, keys, free_port(), controllers)
+            folder,
+            "kube-controller-manager",
+            _controller_manager_args(state, keys, free_port(), controllers, node_grace),
         )
         state.save()
         wait_until(
