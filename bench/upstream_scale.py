@@ -83,8 +83,8 @@ def running_count(api: Api, namespace: str) -> int:
     return len(kwok.list_all(api, path, fieldSelector="status.phase=Running"))
 
 
-def measure(nodes: int, workdir: Path) -> dict[str, float]:
-    state = controlplane.up(workdir / "cluster", node_grace=kwok.node_grace())
+def measure(nodes: int, workdir: Path, lease_seconds: int = kwok.LEASE_SECONDS) -> dict[str, float]:
+    state = controlplane.up(workdir / "cluster", node_grace=kwok.node_grace(lease_seconds))
     operator = None
     try:
         api = Api(state, state.tokens["admin"])
@@ -94,7 +94,7 @@ def measure(nodes: int, workdir: Path) -> dict[str, float]:
              "-f", str(REPO / "crds")],
             check=True, capture_output=True, timeout=120,
         )  # fmt: skip
-        with kwok.Kwok(state, workdir / "kwok.log") as fakes:
+        with kwok.Kwok(state, workdir / "kwok.log", lease_seconds) as fakes:
             write_nodes(api, nodes, fakes)
             operator = Operator(None, workdir / "operator.log", state.kubeconfig).start()  # type: ignore[arg-type]
             process = psutil.Process(operator.process.pid)  # type: ignore[union-attr]
@@ -135,6 +135,12 @@ def measure(nodes: int, workdir: Path) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 128, 1024, 4096])
+    parser.add_argument(
+        "--lease-seconds",
+        type=int,
+        default=kwok.LEASE_SECONDS,
+        help="kwok's node Leases, renewed every quarter of it (a kubelet's: 40); the node grace is 5/4 of it",
+    )
     args = parser.parse_args()
     print(
         f"{'node ranks':>10} {'to all pods (s)':>16} {'to all Running (s)':>19} {'operator CPU (s)':>17} "
@@ -143,7 +149,7 @@ def main() -> int:
     for size in args.sizes:
         workdir = Path(tempfile.mkdtemp(prefix="upstream-scale-"))
         try:
-            row = measure(size, workdir)
+            row = measure(size, workdir, args.lease_seconds)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         print(
