@@ -127,8 +127,10 @@ def ready_nodes(api: Api) -> int:
     )
 
 
-def running_pods(api: Api) -> int:
-    return len(list_all(api, "/api/v1/pods", fieldSelector="status.phase=Running"))
+def running_pods(api: Api, path: str = "/api/v1/pods") -> int:
+    """Running pods under `path` (all, or a namespace's). A field selector leaves out remainingItemCount, so the
+    whole list is counted."""
+    return len(list_all(api, path, fieldSelector="status.phase=Running"))
 
 
 def wait_running(api: Api, count: int, kwok: Kwok, timeout: float = 1800) -> float:

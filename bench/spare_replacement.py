@@ -5,9 +5,10 @@
 A 4-node job (2x4x2 on 4-GPU nodes) runs on a cluster of 6 nodes, once with spec.failurePolicy.spareNodes 1 and
 once without. Each round deletes the Node of node rank 2 and measures the wall time from that DELETE until the
 gang's pods are all bound again (the real kube-scheduler binds them) and until the job reports Running with
-every pod running, listing the gang every 10 ms. There is no kubelet: the bench writes the pods' status as one
-would (Running), confirms graceful deletions on healthy nodes at once, and force-deletes the deleted node's pod
-as the pod garbage collector would (it waits a 40 s quarantine first, which both paths would pay alike). With a
+every pod running, listing the gang every 10 ms. kwok (`make kwok`, bench/kwok.py) plays the nodes' kubelets: it
+marks bound pods Running and confirms graceful deletions on the nodes that remain; the bench force-deletes the
+deleted node's pod as the pod garbage collector would (it waits a 40 s quarantine first, which both paths would
+pay alike). With a
 spare only rank 2's pod is made again, on the spare; without one the whole gang is deleted, re-planned on the
 remaining nodes and made again. No trainer runs: the time to the next training step adds the pods' start and
 the gang's re-formation (the in-pod restart of issue 26, item 1) to these figures. The operator runs as
@@ -17,6 +18,7 @@ the gang's re-formation (the in-pod restart of issue 26, item 1) to these figure
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -27,8 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.upstream_restart_latency import report  # noqa: E402
-from bench.upstream_scale import node  # noqa: E402
+from bench import kwok  # noqa: E402
+from bench.upstream_scale import node, write_checkpoint_claim  # noqa: E402
 from tests.operator.conftest import Operator, job_doc  # noqa: E402
 from tests.upstream import controlplane  # noqa: E402
 from tests.upstream.cluster import wait_for  # noqa: E402
@@ -44,32 +46,21 @@ def pods_of(api: Api, job: str) -> list[dict]:  # type: ignore[type-arg]
     return list(api.ok(api.send("GET", PODS, labelSelector=f"paralleljob.io/job={job}"))["items"])
 
 
-def add_nodes(api: Api, first: int, count: int) -> None:
-    for i in range(first, first + count):
-        body = node(i, 4)
-        api.ok(api.send("POST", "/api/v1/nodes", {"metadata": body["metadata"]}))
-        api.ok(api.send("PATCH", f"/api/v1/nodes/{body['metadata']['name']}/status", {"status": body["status"]}))
-        api.ok(api.send("PATCH", f"/api/v1/nodes/{body['metadata']['name']}", {"spec": {"taints": None}}))
-
-
-def confirm_deletions(api: Api, job: str) -> None:
-    """What the kubelets (and, for the deleted node, the pod garbage collector) do: remove deleted pods."""
+def collect_orphan(api: Api, job: str, lost: str) -> None:
+    """What the pod garbage collector does to the deleted node's pod (kwok no longer keeps that node): remove it."""
     for pod in pods_of(api, job):
-        if pod["metadata"].get("deletionTimestamp"):
+        if pod["spec"].get("nodeName") == lost and pod["metadata"].get("deletionTimestamp"):
             api.send("DELETE", f"{PODS}/{pod['metadata']['name']}", {"gracePeriodSeconds": 0})
 
 
 def run_gang(api: Api, job: str) -> list[dict]:  # type: ignore[type-arg]
-    """Wait for 4 bound pods of the job, report them Running, and wait until the job is Running."""
+    """Wait for 4 bound pods of the job and until the job is Running (kwok marks them Running)."""
 
     def bound() -> list | None:  # type: ignore[type-arg]
         pods = [p for p in pods_of(api, job) if not p["metadata"].get("deletionTimestamp")]
         return pods if len(pods) == 4 and all(p["spec"].get("nodeName") for p in pods) else None
 
     pods = wait_for(bound, 120, f"{job}'s pods bound")
-    for pod in pods:
-        if (pod.get("status") or {}).get("phase") != "Running":
-            report(api, pod, "Running")
     wait_for(lambda: _running(api, job), 120, f"{job} Running")
     return pods
 
@@ -79,9 +70,9 @@ def _running(api: Api, job: str) -> bool:
     return status.get("phase") == "Running" and status.get("podsReady") == 4
 
 
-def one_round(api: Api, job: str, spares: int, first_node: int) -> tuple[float, float]:
+def one_round(api: Api, fakes: kwok.Kwok, job: str, spares: int, first_node: int) -> tuple[float, float]:
     """Seconds from the node's deletion to the gang bound again, and to the job Running again."""
-    add_nodes(api, first_node, 6)
+    kwok.write_nodes(api, [node(i, 4) for i in range(first_node, first_node + 6)], fakes)
     policy = {"backoffLimit": 3, "spareNodes": spares}
     api.ok(api.send("POST", JOBS, job_doc(job, parallelism=LAYOUT, failurePolicy=policy)))
     pods = run_gang(api, job)
@@ -91,15 +82,13 @@ def one_round(api: Api, job: str, spares: int, first_node: int) -> tuple[float, 
     api.ok(api.send("DELETE", f"/api/v1/nodes/{lost}"))
     bound_at = None
     while True:
-        confirm_deletions(api, job)
+        collect_orphan(api, job, lost)
         current = [p for p in pods_of(api, job) if not p["metadata"].get("deletionTimestamp")]
         fresh = [p for p in current if p["metadata"]["uid"] not in before]
         if len(current) == 4 and fresh and all(p["spec"].get("nodeName") for p in current):
             bound_at = time.perf_counter() - started
             break
         time.sleep(0.01)
-    for pod in fresh:
-        report(api, pod, "Running")
     while not _running(api, job):
         time.sleep(0.01)
     running_at = time.perf_counter() - started
@@ -115,37 +104,28 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="spare-replacement-"))
-    state = controlplane.up(workdir / "cluster", controllers="*,-node-lifecycle-controller")
+    state = controlplane.up(workdir / "cluster", node_grace=kwok.node_grace())
     api = Api(state, state.tokens["admin"])
-    operator = None
+    operator, kubelets = None, contextlib.ExitStack()
     results: dict[str, list[tuple[float, float]]] = {"spare": [], "gang restart": []}
     try:
         kubectl = [str(controlplane.binary("kubectl")), "--kubeconfig", str(state.kubeconfig)]
         subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds")], check=True, capture_output=True)
         api.ok(api.send("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}))
-        volume = {
-            "metadata": {"name": "ckpt"},
-            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-                     "hostPath": {"path": "/tmp/ckpt"}},
-        }  # fmt: skip
-        api.ok(api.send("POST", "/api/v1/persistentvolumes", volume))
-        claim = {
-            "metadata": {"name": "ckpt"},
-            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": "ckpt",
-                     "resources": {"requests": {"storage": "1Gi"}}},
-        }  # fmt: skip
-        api.ok(api.send("POST", f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims", claim))
+        write_checkpoint_claim(api, NAMESPACE)
+        fakes = kubelets.enter_context(kwok.Kwok(state, workdir / "kwok.log"))
         args_ = ("--force-delete-after", "1", "--not-ready-grace", "0")
         operator = Operator(None, workdir / "operator.log", state.kubeconfig, args_).start()  # type: ignore[arg-type]
         first = 0
         for round_ in range(args.repeat):
             for kind, spares in (("spare", 1), ("gang restart", 0)):
                 job = f"{'spare' if spares else 'gang'}-{round_}"
-                results[kind].append(one_round(api, job, spares, first))
+                results[kind].append(one_round(api, fakes, job, spares, first))
                 first += 6
     finally:
         if operator is not None:
             operator.stop()
+        kubelets.close()
         controlplane.down(workdir / "cluster")
     for kind, samples in results.items():
         bound, running = [s[0] for s in samples], [s[1] for s in samples]

@@ -10,8 +10,8 @@ and a GPU pod holding all 8 GPUs on every other node), 32 requests in flight, an
 bench/kwok.py) keeps them as the nodes' kubelets would: nodes Ready with their Leases renewed, pods Running.
 The controller-manager runs whole, node-lifecycle controller included; no scheduler runs. A kubelet renews its
 40 s Lease every 10 s, which this 2-core machine could not do for 10,000 nodes beside 50,000 pods, so kwok's
-Leases last `--lease-seconds` (200: renewed every 50 s, 200 writes a second) and the node grace is 5/4 of that. Then `--pending` ParallelJobs wait unplaced and 20 placed ones hold nodes in their attempt
-records.
+Leases last `--lease-seconds` (200: renewed every 50 s, 200 writes a second at most) and the node grace is 5/4
+of that. Then `--pending` ParallelJobs wait unplaced and 20 placed ones hold nodes in their attempt records.
 
 Prints:
 1. one whole admission pass (`reconcile(..., admit=True)`) in this process, as the admin over HTTPS, from warm

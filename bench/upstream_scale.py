@@ -77,12 +77,6 @@ def pod_count(api: Api, namespace: str) -> int:
     return len(listed["items"]) + int(listed["metadata"].get("remainingItemCount") or 0)
 
 
-def running_count(api: Api, namespace: str) -> int:
-    # A field selector leaves out remainingItemCount, so the whole list is counted.
-    path = f"/api/v1/namespaces/{namespace}/pods"
-    return len(kwok.list_all(api, path, fieldSelector="status.phase=Running"))
-
-
 def measure(nodes: int, workdir: Path, lease_seconds: int = kwok.LEASE_SECONDS) -> dict[str, float]:
     state = controlplane.up(workdir / "cluster", node_grace=kwok.node_grace(lease_seconds))
     operator = None
@@ -119,7 +113,7 @@ def measure(nodes: int, workdir: Path, lease_seconds: int = kwok.LEASE_SECONDS) 
             elapsed = time.perf_counter() - started
             peak = max(peak, process.memory_info().rss)
             cpu = sum(process.cpu_times()[:2]) - cpu_before
-            while (count := running_count(api, namespace)) < nodes:
+            while (count := kwok.running_pods(api, f"/api/v1/namespaces/{namespace}/pods")) < nodes:
                 fakes.alive()
                 if time.perf_counter() - started > 1800:
                     raise TimeoutError(f"{count} of {nodes} pods Running after 1800 s")

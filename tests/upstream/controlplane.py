@@ -220,9 +220,7 @@ def _scheduler_args(folder: Path, state: State, port: int) -> list[str]:
     ]
 
 
-def _controller_manager_args(
-    state: State, keys: pki.Keys, port: int, controllers: str, node_grace: str = NODE_MONITOR_GRACE
-) -> list[str]:
+def _controller_manager_args(state: State, keys: pki.Keys, port: int, controllers: str, node_grace: str) -> list[str]:
     return [
         str(binary("kube-controller-manager")),
         f"--kubeconfig={state.kubeconfig}",
@@ -332,7 +330,7 @@ def up(
     only found by its discovery resync, every 30 s (until then the dependents of a deleted custom object stay:
     40 s measured for a ParallelJob's ConfigMap on a control plane just started).
     `node_grace` is how long a node may miss its heartbeats before it is marked NotReady: the tests' kubelet
-    renews every HEARTBEAT_SECONDS, kwok (bench/kwok.py) as a real kubelet does, every 10 s."""
+    renews every HEARTBEAT_SECONDS, kwok (bench/kwok.py) every quarter of its Lease, as a real kubelet does."""
     folder = folder.resolve()
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     keys = pki.make_keys(folder / "pki")
