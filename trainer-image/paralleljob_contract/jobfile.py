@@ -224,11 +224,11 @@ def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
     """Turn the job.json object into a validated JobConfig."""
     _check_version(document)
     spec = _section(document, "spec")
-    metadata = document.get("metadata") or {}
+    metadata = _optional_section(document, "metadata", "metadata")
     plan = parse_plan(_section(document, "plan"))
     model = _parse_model(_section(spec, "model", "spec.model"))
     training = _parse_training(_section(spec, "training", "spec.training"))
-    checkpoint = spec.get("checkpoint") or {}
+    checkpoint = _optional_section(spec, "checkpoint", "spec.checkpoint")
     export = checkpoint.get("export")
     if export is not None and export not in EXPORT_FORMATS:
         raise ContractError(f"spec.checkpoint.export: must be one of {', '.join(EXPORT_FORMATS)}, got {export!r}")
@@ -244,7 +244,9 @@ def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
         ),
         deepspeed=dict(_section(document, "deepspeed")),
         plan=plan,
-        sequence_parallel=_bool(spec.get("parallelism") or {}, "sequenceParallel", "spec.parallelism"),
+        sequence_parallel=_bool(
+            _optional_section(spec, "parallelism", "spec.parallelism"), "sequenceParallel", "spec.parallelism"
+        ),
         export=export,
     )
     _check_layout_fits_model(job)
@@ -267,6 +269,16 @@ def _section(parent: Mapping[str, Any], key: str, where: str | None = None) -> M
     value = parent.get(key)
     if not isinstance(value, Mapping):
         raise ContractError(f"{where or key}: missing or not an object in the job file")
+    return value
+
+
+def _optional_section(parent: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    """A section that may be absent (read as empty), but is an object when present."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ContractError(f"{where}: must be an object in the job file, got {value!r}")
     return value
 
 
@@ -323,7 +335,7 @@ def _parse_model(section: Mapping[str, Any]) -> ModelConfig:
 def _parse_training(section: Mapping[str, Any]) -> TrainingConfig:
     where = "spec.training"
     steps = _int(section, "steps", where)
-    data_section = section.get("data") or {}
+    data_section = _optional_section(section, "data", f"{where}.data")
     source = _choice(data_section, "source", f"{where}.data", DATA_SOURCES, DEFAULT_DATA_SOURCE)
     raw_path = data_section.get("path")
     if source != "synthetic" and not raw_path:
@@ -331,15 +343,15 @@ def _parse_training(section: Mapping[str, Any]) -> TrainingConfig:
     path = Path(os.path.expanduser(str(raw_path))) if raw_path else None
     if path is not None and source != "synthetic" and not path.exists():
         raise ContractError(f"{where}.data.path: {path} does not exist")
-    min_lr_ratio = float(section.get("minLrRatio", DEFAULT_MIN_LR_RATIO))
-    if not 0.0 <= min_lr_ratio <= 1.0:
+    min_lr_ratio = section.get("minLrRatio", DEFAULT_MIN_LR_RATIO)
+    if isinstance(min_lr_ratio, bool) or not isinstance(min_lr_ratio, int | float) or not 0.0 <= min_lr_ratio <= 1.0:
         raise ContractError(f"{where}.minLrRatio: must be between 0 and 1, got {min_lr_ratio}")
     return TrainingConfig(
         steps=steps,
         seed=_int(section, "seed", where, default=DEFAULT_SEED, minimum=0),
         log_interval=_int(section, "logInterval", where, default=DEFAULT_LOG_INTERVAL),
         warmup_steps=_int(section, "warmupSteps", where, default=default_warmup_steps(steps), minimum=0),
-        min_lr_ratio=min_lr_ratio,
+        min_lr_ratio=float(min_lr_ratio),
         data=DataConfig(
             source=source,
             path=path,
@@ -405,6 +417,8 @@ def _check_batch_arithmetic(job: JobConfig) -> None:
     ]
     if missing:
         raise ContractError(f"deepspeed: {', '.join(missing)} missing; the job file must resolve all three")
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        _int(ds, key, "deepspeed")
     product = job.micro_batch_size * job.gradient_accumulation_steps * job.plan.layout.data
     if product != job.train_batch_size:
         raise ContractError(

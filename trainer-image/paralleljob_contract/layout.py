@@ -113,7 +113,7 @@ def _axis(axis: str) -> Axis:
 def axis_order_of(names: object) -> AxisOrder:
     """An axis order from its JSON form (a list of names) or its comma form ("pipe,data,model")."""
     listed = names.split(",") if isinstance(names, str) else list(names) if isinstance(names, list | tuple) else None
-    if listed is None or sorted(listed) != sorted(AXES):
+    if listed is None or not all(isinstance(axis, str) for axis in listed) or sorted(listed) != sorted(AXES):
         raise ContractError(f"axisOrder: must order exactly {', '.join(AXES)}, got {names!r}")
     return (_axis(listed[0]), _axis(listed[1]), _axis(listed[2]))
 
