@@ -79,6 +79,9 @@ class State:
     etcd_port: int
     pids: dict[str, int]
     tokens: dict[str, str]
+    # Each component's command line, so that a test can stop one and start it again as it was
+    # (`stop_component`, `start_component`): etcd keeps its data folder, the API server its port.
+    commands: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def server(self) -> str:
@@ -138,6 +141,12 @@ def _write_credentials(folder: Path, server: str, ca: Path) -> dict[str, str]:
         path = folder / ("kubeconfig" if key == "admin" else f"kubeconfig-{key}")
         path.write_text(yaml.safe_dump(kubeconfig_document(server, ca, name, tokens[key])))
     return tokens
+
+
+def _launch(state: State, name: str, args: list[str]) -> None:
+    state.commands[name] = args
+    state.pids[name] = _start(state.folder, name, args)
+    state.save()
 
 
 def _start(folder: Path, name: str, args: list[str]) -> int:
@@ -339,24 +348,19 @@ def up(
     tokens = _write_credentials(folder, server, keys.ca)
     state = State(folder, apiserver_port, etcd_port, {}, tokens)
     try:
-        state.pids["etcd"] = _start(folder, "etcd", _etcd_args(folder, etcd_port, free_port()))
-        state.save()
-        wait_until(state, "etcd", lambda: _etcd_ready(etcd_port))
-        state.pids["kube-apiserver"] = _start(
-            folder, "kube-apiserver", _apiserver_args(folder, keys, apiserver_port, etcd_port)
-        )
-        state.save()
-        wait_until(state, "kube-apiserver", lambda: get(state, "/readyz")[0] == 200)
+        _launch(state, "etcd", _etcd_args(folder, etcd_port, free_port()))
+        _wait_ready(state, "etcd")
+        _launch(state, "kube-apiserver", _apiserver_args(folder, keys, apiserver_port, etcd_port))
+        _wait_ready(state, "kube-apiserver")
         if before_controllers is not None:
             before_controllers(state)
         if scheduler:
-            state.pids["kube-scheduler"] = _start(folder, "kube-scheduler", _scheduler_args(folder, state, free_port()))
-        state.pids["kube-controller-manager"] = _start(
-            folder,
+            _launch(state, "kube-scheduler", _scheduler_args(folder, state, free_port()))
+        _launch(
+            state,
             "kube-controller-manager",
             _controller_manager_args(state, keys, free_port(), controllers, node_grace),
         )
-        state.save()
         wait_until(
             state,
             "kube-controller-manager",
@@ -366,6 +370,31 @@ def up(
         down(folder)
         raise
     return state
+
+
+def _wait_ready(state: State, name: str) -> None:
+    """Wait until etcd or the API server answers as ready (the other components have no probe here)."""
+    if name == "etcd":
+        wait_until(state, name, lambda: _etcd_ready(state.etcd_port))
+    elif name == "kube-apiserver":
+        wait_until(state, name, lambda: get(state, "/readyz")[0] == 200)
+
+
+def stop_component(state: State, name: str, *, kill: bool = True) -> None:
+    """Stop one component, as a crash (SIGKILL) or a rollout (SIGTERM) would; `start_component` brings it back."""
+    pid = state.pids.pop(name)
+    state.save()
+    if kill:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    stop_process(pid)
+
+
+def start_component(state: State, name: str) -> None:
+    """Start a stopped component again with its own command line (etcd on its data, the API server on its
+    port), and wait until it answers."""
+    _launch(state, name, state.commands[name])
+    _wait_ready(state, name)
 
 
 def down(folder: Path, grace: float = 10.0) -> None:
