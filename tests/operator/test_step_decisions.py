@@ -399,9 +399,14 @@ def test_an_admitted_attempt_creates_its_children_then_records_them_placed():
     ]
     assert decision.record == observed.record.with_placed()
     assert decision.status is not None
+    assert set(decision.status) == {"conditions", "message", "observedGeneration"}
+    assert decision.status["message"].startswith("2 pods created on 2 nodes; fabric ")
     scheduled = next(c for c in decision.status["conditions"] if c["type"] == "Scheduled")
-    assert (scheduled["status"], scheduled["reason"]) == ("True", "Placed")
-    assert scheduled["message"].startswith("2 pods created on 2 nodes; fabric ")
+    assert (scheduled["status"], scheduled["reason"], scheduled["message"]) == (
+        "True",
+        "Placed",
+        decision.status["message"],
+    )
     assert [event.reason for event in decision.events] == ["Placed"]
     assert decision.events[0].message.startswith("layout 2x2x2, fabric ")
     assert decision.events[0].message.endswith("0->local-0, 1->local-1")

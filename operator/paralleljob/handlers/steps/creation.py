@@ -33,7 +33,8 @@ def decide(seen: Observed, settings: Settings, now: datetime.datetime) -> Decisi
     existing = {pod["metadata"]["name"] for pod in seen.pods}
     missing = [pod for pod in built.pods if pod["metadata"]["name"] not in existing]
     message = f"{len(built.pods)} pods created on {len(nodes)} nodes; fabric {built.fabric}"
-    written = status_patch(seen, {"conditions": condition(seen, "Scheduled", "True", PLACED, message, now)})
+    cond = condition(seen, "Scheduled", "True", PLACED, message, now)
+    written = status_patch(seen, {"conditions": cond, "message": message})
     placed = f"layout {seen.pinned.layout}, fabric {built.fabric}: {_hosts(nodes)}"
     return Decision(
         "created",
