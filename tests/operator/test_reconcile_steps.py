@@ -11,7 +11,7 @@ import yaml
 
 from paralleljob import planning
 from paralleljob.api import validate_document
-from paralleljob.handlers.passes import INVALID_NOTE
+from paralleljob.handlers.observed import INVALID_NOTE
 from paralleljob.handlers.steps import admission, conflicts, creation, draining, finished, invalid, supervision
 from paralleljob.manifests import configmap, labels
 from tests.api.test_policy import BASE

@@ -1,8 +1,9 @@
 """What one reconcile pass works with (`Pass`: the job, its attempt record, the watches' view, the operator's
 `Settings`) and what it returns (`Outcome`), with the writes every step shares: the one status patch
 (`write_status`, skipped when nothing changed), the attempt record, deleting the job's pods, and ending the
-job in a terminal phase. The steps (`handlers.steps`) import this module, never each other; `handlers.reconcile`
-runs them in order.
+job in a terminal phase, for the steps that still write themselves (`admission`, `replacement`, `supervision`)
+and the Kueue hooks. The steps that decide (from `handlers.observed`; `k8s.apply` writes) do not import it; none
+imports another step; `handlers.reconcile` runs them in order.
 """
 
 from __future__ import annotations
@@ -12,59 +13,20 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from paralleljob import planning
-from paralleljob.api import policy
-from paralleljob.handlers import conditions
+from paralleljob.handlers import conditions, observed
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.nodes import NodeSnapshot
-from paralleljob.k8s import events, reads, timestamps, writes
+from paralleljob.handlers.observed import Observed, is_terminating, status_patch
+from paralleljob.handlers.settings import Settings
+from paralleljob.k8s import apply, events, reads, timestamps, writes
 from paralleljob.k8s.session import Session
-from paralleljob.manifests import labels, records, security
+from paralleljob.manifests import records
 from paralleljob.planning.inventory import TERMINAL_POD_PHASES, ClusterBuilder
 from paralleljob.planning.usage import UsageSnapshot
 
 # A job's terminal phases are named like a pod's.
 TERMINAL = TERMINAL_POD_PHASES
-ADMITTED, PLACED = "Admitted", "Placed"
-# How often to look again while a deleted job's children wait for the garbage collector.
-PREVIOUS_JOB_RECHECK_SECONDS = 2.0
-# How often a job whose child name is held by a foreign object looks whether it is gone (no watch sees it).
-NAME_CONFLICT_RECHECK_SECONDS = 30.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """Operator-wide settings from the command line."""
-
-    image: str = "ghcr.io/paralleljob/trainer:0.1.0"
-    default_fabric: str = "auto"
-    # NCCL variables every job gets unless its spec.network.ncclEnv sets the same name.
-    default_nccl_env: tuple[tuple[str, str], ...] = ()
-    namespaces: tuple[str, ...] | None = None  # None: all namespaces
-    # A pod the scheduler refuses, or whose container cannot be created, fails its attempt after this long
-    # (from the API server's times: `handlers.start_failures`).
-    start_timeout_seconds: float = 600.0
-    # A pod still ContainerCreating this long after being scheduled (a mount that fails) fails its attempt.
-    container_creating_timeout_seconds: float = 1800.0
-    # A pod whose image failed to pull this many times fails its attempt, blaming its node.
-    image_pull_retries: int = 3
-    # A pod stuck Terminating on a NotReady or deleted node is force-deleted this long after its deletion
-    # deadline (deletionTimestamp): its kubelet cannot confirm that the containers stopped.
-    force_delete_after_seconds: float = 120.0
-    # What a job may ask of its pods, and what its pods run as: the administrator's, never the job's.
-    admission_policy: policy.AdmissionPolicy = dataclasses.field(default_factory=policy.AdmissionPolicy)
-    pod_security: security.PodSecurity = dataclasses.field(default_factory=security.PodSecurity)
-    # A restarting gang keeps its old nodes (less the one blamed) from other jobs this long.
-    restart_hold_seconds: float = 30.0
-    # Every unfinished placed gang gets a pass this often without an event, so a watch event missed while a
-    # watch restarted (a deleted pod, a lost node) cannot strand it; a pass over a quiet gang writes nothing.
-    resync_seconds: float = 60.0
-    # A NotReady node breaks its gang only after this long (Kubernetes' default not-ready toleration), unless
-    # its pods fail first: a kubelet that misses a few heartbeats does not cost a gang restart.
-    not_ready_grace_seconds: float = 300.0
-    # Kueue (`handlers.queueing`): watch the Workloads of jobs labelled with a queue; before an evicted gang
-    # stops, ask rank 0 for a checkpoint when its last one is older than this.
-    kueue: bool = False
-    kueue_checkpoint_grace_seconds: float = 300.0
+ADMITTED = "Admitted"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +82,8 @@ class Pass:
     record: records.AttemptRecord | None = None
     # The job's `-config` ConfigMap when another owner holds the name (a name conflict before any attempt).
     foreign_config: Mapping[str, Any] | None = None
+    # The job's own `-config` ConfigMap as the pass read it first (its plan and network, beside the record).
+    config_map: Mapping[str, Any] | None = None
     # Why the current spec is invalid while its running attempt is still supervised from its record.
     spec_problem: str = ""
     # Called right before an admission writes its attempt and placement: raises when the cluster-wide
@@ -185,54 +149,28 @@ class Pass:
 
 
 def write_status(p: Pass, patch: Mapping[str, Any]) -> bool:
-    """Patch status when something in `patch` differs from it; True when written. Every write records the
-    generation acted on (the spec is immutable, so this is the generation the job was admitted with)."""
-    current = p.status
-    patch = {**patch, "observedGeneration": p.generation}
-    if p.spec_problem and patch.get("message"):
-        patch["message"] = f"{patch['message']}{INVALID_NOTE}{p.spec_problem}"
-    changed = any(
-        not conditions.same(current.get(key), value) if key == "conditions" else current.get(key) != value
-        for key, value in patch.items()
-    )
-    if changed:
-        writes.patch_job_status(p.session, p.namespace, p.name, patch)
-        if isinstance(p.job, dict):  # the rest of the pass builds on what it wrote (its conditions above all)
-            merged = {**current, **patch}
-            p.job["status"] = {key: value for key, value in merged.items() if value is not None}
-        if "phase" in patch:
-            m.observe_phase(p.namespace, p.name, patch["phase"])
-    return changed
-
-
-RUNNING_CONTINUES = "; the running attempt continues, and nothing new starts until the spec is fixed"
-
-
-INVALID_NOTE = f"{RUNNING_CONTINUES}; invalid spec: "
+    """Patch status when something in `patch` differs from it (`observed.status_patch`); True when written."""
+    written = status_patch(Observed(p.job, spec_problem=p.spec_problem), patch)
+    if written is None:
+        return False
+    writes.patch_job_status(p.session, p.namespace, p.name, written)
+    if isinstance(p.job, dict):  # the rest of the pass builds on what it wrote (its conditions above all)
+        merged = {**p.status, **written}
+        p.job["status"] = {key: value for key, value in merged.items() if value is not None}
+    if "phase" in written:
+        m.observe_phase(p.namespace, p.name, written["phase"])
+    return True
 
 
 def write_record(p: Pass, record: records.AttemptRecord) -> None:
     """Replace the attempt record in the job's ConfigMap, with the labels that go with it: the first write of
     every decision it holds."""
-    name, data = labels.config_map_name(p.name), {records.RECORD_FILE: record.to_json()}
-    writes.patch_config_map(p.session, p.namespace, name, data, records.labels_of(record))
-
-
-def attempt_of(pod: Mapping[str, Any]) -> int:
-    return int(pod["metadata"].get("labels", {}).get(labels.ATTEMPT_LABEL, -1))
-
-
-def is_terminating(pod: Mapping[str, Any]) -> bool:
-    return bool(pod["metadata"].get("deletionTimestamp"))
+    apply.write_record(p.session, p.namespace, p.name, record)
 
 
 def deleting_for(p: Pass, pod: Mapping[str, Any]) -> float:
-    """Seconds since the pod's deletion was asked (its deletionTimestamp less its grace period). A pod on a lost
-    node waits `force_delete_after_seconds` from the ask, not from that deadline: the node's kubelet honours no
-    grace period, so waiting it out only delays the gang (30 s of a spare's replacement, measured)."""
-    meta = pod["metadata"]
-    since = timestamps.seconds_since(meta.get("deletionTimestamp"), p.session.server_now()) or 0.0
-    return since + float(meta.get("deletionGracePeriodSeconds") or 0)
+    """Seconds since the pod's deletion was asked, on the API server's clock (`observed.deleting_for`)."""
+    return observed.deleting_for(pod, p.session.server_now())
 
 
 def delete_pods(p: Pass, pods: Sequence[Mapping[str, Any]]) -> None:

@@ -1,4 +1,10 @@
-"""One reconcile pass over one ParallelJob: read the cluster, decide, act, write status once.
+"""One reconcile pass over one ParallelJob: observe, decide, apply.
+
+The pass reads what it decides from into one frozen value (`handlers.observe` -> `handlers.observed.Observed`),
+a step turns it into one `Decision` with a pure `decide(observed, settings, now)` (`finished`, `invalid`,
+`draining`, `conflicts`, `creation`), and `k8s.apply` writes it (`_written`). A write the API refuses is observed
+by the next decision, not handled inside one. `admission`, `replacement` and `supervision`, and the Kueue hooks
+(`handlers.queueing`), still read and write through the `Pass` (`handlers.passes`).
 
 Level-triggered and idempotent, so the operator can die at any moment and converge after a restart.
 The pass reads the job's attempt record (`manifests.records`, in its `-config` ConfigMap), the job and its pods
@@ -43,18 +49,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import conditions, failures, gang, placement, queueing, specs
+from paralleljob.handlers import conditions, failures, gang, observe, placement, queueing, specs
 from paralleljob.handlers import metrics as m
-from paralleljob.handlers.passes import (
-    NAME_CONFLICT_RECHECK_SECONDS,
-    PREVIOUS_JOB_RECHECK_SECONDS,
-    AdmissionRequest,
-    NodeView,
-    Outcome,
-    Pass,
-    Settings,
-    attempt_of,
-)
+from paralleljob.handlers.observed import PREVIOUS_JOB_RECHECK_SECONDS
+from paralleljob.handlers.passes import AdmissionRequest, NodeView, Outcome, Pass, Settings
 from paralleljob.handlers.steps import (
     admission,
     conflicts,
@@ -65,9 +63,10 @@ from paralleljob.handlers.steps import (
     replacement,
     supervision,
 )
-from paralleljob.k8s import reads, writes
+from paralleljob.k8s import apply, reads, writes
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import labels, records
+from paralleljob.manifests.decisions import Decision
 
 __all__ = ["AdmissionRequest", "NodeView", "Outcome", "Pass", "Settings", "reconcile"]
 
@@ -104,7 +103,10 @@ def reconcile(
     record = records.record_of(found) if claim == "own" else None
     foreign = found if claim == "foreign" else None
     try:
-        outcome = _step(Pass(session, settings, job, nodes, admit, record, foreign_config=foreign, fence=fence))
+        own = found if claim == "own" else None
+        outcome = _step(
+            Pass(session, settings, job, nodes, admit, record, foreign_config=foreign, config_map=own, fence=fence)
+        )
     except writes.Gone as gone:
         if not _deleted(session, namespace, name):
             raise  # only its ConfigMap was deleted: an ordinary failure, retried
@@ -147,37 +149,39 @@ def _step(p: Pass) -> Outcome:
 
 
 def _first_step_that_applies(p: Pass) -> Outcome:
-    if p.finished:
-        queueing.finish(p, p.record.outcome if p.record is not None else "")  # Kueue hook, level-triggered
-        return finished.rest(p)
     current, problems = specs.current_spec(p)
-    live = p.live
-    if current is None and live is None:
-        # Between attempts the old generation may still be going.
-        if p.record is not None and (stale := [pod for pod in _own_pods(p) if attempt_of(pod) != p.attempt]):
-            draining.drain(p, stale)
-        return invalid.invalid_spec(p, problems)
+    seen = observe.observe(p, current, problems)
+    now = p.session.server_now()
+    if seen.finished:
+        queueing.finish(p, p.record.outcome if p.record is not None else "")  # Kueue hook, level-triggered
+        m.observe_phase(p.namespace, p.name, p.status.get("phase"))
+        return _written(p, finished.decide(seen, p.settings, now))
+    if current is None and seen.live is None:
+        decision = invalid.decide(seen, p.settings, now)
+        if p.record is not None and seen.stale:  # between attempts the old generation may still be going
+            drained = draining.decide(seen, p.settings, now)
+            decision = drained.then(invalid.decide(seen.with_status(drained.status), p.settings, now))
+        return _written(p, decision)
     m.observe_phase(p.namespace, p.name, p.status.get("phase"))
-    labelled = reads.list_job_pods(p.session, p.namespace, p.name)
-    pods = [pod for pod in labelled if labels.owned_by(pod, p.uid)]
-    stale = [pod for pod in pods if attempt_of(pod) != p.attempt]
-    if stale:
-        return draining.drain(p, stale)
-    previous = [pod for pod in labelled if labels.claim_of(pod, p.name, p.uid) == "namesake"]
-    if previous:
-        return conflicts.wait_for_previous_job(p, previous, draining.drain(p, previous))
+    labelled, pods = list(seen.labelled), list(seen.pods)
+    if seen.stale:
+        return _written(p, draining.decide(seen, p.settings, now))
+    if seen.namesake:
+        drained = draining.drain(seen, seen.namesake, p.settings, now)
+        return _written(p, conflicts.wait_for_previous_job(seen, drained))
     if current is None:
         # An edit made the spec invalid: it gates only the next attempt; the running one is still supervised.
         p = dataclasses.replace(p, spec_problem=problems)
-        invalid.invalid_while_running(p)
+        seen = dataclasses.replace(seen, spec_problem=problems)
+        _written(p, invalid.decide(seen, p.settings, now))
     try:
         if not p.placed_nodes:
             assert current is not None  # no live attempt: an invalid spec returned above
             if p.foreign_config is not None:  # nothing can be admitted while someone else holds the ConfigMap
                 name = labels.config_map_name(p.name)
                 raise writes.NameConflict("ConfigMap", name, labels.holder_of(p.foreign_config))
-            if conflicts.waits_on_conflict(p, pods):
-                return Outcome("name-conflict", requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
+            if (waiting := conflicts.decide(seen, p.settings, now)) is not None:
+                return _written(p, waiting)
             # Kueue hook (handlers.queueing.gate): a job queued through Kueue waits, Queued, until its Workload is
             # admitted, then is planned inside the admitted flavours; any other job passes unchanged.
             gated = queueing.gate(p, current)
@@ -211,10 +215,13 @@ def _first_step_that_applies(p: Pass) -> Outcome:
         # Kueue hook (handlers.queueing.supervise): Kueue evicted the Workload: checkpoint, stop, back to Queued.
         if (evicting := queueing.supervise(p, pinned, pods)) is not None:
             return evicting
-        if creation.creating(p):
-            return creation.create(p, pinned, pods)
+        if seen.live is not None and not seen.live.placed:
+            return _written(p, creation.decide(dataclasses.replace(seen, pinned=pinned), p.settings, now))
     except writes.NameConflict as conflict:
-        return conflicts.name_conflict(p, conflict)
+        # The refusal is observed like anything else, with the pods read again (this pass may have made some).
+        return _written(
+            p, conflicts.decide(observe.observe(p, current, problems, refused=str(conflict)), p.settings, now)
+        )
     except writes.HeldByAnother as held:
         log.info("%s/%s waits for the garbage collector: %s", p.namespace, p.name, held)
         return Outcome("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
@@ -244,6 +251,10 @@ def _spare_replacement(p: Pass, pinned: ResolvedJob, pods: Sequence[Mapping[str,
     return replacement.take_spares(p, {**lost, **replacement.vanished_on_lost_nodes(p, pods, lost)})
 
 
-def _own_pods(p: Pass) -> list[Mapping[str, Any]]:
-    """The job's pods, read from the API: only those whose ownerReference carries this job's uid."""
-    return [pod for pod in reads.list_job_pods(p.session, p.namespace, p.name) if labels.owned_by(pod, p.uid)]
+def _written(p: Pass, decision: Decision | None) -> Outcome:
+    """Write a step's decision (`k8s.apply`, the one writer) and say what the pass asks of the scheduler."""
+    assert decision is not None  # a refusal always decides a name conflict
+    apply.apply(p.session, p.job, decision)
+    if decision.status and "phase" in decision.status:
+        m.observe_phase(p.namespace, p.name, decision.status["phase"])
+    return Outcome(decision.step, wake_others=decision.wake_others, requeue_after=decision.requeue_after)

@@ -20,9 +20,9 @@ from paralleljob.api import types as api_types
 from paralleljob.handlers import failures, gang, placement
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.nodes import NodeSnapshot
+from paralleljob.handlers.observed import PREVIOUS_JOB_RECHECK_SECONDS
 from paralleljob.handlers.passes import (
     ADMITTED,
-    PREVIOUS_JOB_RECHECK_SECONDS,
     AdmissionRequest,
     Outcome,
     Pass,

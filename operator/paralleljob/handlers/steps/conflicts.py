@@ -6,68 +6,84 @@ that object is gone.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob.handlers import gang
-from paralleljob.handlers.passes import (
+from paralleljob.handlers.observed import (
     NAME_CONFLICT_RECHECK_SECONDS,
     PREVIOUS_JOB_RECHECK_SECONDS,
-    Outcome,
-    Pass,
-    delete_pods,
+    Observed,
+    condition,
     is_terminating,
-    write_record,
-    write_status,
+    pod_name,
+    status_patch,
 )
-from paralleljob.k8s import reads, writes
-from paralleljob.manifests import labels
+from paralleljob.handlers.settings import Settings
+from paralleljob.manifests.decisions import Decision, Event
 
 NAME_CONFLICT = "NameConflict"
 
 
-def wait_for_previous_job(p: Pass, previous: Sequence[Mapping[str, Any]], waiting: Outcome) -> Outcome:
+def decide(seen: Observed, settings: Settings, now: datetime.datetime) -> Decision | None:
+    """A write of this pass refused for a name someone else holds (`name_conflict`), or a job whose record says
+    such a conflict released its attempt and that still waits (`still_waiting`); None when neither holds."""
+    if seen.refused:
+        return name_conflict(seen, seen.refused, now)
+    return still_waiting(seen)
+
+
+def wait_for_previous_job(seen: Observed, drained: Decision) -> Decision:
     """Pods of a deleted job of the same name still hold our names: the garbage collector deletes them, and one
-    stuck Terminating on a lost node is force-deleted as our own would be (the pass drained them first, with the
-    single-node rule: `waiting` is that drain's outcome); the status and one Event say which pods the job waits
-    for."""
-    message = waiting_message(previous)
-    said = str(p.status.get("message") or "").startswith("waiting for")
-    patch = {"message": message} if p.live is not None else {"phase": p.idle_phase, "message": message}
-    if write_status(p, patch) and not said:
-        p.event("Normal", "WaitingForPreviousJob", message)
-    recheck = min(waiting.requeue_after or PREVIOUS_JOB_RECHECK_SECONDS, PREVIOUS_JOB_RECHECK_SECONDS)
-    return Outcome("waiting-for-previous-job", requeue_after=recheck)
+    stuck Terminating on a lost node is force-deleted as our own would be (`drained`: the draining step's
+    decision on them, with the single-node rule); the status and one Event say which pods the job waits for."""
+    seen = seen.with_status(drained.status)
+    message = waiting_message(seen.namesake)
+    said = str(seen.status.get("message") or "").startswith("waiting for")
+    written = status_patch(
+        seen, {"message": message} if seen.live is not None else {"phase": seen.idle_phase, "message": message}
+    )
+    event = Event("Normal", "WaitingForPreviousJob", message)
+    recheck = min(drained.requeue_after or PREVIOUS_JOB_RECHECK_SECONDS, PREVIOUS_JOB_RECHECK_SECONDS)
+    waiting = Decision(
+        "waiting-for-previous-job",
+        status=written,
+        events=(event,) if written and not said else (),
+        requeue_after=recheck,
+    )
+    return drained.then(waiting)
 
 
-def waits_on_conflict(p: Pass, pods: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether a job whose record says a name conflict released its attempt still waits: until the pods it had
-    created are gone, and while the object named in the conflict is still someone else's."""
-    if p.record is None or not p.record.conflict:
-        return False
-    if pods:
-        delete_pods(p, pods)
-        return True
-    named = writes.NameConflict.named_in(p.record.conflict)
-    if named is None:
-        return False
-    held = writes.read(p.session, named[0], named[1], p.namespace)
-    return held is not None and labels.claim_of(held, p.name, p.uid) == "foreign"
+def still_waiting(seen: Observed) -> Decision | None:
+    """A job whose record says a name conflict released its attempt still waits: until the pods it had created
+    are gone (they are deleted), and while the object named in the conflict is still someone else's."""
+    if seen.record is None or not seen.record.conflict:
+        return None
+    if seen.pods:
+        deletes = tuple(pod_name(pod) for pod in seen.pods if not is_terminating(pod))
+        return Decision("name-conflict", deletes=deletes, requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
+    if seen.conflict_held:
+        return Decision("name-conflict", requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
+    return None
 
 
-def name_conflict(p: Pass, conflict: writes.NameConflict) -> Outcome:
-    """A child name is taken by someone else's object: release the reservation (the record says so first, then
-    this attempt's pods go), say which object in Scheduled=False and a Warning Event, and look again later."""
-    message = str(conflict)
-    if p.live is not None:
-        write_record(p, p.live.with_conflict(message))
-    cond = p.condition("Scheduled", "False", NAME_CONFLICT, message)
-    patch = {"phase": p.idle_phase, "message": message, "conditions": cond, "placement": None, "podsReady": 0}
-    if write_status(p, patch):
-        p.event("Warning", NAME_CONFLICT, message)
-    # This pass may have created some of the pods already: list them again.
-    delete_pods(p, [pod for pod in reads.list_job_pods(p.session, p.namespace, p.name) if labels.owned_by(pod, p.uid)])
-    return Outcome("name-conflict", wake_others=True, requeue_after=NAME_CONFLICT_RECHECK_SECONDS)
+def name_conflict(seen: Observed, message: str, now: datetime.datetime) -> Decision:
+    """A child name is taken by someone else's object: release the reservation (the record says so, then this
+    attempt's pods go, as read after the refusal), say which object in Scheduled=False and a Warning Event, and
+    look again later."""
+    cond = condition(seen, "Scheduled", "False", NAME_CONFLICT, message, now)
+    patch = {"phase": seen.idle_phase, "message": message, "conditions": cond, "placement": None, "podsReady": 0}
+    written = status_patch(seen, patch)
+    return Decision(
+        "name-conflict",
+        status=written,
+        events=(Event("Warning", NAME_CONFLICT, message),) if written else (),
+        record=seen.live.with_conflict(message) if seen.live is not None else None,
+        deletes=tuple(pod_name(pod) for pod in seen.pods if not is_terminating(pod)),
+        requeue_after=NAME_CONFLICT_RECHECK_SECONDS,
+        wake_others=True,
+    )
 
 
 def waiting_message(previous: Sequence[Mapping[str, Any]]) -> str:

@@ -5,61 +5,71 @@ every one is gone: two generations never run at once.
 
 from __future__ import annotations
 
-import logging
+import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob.handlers import gang, start_failures
 from paralleljob.handlers.nodes import OUT_OF_SERVICE_TAINT
-from paralleljob.handlers.passes import (
-    Outcome,
-    Pass,
-    delete_pods,
-    deleting_for,
-    is_terminating,
-    lost_nodes,
-    write_status,
-)
-from paralleljob.k8s import writes
+from paralleljob.handlers.observed import Observed, deleting_for, is_terminating, pod_name, status_patch
+from paralleljob.handlers.settings import Settings
 from paralleljob.manifests import labels
-
-log = logging.getLogger(__name__)
+from paralleljob.manifests.decisions import Decision, Event
 
 # What happens to a Terminating pod of an older attempt (`terminating_verdict`).
 KUBELET, WAIT_FOR_NODE, FORCE, WAIT = "kubelet", "wait-for-node", "force", "wait"
 
 
-def drain(p: Pass, stale: Sequence[Mapping[str, Any]]) -> Outcome:
-    """Delete the pods of older attempts; force only those whose node is lost, once overdue."""
-    delete_pods(p, stale)
+def decide(seen: Observed, settings: Settings, now: datetime.datetime) -> Decision:
+    """Delete the job's pods of older attempts; force only those whose node is lost, once overdue."""
+    return drain(seen, seen.stale, settings, now)
+
+
+def drain(seen: Observed, stale: Sequence[Mapping[str, Any]], settings: Settings, now: datetime.datetime) -> Decision:
+    """Delete these pods (of an older attempt, or of a deleted namesake); force only those whose node is lost,
+    once overdue."""
+    deletes = tuple(pod_name(pod) for pod in stale if not is_terminating(pod))
     terminating = [pod for pod in stale if is_terminating(pod)]
     if not terminating:
-        return Outcome("deleting-old-generation")
-    lost = lost_nodes(p, [gang.node_of(pod) for pod in terminating])
-    force_after = p.settings.force_delete_after_seconds
-    recheck = force_after
+        return Decision("deleting-old-generation", deletes=deletes)
+    force_after = settings.force_delete_after_seconds
+    recheck, forced, said = force_after, list[str](), list[str]()
     for pod in terminating:
         node = gang.node_of(pod)
         action, wait = terminating_verdict(
-            on_lost_node=node in lost,
+            on_lost_node=node in seen.lost,
             alone_on_partitioned_node=_only_pod_of_gang(pod)
-            and node in p.nodes.not_ready
-            and node not in p.nodes.snapshot.out_of_service,
-            deleting_for=deleting_for(p, pod),
+            and node in seen.not_ready
+            and node not in seen.out_of_service,
+            deleting_for=deleting_for(pod, now),
             force_after=force_after,
         )
         if action == WAIT_FOR_NODE:
-            _stuck_terminating(p, pod, node)
-            recheck = min(recheck, p.settings.resync_seconds)
+            said.append(_stuck_terminating(pod, node))
+            recheck = min(recheck, settings.resync_seconds)
         elif action == FORCE:
-            log.warning("force-deleting %s: node %s is lost", pod["metadata"]["name"], node)
-            writes.delete_pod(p.session, p.namespace, pod["metadata"]["name"], force=True)
+            forced.append(pod_name(pod))
         elif wait is not None:
             recheck = min(recheck, wait)
-    note = start_failures.lingering_note(terminating, lost, p.session.server_now(), force_after)
-    if note and write_status(p, {"message": note}):
-        p.event("Warning", "StuckTerminating", note)
-    return Outcome("deleting-old-generation", requeue_after=recheck)
+    note = start_failures.lingering_note(terminating, seen.lost, now, force_after)
+    return _saying(seen, [*said, *([note] if note else [])]).then(
+        Decision("deleting-old-generation", deletes=deletes, force_deletes=tuple(forced), requeue_after=recheck)
+    )
+
+
+def _saying(seen: Observed, messages: Sequence[str]) -> Decision:
+    """Each message in turn as the job's status message, with a StuckTerminating Event when it changes it: the
+    status ends with the last."""
+    decision = Decision("deleting-old-generation")
+    for message in messages:
+        written = status_patch(seen, {"message": message})
+        if written:
+            seen = seen.with_status(written)
+            said = Decision(
+                "deleting-old-generation", status=written, events=(Event("Warning", "StuckTerminating", message),)
+            )
+            decision = decision.then(said)
+    return decision
 
 
 def terminating_verdict(
@@ -84,11 +94,9 @@ def _only_pod_of_gang(pod: Mapping[str, Any]) -> bool:
     return not found.isdigit() or int(found) <= 1
 
 
-def _stuck_terminating(p: Pass, pod: Mapping[str, Any], node: str | None) -> None:
-    message = (
-        f"pod {pod['metadata']['name']} is stuck Terminating on NotReady node {node}; it is the gang's only pod, "
+def _stuck_terminating(pod: Mapping[str, Any], node: str | None) -> str:
+    return (
+        f"pod {pod_name(pod)} is stuck Terminating on NotReady node {node}; it is the gang's only pod, "
         f"so it is not force-deleted: delete the node, or taint it {OUT_OF_SERVICE_TAINT}=nodeshutdown:NoExecute "
         "once it is known to be down"
     )
-    if write_status(p, {"message": message}):
-        p.event("Warning", "StuckTerminating", message)

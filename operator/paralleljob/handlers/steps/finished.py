@@ -5,29 +5,23 @@ changes only the Valid condition, whatever the spec says now, and the pods still
 
 from __future__ import annotations
 
-from paralleljob.handlers import metrics as m
-from paralleljob.handlers.passes import (
-    Outcome,
-    Pass,
-    delete_finished_pods,
-    write_status,
-)
-from paralleljob.handlers.specs import current_spec
-from paralleljob.k8s import reads
-from paralleljob.manifests import labels
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from paralleljob.handlers.observed import Observed, condition, is_terminating, pod_name, status_patch
+from paralleljob.handlers.settings import Settings
+from paralleljob.manifests.decisions import Decision
 
 
-def rest(p: Pass) -> Outcome:
+def decide(seen: Observed, settings: Settings, now: datetime.datetime) -> Decision:
     """A finished job, first of all: its end stands whatever its spec says now. An edit afterwards changes only
     the Valid condition (False while the spec is invalid, True again once it is fixed), and the pods still
     holding GPUs are deleted."""
-    current, problems = current_spec(p)
-    cond = p.condition("Valid", *valid_after_end(problems if current is None else None))
-    write_status(p, {"conditions": cond})
-    m.observe_phase(p.namespace, p.name, p.status.get("phase"))
-    pods = [pod for pod in reads.list_job_pods(p.session, p.namespace, p.name) if labels.owned_by(pod, p.uid)]
-    delete_finished_pods(p, pods)
-    return Outcome("finished")
+    valid = valid_after_end(seen.spec_problems if seen.spec is None else None)
+    patch = status_patch(seen, {"conditions": condition(seen, "Valid", *valid, now)})
+    outcome = seen.record.outcome if seen.record is not None else None
+    return Decision("finished", status=patch, deletes=pods_holding_gpus(seen.pods, outcome))
 
 
 def valid_after_end(problems: str | None) -> tuple[str, str, str]:
@@ -36,3 +30,12 @@ def valid_after_end(problems: str | None) -> tuple[str, str, str]:
     if problems is None:
         return "True", "Validated", "the spec is valid"
     return "False", "InvalidSpec", problems
+
+
+def pods_holding_gpus(pods: Sequence[Mapping[str, Any]], ended: str | None) -> tuple[str, ...]:
+    """The pods of a job that ended `ended` to delete: those still holding GPUs and not already terminating; a
+    Succeeded job keeps its Succeeded pods for their logs."""
+    keep = {"Failed", "Succeeded"} if ended == "Succeeded" else {"Failed"}
+    return tuple(
+        pod_name(pod) for pod in pods if (pod.get("status") or {}).get("phase") not in keep and not is_terminating(pod)
+    )

@@ -1,0 +1,58 @@
+"""Write one reconcile decision (`manifests.decisions.Decision`): the one place a pass's step writes.
+
+Called by `handlers.reconcile` after a step decided. In order: the children to create (one at a time, then the
+pods in growing batches, `writes.create_all`: the job's own copy already there (409) is an outcome; a name held
+by someone else or a create refused for good raises, and the pass turns that refusal into the input of its next
+decision, before anything else of this one is written); the status patch (one merge patch of the status
+subresource) and the Events that go with it; the attempt record (its ConfigMap's `attempt.json` and labels);
+the pods deleted gracefully, then those force-deleted. Idempotent as every write here is: a pod already gone
+(404) is an outcome, not an error; a patch whose job or ConfigMap is gone raises `writes.Gone`, which the pass
+turns into its ordinary end. A job dict given as a `dict` is updated with the status written, so the rest of a
+pass builds on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from paralleljob.k8s import events, writes
+from paralleljob.k8s.session import Session
+from paralleljob.manifests import labels, records
+from paralleljob.manifests.decisions import Decision
+
+log = logging.getLogger(__name__)
+
+
+def apply(session: Session, job: Mapping[str, Any], decision: Decision) -> None:
+    """Write `decision` for `job` (as read at the start of the pass)."""
+    namespace, name = str(job["metadata"]["namespace"]), str(job["metadata"]["name"])
+    for child in decision.creates:
+        if child["kind"] != "Pod":
+            writes.create(session, child)
+    writes.create_all(session, [child for child in decision.creates if child["kind"] == "Pod"])
+    if decision.status:
+        writes.patch_job_status(session, namespace, name, decision.status)
+        _merge_status(job, decision.status)
+    for event in decision.events:
+        events.post(session, job, event.type, event.reason, event.message)
+    if decision.record is not None:
+        write_record(session, namespace, name, decision.record)
+    for pod in decision.deletes:
+        writes.delete_pod(session, namespace, pod)
+    for pod in decision.force_deletes:
+        log.warning("force-deleting pod %s/%s: its node is lost", namespace, pod)
+        writes.delete_pod(session, namespace, pod, force=True)
+
+
+def write_record(session: Session, namespace: str, job: str, record: records.AttemptRecord) -> None:
+    """Replace the attempt record in the job's ConfigMap, with the labels that go with it."""
+    data = {records.RECORD_FILE: record.to_json()}
+    writes.patch_config_map(session, namespace, labels.config_map_name(job), data, records.labels_of(record))
+
+
+def _merge_status(job: Mapping[str, Any], patch: Mapping[str, Any]) -> None:
+    if isinstance(job, dict):
+        merged = {**(job.get("status") or {}), **patch}
+        job["status"] = {key: value for key, value in merged.items() if value is not None}

@@ -1,0 +1,73 @@
+"""What one reconcile pass decides to write, as one value: a `Decision`.
+
+Pure data, no I/O. A reconcile step (`handlers.steps`) turns what the pass observed (`handlers.observed`) into a
+Decision; `k8s.apply` is the one code that writes it (the status patch and its Events, the attempt record, the
+pods to delete gracefully or force), and `handlers.reconcile` turns what is left (the step's name, whether GPUs
+may have been freed, when to look again) into the scheduler's `Outcome`. It lives below `k8s` so that the module
+that writes it may import it; the steps build it without importing `k8s`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from paralleljob.manifests.records import AttemptRecord
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """A core/v1 Event on the job, for `kubectl describe pj`: `type` is Normal or Warning."""
+
+    type: str
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Everything one step of a pass writes, and what it asks of the scheduler.
+
+    `creates` are the job's children to create (a Service, RBAC, pods; the pods in growing batches); `status`
+    is the merge patch of the job's status subresource (None: nothing changed, no write); `events` go with it (a
+    step asks for an Event only when its status patch is written, as a person reads them together); `record`
+    replaces the attempt record in the job's `-config` ConfigMap; `deletes` are the names of the job's pods to
+    delete with their grace period, `force_deletes` those removed at once (their kubelet is gone). The writer
+    (`k8s.apply`) writes them in that order: the children first, so that a refused create leaves the record as
+    it was (the refusal is the next decision's input); then the status, so that a pass killed before the record
+    leaves a record that makes the next pass decide the same again; the pods last, once the record says why
+    they go."""
+
+    step: str
+    _: dataclasses.KW_ONLY  # every write by name: a Decision is read as a table of what it writes
+    creates: tuple[Mapping[str, Any], ...] = ()
+    status: Mapping[str, Any] | None = None
+    events: tuple[Event, ...] = ()
+    record: AttemptRecord | None = None
+    deletes: tuple[str, ...] = ()
+    force_deletes: tuple[str, ...] = ()
+    requeue_after: float | None = None
+    wake_others: bool = False
+
+    @property
+    def writes_nothing(self) -> bool:
+        """Whether applying it makes no API call (a quiet pass over a quiet job)."""
+        return not (self.creates or self.status or self.events or self.record or self.deletes or self.force_deletes)
+
+    def then(self, later: Decision) -> Decision:
+        """This decision's writes followed by `later`'s, written as one: the status patches merged (the later's
+        keys win), the Events and pods of both, the later's record; what the pass asks of the scheduler is the
+        later's (its step and when to look again), since the later decided knowing the first."""
+        status = {**(self.status or {}), **(later.status or {})} or None
+        return Decision(
+            step=later.step,
+            creates=(*self.creates, *later.creates),
+            status=status,
+            events=(*self.events, *later.events),
+            record=later.record if later.record is not None else self.record,
+            deletes=tuple(dict.fromkeys((*self.deletes, *later.deletes))),
+            force_deletes=tuple(dict.fromkeys((*self.force_deletes, *later.force_deletes))),
+            requeue_after=later.requeue_after,
+            wake_others=self.wake_others or later.wake_others,
+        )
