@@ -1,6 +1,6 @@
 """The inputs of `paralleljob data prepare`, cut into chunks in a fixed order.
 
-An argument is a file or a folder (its files in sorted path order, hidden ones skipped). A file's kind follows
+An argument is a file or a folder (its non-empty files in sorted path order, hidden ones skipped). A file's kind follows
 its suffix: `.jsonl`/`.ndjson` are JSON Lines (one document per line, the text under `--field`), `.parquet` is
 Parquet (one document per row of the text column), anything else is one text document per file. The chunks come
 out in the same order whatever the number of workers, and each is small (a block of lines, one row group, one
@@ -59,7 +59,12 @@ def expand(arguments: Sequence[Path]) -> list[InputFile]:
     files: list[InputFile] = []
     for argument in arguments:
         if argument.is_dir():
-            members = sorted(p for p in argument.rglob("*") if p.is_file() and not _hidden(p.relative_to(argument)))
+            # Inside a folder an empty file is no document (an empty __init__.py); named alone, it is bad input.
+            members = sorted(
+                p
+                for p in argument.rglob("*")
+                if p.is_file() and not _hidden(p.relative_to(argument)) and p.stat().st_size > 0
+            )
         elif argument.is_file():
             members = [argument]
         else:
