@@ -56,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
     except InputError as error:
         print(f"{PROGRAM}: {error}", file=sys.stderr)
         return 1
+    except OSError as error:
+        # An unreadable input, or a full or read-only disk under --output: the staging folder is gone already.
+        print(f"{PROGRAM}: {error.filename or args.output}: {error.strerror or error}", file=sys.stderr)
+        return 1
     seconds = time.monotonic() - started
     print(
         f"{summary.output}: {summary.documents:,} documents, {summary.tokens:,} {summary.dtype} tokens from "
