@@ -53,11 +53,11 @@ $(VENV)/.stamp-base: pyproject.toml
 	touch $@
 
 $(VENV)/.stamp-run: $(VENV)/.stamp-base
-	$(BIN)/pip install --quiet -e '.[trainer]'
+	$(BIN)/pip install --quiet -e '.[trainer,data]'
 	touch $@
 
 $(VENV)/.stamp-dev: $(VENV)/.stamp-run
-	$(BIN)/pip install --quiet -e '.[trainer,dev]'
+	$(BIN)/pip install --quiet -e '.[trainer,data,dev]'
 	touch $@
 
 # The pinned upstream control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) and kubectl,

@@ -93,6 +93,10 @@ CASES = {
     "batch-consistent": {"spec.deepspeed.train_batch_size": 32},
     "text-no-path": {"spec.training.data": {"source": "text"}},
     "tokens-with-path": {"spec.training.data": {"source": "tokens", "path": "/d.bin"}},
+    "tokens-blend-without-path": {"spec.training.data": {"source": "tokens", "sources": [{"path": "/a"}]}},
+    "eval-held-out-fraction": {"spec.training.eval": {"heldOutFraction": 0.1}},
+    "eval-folder-and-fraction": {"spec.training.eval": {"path": "/held", "heldOutFraction": 0.1}},
+    "eval-neither": {"spec.training.eval": {"intervalSteps": 10}},
     "text-small-vocab": {"spec.training.data": {"source": "text", "path": "/d"}, "spec.model.vocabSize": 100},
     "tokens-uint16-big-vocab": {
         "spec.training.data": {"source": "tokens", "path": "/d"},

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -22,7 +23,7 @@ from paralleljob.api import ResolvedJob, validate_document
 from paralleljob.commands.run import choose_locally, plan_locally
 from paralleljob.local.runner import choose_shape
 from paralleljob.manifests import children, configmap
-from paralleljob_contract import environment, jobfile
+from paralleljob_contract import dataset, environment, jobfile
 from paralleljob_contract.environment import Launch, PodEnvironment
 from paralleljob_contract.layout import global_rank, tensor_fits
 
@@ -83,11 +84,30 @@ def job_file_with_local_data(config_map: dict[str, Any], tmp: Path) -> dict[str,
     checks exists."""
     document = json.loads(config_map["data"][configmap.JOB_FILE])
     data = document["spec"]["training"].get("data") or {}
-    if data.get("path"):
+    if data.get("path") and data.get("source") == "tokens":
+        data["path"] = str(prepared_folder(tmp / "prepared"))
+    elif data.get("path"):
         local = tmp / "data.bin"
         local.write_bytes(bytes(range(256)) * 64)
         data["path"] = str(local)
     return document
+
+
+def prepared_folder(folder: Path) -> Path:
+    """A small folder in the layout `paralleljob data prepare` writes: 64 documents of 256 uint16 ids."""
+    folder.mkdir(exist_ok=True)
+    (folder / dataset.TOKENS_FILE).write_bytes(np.tile(np.arange(256, dtype=np.uint16), 64).tobytes())
+    (folder / dataset.OFFSETS_FILE).write_bytes(np.arange(0, 256 * 65, 256, dtype=np.uint64).tobytes())
+    metadata = {
+        "format": dataset.FORMAT,
+        "version": dataset.VERSION,
+        "dtype": "uint16",
+        "documents": 64,
+        "tokens": 256 * 64,
+        "tokenizer": {"vocabSize": 256, "endOfDocumentId": 255},
+    }
+    (folder / dataset.METADATA_FILE).write_text(json.dumps(metadata))
+    return folder
 
 
 def assert_round_trip(resolved: ResolvedJob, tmp: Path) -> None:

@@ -21,6 +21,7 @@ from tests.manifests import pod_security_standard as pss
 EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
 JOB_EXAMPLES = [
     "quickstart.yaml",
+    "quickstart-prepared.yaml",
     "quickstart-on-a-cluster.yaml",
     "gpt-small-8gpu.yaml",
     "gpt-13b-fragmented.yaml",

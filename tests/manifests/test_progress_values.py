@@ -22,6 +22,14 @@ CASES = {
             }
         },
     ),
+    "validation-loss": (
+        {"step": "10", "validationLoss": "2.75"},
+        {"progress": {"step": 10, "totalSteps": TOTAL, "validationLoss": 2.75}},
+    ),
+    "validation-loss-not-a-number": (
+        {"step": "10", "validationLoss": "low"},
+        {"progress": {"step": 10, "totalSteps": TOTAL}},
+    ),
     "checkpoint-only": ({"lastCheckpointStep": "40"}, {"lastCheckpointStep": 40}),
     "negative-step": ({"step": "-1", "loss": "2.5"}, {}),
     "non-numeric-step": ({"step": "ten"}, {}),
@@ -63,6 +71,15 @@ def test_what_the_trainers_hook_writes_is_what_the_operator_takes() -> None:
         "tokensPerSecond": 5772.0,
     }
     assert found["progress"]["updated"] == data["updated"]
+
+
+def test_the_latest_validation_loss_rides_on_every_report_after_it() -> None:
+    hook = k8s_status.ProgressReporter("http://127.0.0.1:9", "research", "gpt", token_path=None, ca_path=None)
+    assert "validationLoss" not in hook.progress_of({"step": 1, "loss": 3.0})
+    evaluated = hook.progress_of({"step": 2, "loss": 2.9, "validation_loss": 3.123456})
+    later = hook.progress_of({"step": 3, "loss": 2.8})
+    assert evaluated["validationLoss"] == later["validationLoss"] == "3.1235"
+    assert progress.status_of({"data": later}, TOTAL)["progress"]["validationLoss"] == 3.1235
 
 
 STARTED = "2026-12-01T08:00:00Z"

@@ -66,7 +66,7 @@ def test_printer_columns_show_layout_gpus_phase_step_loss_restarts(cluster, oper
     cluster.bind_all()
     wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
     # What the operator copies from rank 0's progress ConfigMap (tests/operator/test_progress_channel.py).
-    progress = {"step": 42, "totalSteps": 100, "loss": 3.25, "tokensPerSecond": 1.5e5}
+    progress = {"step": 42, "totalSteps": 100, "loss": 3.25, "tokensPerSecond": 1.5e5, "validationLoss": 3.5}
     cluster.custom.patch_namespaced_custom_object_status(
         "paralleljob.io",
         "v1alpha1",
@@ -86,6 +86,7 @@ def test_printer_columns_show_layout_gpus_phase_step_loss_restarts(cluster, oper
         "Loss": "3.25",
         "Restarts": "0",
         "Tokens/s": "150000",
+        "Val-loss": "3.5",
         "Checkpoint": "40",
         "Message": "all 16 pods running",
     }

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional
 
 from paralleljob_contract.jobfile import JobConfig, ModelConfig
-from paralleljob_trainer import data, weights
+from paralleljob_trainer import data, evaluation, weights
 from paralleljob_trainer.optimization import warmup_cosine
 
 
@@ -141,6 +141,8 @@ class ReferenceStep:
     loss: float
     grad_norm: float
     lr: float
+    # The held-out loss after this step's update, on the steps spec.training.eval evaluates.
+    validation_loss: float | None = None
 
 
 def _optimizer(job: JobConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -161,7 +163,9 @@ def train_reference(job: JobConfig) -> dict[int, ReferenceStep]:
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, training.warmup_steps, training.steps, training.min_lr_ratio)
     )
-    stream = data.open_stream(training.data, job.model.vocab_size, job.model.sequence_length, training.seed)
+    held_out = training.evaluation.held_out_fraction if training.evaluation else 0.0
+    stream = data.open_stream(training.data, job.model.vocab_size, job.model.sequence_length, training.seed, held_out)
+    eval_stream = data.open_eval_stream(training, job.model.vocab_size, job.model.sequence_length)
     clip = float(job.deepspeed["gradient_clipping"])
     steps: dict[int, ReferenceStep] = {}
     for step in range(1, training.steps + 1):
@@ -174,5 +178,18 @@ def train_reference(job: JobConfig) -> dict[int, ReferenceStep]:
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
         schedule.step()
-        steps[step] = ReferenceStep(loss=loss.item(), grad_norm=float(norm), lr=float(lr))
+        validation = _validation_loss(job, model, eval_stream) if evaluation.is_evaluation_step(job, step) else None
+        steps[step] = ReferenceStep(loss.item(), float(norm), float(lr), validation)
     return steps
+
+
+def _validation_loss(job: JobConfig, model: nn.Module, stream: data.TokenStream | None) -> float:
+    """The mean loss over the evaluation's whole global batches, without gradients."""
+    assert stream is not None and job.training.evaluation is not None
+    losses = []
+    with torch.no_grad():
+        for index in range(job.training.evaluation.batches):
+            inputs, labels = stream.global_batch(index, slice(None), job.train_batch_size)
+            logits = model(inputs)
+            losses.append(functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)).item())
+    return sum(losses) / len(losses)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,17 @@ from paralleljob_contract import model as model_math
 from paralleljob_contract.errors import ContractError
 from paralleljob_contract.layout import AXES, Layout, axis_order_of
 from paralleljob_contract.model import ModelShape, default_ffn_hidden_size
+from paralleljob_contract.training_data import DATA_SOURCES as DATA_SOURCES
+from paralleljob_contract.training_data import DEFAULT_DATA_SOURCE as DEFAULT_DATA_SOURCE
+from paralleljob_contract.training_data import DEFAULT_TOKEN_DTYPE as DEFAULT_TOKEN_DTYPE
+from paralleljob_contract.training_data import TOKEN_DTYPES as TOKEN_DTYPES
+from paralleljob_contract.training_data import DataConfig as DataConfig
+from paralleljob_contract.training_data import EvalConfig, check_prepared_folders, parse_data, parse_eval
 
 # The schema version this package writes and reads; a reader refuses any other.
 VERSION = 1
 FILE_NAME = "job.json"
 
-DATA_SOURCES = ("synthetic", "text", "tokens")
-TOKEN_DTYPES = ("uint16", "uint32")
 PRECISIONS = ("bf16", "fp16", "fp32")
 ARCHITECTURES = ("gpt", "llama")
 EXPORT_FORMATS = ("hf",)
@@ -40,8 +43,6 @@ DEFAULT_ACTIVATION_CHECKPOINT_INTERVAL = 0
 DEFAULT_SEED = 1234
 DEFAULT_LOG_INTERVAL = 10
 DEFAULT_MIN_LR_RATIO = 0.1
-DEFAULT_DATA_SOURCE = "synthetic"
-DEFAULT_TOKEN_DTYPE = "uint16"
 DEFAULT_CHECKPOINT_INTERVAL = 0
 # Complete checkpoints kept when spec.checkpoint.keep is absent: the newest and two to fall back to.
 DEFAULT_CHECKPOINT_KEEP = 3
@@ -97,15 +98,6 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
-    """Where training tokens come from."""
-
-    source: str
-    path: Path | None
-    token_dtype: str
-
-
-@dataclasses.dataclass(frozen=True)
 class TrainingConfig:
     """Length of the run, its seed and its schedule."""
 
@@ -115,6 +107,7 @@ class TrainingConfig:
     warmup_steps: int
     min_lr_ratio: float
     data: DataConfig
+    evaluation: EvalConfig | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +243,7 @@ def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
         export=export,
     )
     _check_layout_fits_model(job)
+    check_prepared_folders(training.data, training.evaluation, model.vocab_size, "spec.training")
     _check_architecture(job)
     _check_batch_arithmetic(job)
     return job
@@ -335,14 +329,7 @@ def _parse_model(section: Mapping[str, Any]) -> ModelConfig:
 def _parse_training(section: Mapping[str, Any]) -> TrainingConfig:
     where = "spec.training"
     steps = _int(section, "steps", where)
-    data_section = _optional_section(section, "data", f"{where}.data")
-    source = _choice(data_section, "source", f"{where}.data", DATA_SOURCES, DEFAULT_DATA_SOURCE)
-    raw_path = data_section.get("path")
-    if source != "synthetic" and not raw_path:
-        raise ContractError(f"{where}.data.path: required when source is {source}")
-    path = Path(os.path.expanduser(str(raw_path))) if raw_path else None
-    if path is not None and source != "synthetic" and not path.exists():
-        raise ContractError(f"{where}.data.path: {path} does not exist")
+    data = parse_data(_optional_section(section, "data", f"{where}.data"), f"{where}.data")
     min_lr_ratio = section.get("minLrRatio", DEFAULT_MIN_LR_RATIO)
     if isinstance(min_lr_ratio, bool) or not isinstance(min_lr_ratio, int | float) or not 0.0 <= min_lr_ratio <= 1.0:
         raise ContractError(f"{where}.minLrRatio: must be between 0 and 1, got {min_lr_ratio}")
@@ -352,11 +339,8 @@ def _parse_training(section: Mapping[str, Any]) -> TrainingConfig:
         log_interval=_int(section, "logInterval", where, default=DEFAULT_LOG_INTERVAL),
         warmup_steps=_int(section, "warmupSteps", where, default=default_warmup_steps(steps), minimum=0),
         min_lr_ratio=float(min_lr_ratio),
-        data=DataConfig(
-            source=source,
-            path=path,
-            token_dtype=_choice(data_section, "tokenDtype", f"{where}.data", TOKEN_DTYPES, DEFAULT_TOKEN_DTYPE),
-        ),
+        data=data,
+        evaluation=parse_eval(section.get("eval"), data, f"{where}.eval"),
     )
 
 

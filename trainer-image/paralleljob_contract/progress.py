@@ -19,6 +19,8 @@ STEP = "step"
 LOSS = "loss"
 TOKENS_PER_SECOND = "tokensPerSecond"
 UPDATED = "updated"
+# The held-out loss of the latest evaluation (spec.training.eval), repeated in every report after it.
+VALIDATION_LOSS = "validationLoss"
 LAST_CHECKPOINT_STEP = "lastCheckpointStep"
 # When that checkpoint was complete (RFC 3339, UTC): the operator asks for a fresh one before Kueue's eviction
 # stops a gang whose last checkpoint is older than its grace period.

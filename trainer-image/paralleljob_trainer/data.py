@@ -1,7 +1,8 @@
-"""Training tokens: synthetic, bytes of a text corpus, or a memory-mapped token file; and who reads what.
+"""Training tokens: synthetic, bytes of a text corpus, a memory-mapped token file, or prepared token folders
+(one, or a weighted blend); the held-out evaluation's tokens; and who reads what.
 
 A global batch is a pure function of (seed, step): row i of step t is a window of sequenceLength + 1 tokens at
-an offset drawn from a generator seeded with (seed, t). Data-parallel rank d reads rows
+an offset (and, for a blend, a source) drawn from a generator seeded with (seed, t). Data-parallel rank d reads rows
 [d * B/DP, (d + 1) * B/DP) of that batch, split into micro-batches. Nothing depends on history, so a resumed
 run, a different layout, and the single-process reference all see exactly the same tokens.
 """
@@ -9,53 +10,133 @@ run, a different layout, and the single-process reference all see exactly the sa
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from paralleljob_contract import dataset
 from paralleljob_contract.errors import ContractError
-from paralleljob_contract.jobfile import DataConfig
+from paralleljob_contract.jobfile import TrainingConfig
+from paralleljob_contract.training_data import DataConfig, prepared_paths
 
 _SYNTHETIC = "synthetic"
+# The held-out evaluation's salt: its batch j is drawn from (seed, j, salt), apart from every training draw.
+_EVAL_SALT = 0x6576616C
 # Token ids checked per slice of a memory-mapped file: bounds the memory the check touches at once.
 _VOCAB_CHECK_CHUNK = 1 << 24
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenStream:
-    """A flat array of token ids (absent for synthetic data) and the vocabulary they must fit."""
+    """Flat arrays of token ids (none for synthetic data), their blend weights, and the vocabulary they fit.
 
-    tokens: np.ndarray | None
+    `salt` separates streams drawn with the same seed: the held-out evaluation draws its batches with its own
+    salt, so its windows never depend on, or shift, the training draws.
+    """
+
+    sources: tuple[np.ndarray, ...]
+    weights: np.ndarray | None
     vocab_size: int
     sequence_length: int
     seed: int
+    salt: tuple[int, ...] = ()
+
+    def draws(self, step: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source index, start offset) of every row of the global batch of `step`."""
+        generator = np.random.default_rng([self.seed, step, *self.salt])
+        window = self.sequence_length + 1
+        if len(self.sources) == 1:
+            # One source draws exactly as the flat token file always has, so existing runs keep their curves.
+            starts = generator.integers(0, len(self.sources[0]) - window + 1, size=batch_size)
+            return np.zeros(batch_size, dtype=np.int64), starts
+        which = generator.choice(len(self.sources), size=batch_size, p=self.weights)
+        limits = np.array([len(tokens) - window + 1 for tokens in self.sources], dtype=np.int64)
+        return which, generator.integers(0, limits[which])
 
     def global_batch(self, step: int, rows: slice, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels) for `rows` of the global batch of `step`, each [rows, sequence_length] int64."""
-        generator = np.random.default_rng([self.seed, step])
         window = self.sequence_length + 1
-        if self.tokens is None:
+        if not self.sources:
+            generator = np.random.default_rng([self.seed, step, *self.salt])
             sample = generator.integers(0, self.vocab_size, size=(batch_size, window))[rows]
         else:
-            starts = generator.integers(0, len(self.tokens) - window + 1, size=batch_size)[rows]
-            sample = np.stack([np.asarray(self.tokens[s : s + window], dtype=np.int64) for s in starts])
+            which, starts = self.draws(step, batch_size)
+            sample = np.stack(
+                [
+                    np.asarray(self.sources[w][s : s + window], dtype=np.int64)
+                    for w, s in zip(which[rows], starts[rows], strict=True)
+                ]
+            )
         windows = torch.from_numpy(np.ascontiguousarray(sample, dtype=np.int64))
         return windows[:, :-1], windows[:, 1:]
 
 
-def open_stream(data: DataConfig, vocab_size: int, sequence_length: int, seed: int) -> TokenStream:
-    """Open the configured source; raises ContractError naming the file when it cannot serve a window."""
-    tokens = None if data.source == _SYNTHETIC else _read_tokens(data)
-    if tokens is not None and len(tokens) < sequence_length + 1:
+def open_stream(
+    data: DataConfig, vocab_size: int, sequence_length: int, seed: int, held_out_fraction: float = 0.0
+) -> TokenStream:
+    """The training stream of the configured source, without the held-out documents; raises ContractError
+    naming the file when it cannot serve a window."""
+    if data.source == _SYNTHETIC:
+        return TokenStream((), None, vocab_size, sequence_length, seed)
+    if data.sources or (data.path is not None and data.path.is_dir() and data.source == "tokens"):
+        parts = [_split(folder, held_out_fraction) for folder in prepared_paths(data)]
+        return _stream([p[0] for p in parts], data, vocab_size, sequence_length, seed, ())
+    tokens = _read_tokens(data)
+    _check_vocabulary(tokens, vocab_size, data.path)
+    return _stream([(tokens, data.path)], data, vocab_size, sequence_length, seed, ())
+
+
+def open_eval_stream(training: TrainingConfig, vocab_size: int, sequence_length: int) -> TokenStream | None:
+    """The held-out stream of spec.training.eval (its folder, or the held-out tail of each training folder)."""
+    evaluation = training.evaluation
+    if evaluation is None:
+        return None
+    if evaluation.path is not None:
+        held = [_split(evaluation.path, 0.0)[0]]
+        return _stream(held, None, vocab_size, sequence_length, training.seed, (_EVAL_SALT,))
+    held = [_split(folder, evaluation.held_out_fraction)[1] for folder in prepared_paths(training.data)]
+    return _stream(held, training.data, vocab_size, sequence_length, training.seed, (_EVAL_SALT,))
+
+
+def _stream(
+    parts: Sequence[tuple[np.ndarray, Path | None]],
+    data: DataConfig | None,
+    vocab_size: int,
+    sequence_length: int,
+    seed: int,
+    salt: tuple[int, ...],
+) -> TokenStream:
+    for tokens, path in parts:
+        if len(tokens) < sequence_length + 1:
+            raise ContractError(
+                f"spec.training.data: {path} holds {len(tokens)} tokens, fewer than "
+                f"sequenceLength + 1 ({sequence_length + 1})"
+            )
+    weights = None
+    if data is not None and data.sources:
+        raw = np.array([source.weight for source in data.sources], dtype=np.float64)
+        weights = raw / raw.sum()
+    return TokenStream(tuple(p[0] for p in parts), weights, vocab_size, sequence_length, seed, salt)
+
+
+def _split(folder: Path, held_out_fraction: float) -> tuple[tuple[np.ndarray, Path], tuple[np.ndarray, Path]]:
+    """A prepared folder's tokens as (training part, held-out part): the last `held_out_fraction` of its
+    documents are held out, cut at a document boundary so no document is in both."""
+    prepared = dataset.read_prepared(folder, "spec.training.data")
+    tokens = np.memmap(prepared.tokens_path, dtype=np.dtype(prepared.dtype), mode="r")
+    if held_out_fraction == 0.0:
+        return (tokens, folder), (tokens[:0], folder)
+    held = max(1, round(held_out_fraction * prepared.documents))
+    if held >= prepared.documents:
         raise ContractError(
-            f"spec.training.data.path: {data.path} holds {len(tokens)} tokens, fewer than "
-            f"sequenceLength + 1 ({sequence_length + 1})"
+            f"spec.training.eval.heldOutFraction: {folder} has {prepared.documents} documents, too few to hold "
+            f"out {held_out_fraction} of them and train on the rest"
         )
-    if tokens is not None:
-        _check_vocabulary(tokens, vocab_size, data.path)
-    return TokenStream(tokens=tokens, vocab_size=vocab_size, sequence_length=sequence_length, seed=seed)
+    offsets = np.memmap(prepared.offsets_path, dtype=np.dtype(dataset.OFFSET_DTYPE), mode="r")
+    cut = int(offsets[prepared.documents - held])
+    return (tokens[:cut], folder), (tokens[cut:], folder)
 
 
 def _read_tokens(data: DataConfig) -> np.ndarray:

@@ -69,6 +69,7 @@ class ProgressReporter:
         self.context = ssl.create_default_context(cafile=str(ca_path)) if ca_path and ca_path.exists() else None
         self.last_sent: float | None = None
         self.pending: dict[str, str] | None = None
+        self.validation_loss: str | None = None  # the latest evaluation's, as sent
         self.reported_errors: set[str] = set()
         self.patches = 0
         self.request_seen: str | None = None  # the operator's latest checkpoint request, from a PATCH's answer
@@ -126,6 +127,12 @@ class ProgressReporter:
             progress[channel.TOKENS_PER_SECOND] = repr(round(float(record["tokens_per_s"]), 1))
         if record.get("in_place_restarts") is not None:
             progress[channel.IN_PLACE_RESTARTS] = str(int(record["in_place_restarts"]))
+        if record.get("validation_loss") is not None:
+            self.validation_loss = repr(round(float(record["validation_loss"]), 4))
+        # Every report carries the latest validation loss: the operator nulls what a report lacks, and a
+        # rate-limited evaluation step's report may be replaced by the next step's before it is sent.
+        if self.validation_loss is not None:
+            progress[channel.VALIDATION_LOSS] = self.validation_loss
         return progress
 
     def flush(self) -> None:

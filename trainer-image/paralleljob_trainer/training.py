@@ -26,7 +26,17 @@ from paralleljob_contract.environment import Launch, PodEnvironment
 from paralleljob_contract.jobfile import JobConfig
 from paralleljob_contract.layout import Coord
 from paralleljob_contract.model import training_flops
-from paralleljob_trainer import checkpoint, data, export, metrics, nccl_log, optimization, preflight, storage
+from paralleljob_trainer import (
+    checkpoint,
+    data,
+    evaluation,
+    export,
+    metrics,
+    nccl_log,
+    optimization,
+    preflight,
+    storage,
+)
 from paralleljob_trainer.hooks import HookCaller, ProgressHook
 from paralleljob_trainer.model import build_pipeline
 from paralleljob_trainer.topology import build_topology, check_launch_matches, check_plan_matches, coords_of
@@ -159,7 +169,10 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     launch = Launch.from_environ(os.environ)
     check_plan_matches(topology, job.plan, launch.world_size)
     check_launch_matches(job.plan, launch)
-    stream = data.open_stream(job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed)
+    stream = data.open_stream(
+        job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed, _held_out(job)
+    )
+    eval_stream = data.open_eval_stream(job.training, job.model.vocab_size, job.model.sequence_length)
     check_storage(job, options, launch.rank)
     nccl_log_path = prepare_nccl_log(options.output_dir)
     init_distributed(env)
@@ -187,11 +200,16 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
             timings = {"verify_s": verify_seconds, "load_s": time.perf_counter() - started}
             writer.write(_resume_record(chosen) | timings, hook_method="on_checkpoint")
         for step in range(progress.start_step + 1, job.training.steps + 1):
-            _train_one_step(job, options, engine, stream, coords, step, writer, progress)
+            _train_one_step(job, options, engine, (stream, eval_stream), coords, step, writer, progress)
         _export_final_checkpoint(job, options, writer)
         writer.write(_summary(job, progress), hook_method="on_finish")
     finally:
         writer.close()
+
+
+def _held_out(job: JobConfig) -> float:
+    """The fraction of each training folder's documents that spec.training.eval keeps out of training."""
+    return job.training.evaluation.held_out_fraction if job.training.evaluation is not None else 0.0
 
 
 def _export_final_checkpoint(job: JobConfig, options: RunOptions, writer: metrics.MetricsWriter) -> None:
@@ -234,13 +252,14 @@ def _train_one_step(
     job: JobConfig,
     options: RunOptions,
     engine: Any,
-    stream: data.TokenStream,
+    streams: tuple[data.TokenStream, data.TokenStream | None],
     coords: Coord,
     step: int,
     writer: metrics.MetricsWriter,
     progress: _Progress,
 ) -> None:
     layout = job.plan.layout
+    stream, eval_stream = streams
     batches = data.micro_batches(stream, step, job.train_batch_size, job.micro_batch_size, layout.data, coords.data)
     lr = float(engine.get_lr()[0])
     started = time.perf_counter()
@@ -250,8 +269,12 @@ def _train_one_step(
     tokens = job.train_batch_size * job.model.sequence_length
     progress.first_loss = loss if progress.first_loss is None else progress.first_loss
     progress.last_loss, progress.tokens, progress.seconds = loss, progress.tokens + tokens, progress.seconds + seconds
-    if step % job.training.log_interval == 0 or step == job.training.steps:
-        record = _step_record(job, options, engine, step, loss, lr, seconds)
+    validation = None
+    if eval_stream is not None and evaluation.is_evaluation_step(job, step):
+        validation = evaluation.evaluate(job, engine, eval_stream, coords)
+        heartbeat.beat()
+    if step % job.training.log_interval == 0 or step == job.training.steps or validation is not None:
+        record = _step_record(job, options, engine, step, loss, lr, seconds) | (validation or {})
         if progress.network is not None:
             record["network"], progress.network = progress.network, None
         writer.write(record, hook_method="on_step")

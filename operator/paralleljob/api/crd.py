@@ -36,6 +36,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Training throughput",
     },
     {
+        "name": "Val-loss",
+        "type": "number",
+        "jsonPath": ".status.progress.validationLoss",
+        "priority": 1,
+        "description": "Held-out loss at the latest evaluation",
+    },
+    {
         "name": "Checkpoint",
         "type": "integer",
         "jsonPath": ".status.lastCheckpointStep",

@@ -11,6 +11,8 @@ from typing import Any
 
 from paralleljob.api import documents, verdicts
 from paralleljob.api.problems import errors_of
+from paralleljob.api.validation import ValidationResult
+from paralleljob.datasets import local_folders
 
 
 def register(sub: Any) -> None:
@@ -34,7 +36,15 @@ def run(args: argparse.Namespace) -> int:
         for doc in docs:
             label = path if len(docs) == 1 else f"{path} (document {doc.index + 1})"
             result, lines = verdicts.report(doc, label)
-            all_valid = all_valid and result.ok
-            for line in lines:
+            folder_problems = _folder_problems(result)
+            all_valid = all_valid and result.ok and not folder_problems
+            for line in [*lines, *(f"{label}: {problem}" for problem in folder_problems)]:
                 print(line, file=sys.stdout)
     return 0 if all_valid else 1
+
+
+def _folder_problems(result: ValidationResult) -> list[str]:
+    """The prepared folders the job names that are readable here and that its trainer would refuse."""
+    if result.resolved is None:
+        return []
+    return local_folders.problems_of_readable_folders(result.resolved.spec)

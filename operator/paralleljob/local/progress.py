@@ -66,8 +66,9 @@ class MetricsTail:
     def latest(self) -> dict[str, Any] | None:
         return self.steps[max(self.steps)] if self.steps else None
 
-    def loss_curve(self) -> list[tuple[int, float]]:
-        return [(step, rec["loss"]) for step, rec in sorted(self.steps.items()) if rec.get("loss") is not None]
+    def loss_curve(self, key: str = "loss") -> list[tuple[int, float]]:
+        """(step, value) of `key` over the logged steps: the training loss, or `validation_loss` where evaluated."""
+        return [(step, rec[key]) for step, rec in sorted(self.steps.items()) if rec.get(key) is not None]
 
 
 @dataclasses.dataclass

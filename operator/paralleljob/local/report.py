@@ -69,26 +69,33 @@ def _load_plotting() -> None:
     from matplotlib import pyplot  # noqa: F401
 
 
-def write_loss_curve(curve: list[tuple[int, float]], path: Path, title: str) -> Path | None:
-    """Plot loss against step to a PNG; None when there is nothing to plot or no room to write it."""
+def write_loss_curve(
+    curve: list[tuple[int, float]], path: Path, title: str, validation: list[tuple[int, float]] | None = None
+) -> Path | None:
+    """Plot loss against step to a PNG, with the validation loss beside the training loss when the run evaluated;
+    None when there is nothing to plot or no room to write it."""
     if len(curve) < 2:
         return None
     try:
-        return _plot(curve, path, title)
+        return _plot(curve, path, title, validation or [])
     except OSError:
         path.unlink(missing_ok=True)
         return None
 
 
-def _plot(curve: list[tuple[int, float]], path: Path, title: str) -> Path:
+def _plot(curve: list[tuple[int, float]], path: Path, title: str, validation: list[tuple[int, float]]) -> Path:
     _load_plotting()
     from matplotlib import pyplot
 
     steps, losses = zip(*curve, strict=True)
     figure, axes = pyplot.subplots(figsize=(6.4, 3.6), dpi=110)
-    axes.plot(steps, losses, marker="o", markersize=3, linewidth=1.5, color="#3b6fb6")
+    axes.plot(steps, losses, marker="o", markersize=3, linewidth=1.5, color="#3b6fb6", label="training")
+    if validation:
+        held_steps, held_losses = zip(*validation, strict=True)
+        axes.plot(held_steps, held_losses, marker="s", markersize=4, linewidth=1.5, color="#d0694a", label="validation")
+        axes.legend()
     axes.set_xlabel("step")
-    axes.set_ylabel("training loss")
+    axes.set_ylabel("loss")
     axes.set_title(title)
     axes.grid(True, alpha=0.3)
     figure.tight_layout()

@@ -424,10 +424,8 @@ class LocalRun:
         network: tuple[int, NetworkFailure] | None = None,
         missing: str | None = None,
     ) -> report.RunSummary:
-        curve = tail.loss_curve()
-        picture = report.write_loss_curve(
-            curve, self.output / "loss.png", f"{self.resolved.name} {self.resolved.layout}"
-        )
+        curve, title = tail.loss_curve(), f"{self.resolved.name} {self.resolved.layout}"
+        picture = report.write_loss_curve(curve, self.output / "loss.png", title, tail.loss_curve("validation_loss"))
         final = tail.summary or {}
         latest = tail.latest() or {}
         reason = outcome.reason

@@ -86,6 +86,9 @@ def status_of(config_map: Mapping[str, Any], total_steps: int) -> dict[str, Any]
             progress["loss"] = round(loss, 4)
         if throughput is not None:
             progress["tokensPerSecond"] = round(throughput, 1)
+        validation = _number(data, channel.VALIDATION_LOSS, -MAX_LOSS, MAX_LOSS)
+        if validation is not None:
+            progress["validationLoss"] = round(validation, 4)
         if updated is not None and TIMESTAMP.match(updated):
             progress["updated"] = updated
         found["progress"] = progress

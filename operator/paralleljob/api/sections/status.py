@@ -52,6 +52,9 @@ class Progress:
     total_steps: int | None = api_field("spec.training.steps.", default=None, minimum=0)
     loss: float | None = api_field("Training loss at step.", default=None)
     tokens_per_second: float | None = api_field("Training throughput of the whole job.", default=None)
+    validation_loss: float | None = api_field(
+        "Held-out loss at the latest evaluation (spec.training.eval).", default=None
+    )
     updated: str | None = api_field("When progress was last reported.", default=None, format="date-time")
 
 
