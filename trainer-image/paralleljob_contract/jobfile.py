@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from paralleljob_contract import model as model_math
+from paralleljob_contract.efficiency import Modeled, parse_modeled
 from paralleljob_contract.errors import ContractError
 from paralleljob_contract.layout import AXES, Layout, axis_order_of
 from paralleljob_contract.model import ModelShape, default_ffn_hidden_size
@@ -162,6 +163,8 @@ class JobConfig:
     sequence_parallel: bool = False
     # spec.checkpoint.export: a format the trainer exports the final checkpoint to (None: no export).
     export: str | None = None
+    # The planner's step time and peak for this plan (job.json's `modeled`), reported beside the measured ones.
+    modeled: Modeled | None = None
 
     @property
     def train_batch_size(self) -> int:
@@ -195,6 +198,7 @@ def job_document(
     deepspeed: Mapping[str, Any],
     plan: Plan,
     uid: str | None = None,
+    modeled: Modeled | None = None,
 ) -> dict[str, Any]:
     """The job.json object: the one writer, for the operator's ConfigMap and the local runner's file. `uid`
     is the ParallelJob's on a cluster (checkpoints record it); a local run has none."""
@@ -204,6 +208,7 @@ def job_document(
         "spec": dict(spec),
         "deepspeed": dict(deepspeed),
         "plan": plan.to_dict(),
+        **({"modeled": modeled.to_dict()} if modeled else {}),
     }
 
 
@@ -246,6 +251,7 @@ def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
         plan=plan,
         sequence_parallel=_bool(spec.get("parallelism") or {}, "sequenceParallel", "spec.parallelism"),
         export=export,
+        modeled=parse_modeled(document.get("modeled")),
     )
     _check_layout_fits_model(job)
     _check_architecture(job)

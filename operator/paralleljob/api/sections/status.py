@@ -53,6 +53,25 @@ class Progress:
     loss: float | None = api_field("Training loss at step.", default=None)
     tokens_per_second: float | None = api_field("Training throughput of the whole job.", default=None)
     updated: str | None = api_field("When progress was last reported.", default=None, format="date-time")
+    tflops_per_gpu: float | None = api_field(
+        "Achieved model TFLOP/s per GPU at the median step time of the last log window.",
+        default=None,
+        json_name="tflopsPerGpu",
+    )
+    mfu: float | None = api_field(
+        "Model FLOPs utilisation (0 to 1); absent where the GPU's peak is unknown, as on CPU.", default=None
+    )
+    step_seconds: float | None = api_field(
+        "Measured median step time over the last log window, in seconds.", default=None, json_name="stepSeconds"
+    )
+    modeled_step_seconds: float | None = api_field(
+        "The planner's modeled step time for this plan, in seconds.", default=None, json_name="modeledStepSeconds"
+    )
+    step_over_modeled: float | None = api_field(
+        "stepSeconds / modeledStepSeconds: above 1, the job runs slower than planned.",
+        default=None,
+        json_name="stepOverModeled",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +152,12 @@ class ParallelJobStatus:
         "Step of the newest complete checkpoint: saved, or resumed from at the start of an attempt.",
         default=None,
         minimum=0,
+    )
+    last_checkpoint_time: str | None = api_field(
+        "When rank 0 reported the checkpoint of lastCheckpointStep complete (the checkpoint age metric's start).",
+        default=None,
+        format="date-time",
+        json_name="lastCheckpointTime",
     )
     progress: Progress | None = api_field("Training progress.", default=None)
     nccl_env: dict[str, str] | None = api_field(
