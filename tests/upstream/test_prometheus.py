@@ -71,7 +71,7 @@ OPERATOR_ALERTS = {
 def small_quickstart() -> dict[str, Any]:
     """examples/quickstart-on-a-cluster.yaml at 1x2x2 on two 2-GPU nodes (4 ranks), long enough to outlast the test
     (it is deleted at the end), a step logged each step, and a progress timeout for the stall."""
-    job = yaml.safe_load(EXAMPLE.read_text())
+    job: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     spec = job["spec"]
     spec["parallelism"], spec["gpusPerNode"] = {"pipeline": 1, "tensor": 2, "data": 2}, 2
     spec["training"].update(steps=2000, logInterval=1)
