@@ -28,7 +28,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from paralleljob.handlers.job_metrics import JobMetrics  # noqa: E402
+from paralleljob.handlers.job_metrics import JobMetrics
 
 
 def running_job(index: int) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from tests.upstream.prometheus import Prometheus
 
 DASHBOARD = json.loads((CHART / "dashboards" / "paralleljob-training.json").read_text())
 NOW = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-JOB = {
+JOB: dict[str, Any] = {
     "metadata": {"namespace": "research", "name": "gpt-probe"},
     "spec": {"training": {"steps": 100}, "failurePolicy": {"progressTimeoutSeconds": 1}},
     "status": {
