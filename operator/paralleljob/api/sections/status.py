@@ -21,7 +21,7 @@ class Condition:
 
     type: str = api_field(
         "Valid, LayoutChosen, Scheduled, NetworkReady (the trainer's network preflight), NetworkVerified (what "
-        "NCCL chose), Ready, Succeeded or Failed."
+        "NCCL chose), Ready, SlowerThanModeled (step time persistently above the modeled one), Succeeded or Failed."
     )
     status: Literal["True", "False", "Unknown"] = api_field("True, False or Unknown.")
     reason: str = api_field("One CamelCase word for machines.", default="")
@@ -100,7 +100,7 @@ class ParallelJobStatus:
     message: str | None = api_field("Why the job is in its phase, for people.", default=None)
     conditions: list[Condition] | None = api_field(
         "Valid, Queued (jobs queued through Kueue), LayoutChosen (jobs that give a GPU budget), Scheduled, "
-        "NetworkReady, NetworkVerified, Ready, Succeeded, Failed.",
+        "NetworkReady, NetworkVerified, Ready, SlowerThanModeled, Succeeded, Failed.",
         default=None,
     )
     observed_generation: int | None = api_field("Last metadata.generation acted on.", default=None, minimum=0)
