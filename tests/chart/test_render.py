@@ -14,7 +14,7 @@ from tests.chart.conftest import NON_DEFAULT_VALUES, render
 # Chart.yaml's kubeVersion floor, and the kubectl the tools script installs.
 KUBERNETES_VERSIONS = ["1.29.0", "1.34.0"]
 # Kinds served by CRDs of other projects; kubernetes-validate has no schema for them (checked in test_deployment.py).
-FOREIGN_KINDS = {"ServiceMonitor"}
+FOREIGN_KINDS = {"ServiceMonitor", "PrometheusRule"}
 # Kinds the chart renders only when asked (policy.validatingAdmissionPolicy), for clusters that serve them.
 NEWER_KINDS = {"ValidatingAdmissionPolicy": "1.30.0", "ValidatingAdmissionPolicyBinding": "1.30.0"}
 
@@ -58,11 +58,12 @@ def test_the_expected_kinds_are_rendered(case: str) -> None:
                 "RoleBinding",
                 "Deployment",
                 "Service",
+                "ConfigMap",
             ]
         )
     else:
         # Two watched namespaces: a Role and a RoleBinding in each (and the leader election's in the release
-        # namespace, the admission lock's in its own), and the ServiceMonitor is on.
+        # namespace, the admission lock's in its own), and the ServiceMonitor, the dashboard and the rules are on.
         assert kinds == sorted(
             [
                 "CustomResourceDefinition",
@@ -80,6 +81,8 @@ def test_the_expected_kinds_are_rendered(case: str) -> None:
                 "Deployment",
                 "Service",
                 "ServiceMonitor",
+                "ConfigMap",
+                "PrometheusRule",
                 "ValidatingAdmissionPolicy",
                 "ValidatingAdmissionPolicyBinding",
             ]
@@ -105,4 +108,5 @@ def test_every_namespaced_object_is_in_the_release_namespace_or_a_watched_one() 
         for o in objects
         if o["kind"] not in {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", *NEWER_KINDS}
     }
-    assert namespaces == {"platform", "ml-team-a", "ml-team-b"}
+    # ... or the dashboard's, which goes where the Grafana sidecar looks (grafanaDashboard.namespace).
+    assert namespaces == {"platform", "ml-team-a", "ml-team-b", "monitoring"}

@@ -170,6 +170,19 @@ def test_the_quickstart_trains_and_its_loss_falls(tmp_path) -> None:
     assert {p.name for p in output.glob("node-*.log")} == {"node-0.log", "node-1.log"}
     assert "local-0" in proc.stdout and "local-1" in proc.stdout  # the placement table
     assert "loss" in proc.stdout and "restarts    0" in proc.stdout
+    check_efficiency_is_reported_beside_the_loss(output, summary, proc.stdout)
+
+
+def check_efficiency_is_reported_beside_the_loss(output: pathlib.Path, summary: dict, printed: str) -> None:
+    """Each logged step and the summary carry TFLOP/s per GPU, the measured median and the planner's modeled step
+    time; MFU is absent, since a CPU's peak is unknown (issue 35, part 4)."""
+    steps = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r["event"] == "step"]
+    assert steps and all(r["tflops_per_gpu"] > 0 and r["step_seconds"] > 0 for r in steps), steps[-1]
+    assert all(r["mfu"] is None and r["modeled_step_seconds"] > 0 for r in steps), steps[-1]
+    assert summary["tflops_per_gpu"] > 0 and summary["step_seconds"] > 0 and summary["modeled_step_seconds"] > 0
+    assert summary["mfu"] is None
+    assert "TFLOP/s" in printed and "peak unknown" in printed and "modeled" in printed
 
 
 def rank_pid(output: pathlib.Path, rank: int, generation: int) -> int | None:

@@ -45,6 +45,24 @@ CASES = {
     "checkpoint-negative": ({"lastCheckpointStep": "-4"}, {}),
     "status-lookalikes": ({"phase": "Succeeded", "restarts": "0", "placement": "[]"}, {}),
     "not-strings": ({"step": 5}, {}),
+    "efficiency": (
+        {"step": "5", "tflopsPerGpu": "0.0123", "mfu": "0.41", "stepSeconds": "3.0", "modeledStepSeconds": "1.5"},
+        {
+            "progress": {
+                "step": 5,
+                "totalSteps": TOTAL,
+                "tflopsPerGpu": 0.0123,
+                "mfu": 0.41,
+                "stepSeconds": 3.0,
+                "modeledStepSeconds": 1.5,
+                "stepOverModeled": 2.0,
+            }
+        },
+    ),
+    "mfu-above-one-and-negative-time": (
+        {"step": "5", "mfu": "1.7", "stepSeconds": "-1", "modeledStepSeconds": "2"},
+        {"progress": {"step": 5, "totalSteps": TOTAL, "modeledStepSeconds": 2.0}},
+    ),
 }
 
 
@@ -109,3 +127,11 @@ def test_the_trainer_hook_reports_the_in_place_restarts_it_runs_under() -> None:
     hook = k8s_status.ProgressReporter("http://127.0.0.1:9", "research", "gpt", token_path=None, ca_path=None)
     reported = hook.progress_of({"step": 7, "loss": 2.0, "in_place_restarts": 2})
     assert progress.in_place_restarts_of({"data": reported}, "2000-01-01T00:00:00Z", 3) == 2
+
+
+def test_the_hooks_efficiency_reaches_the_status_and_an_unknown_peak_leaves_mfu_out() -> None:
+    hook = k8s_status.ProgressReporter("http://127.0.0.1:9", "research", "gpt", token_path=None, ca_path=None)
+    record = {"step": 7, "loss": 2.0, "tflops_per_gpu": 0.01234567, "mfu": None, "step_seconds": 0.5}
+    found = progress.status_of({"data": {**hook.progress_of(record | {"modeled_step_seconds": 0.25})}}, TOTAL)
+    assert found["progress"]["tflopsPerGpu"] == 0.01235 and "mfu" not in found["progress"]
+    assert found["progress"]["stepSeconds"] == 0.5 and found["progress"]["stepOverModeled"] == 2.0

@@ -96,7 +96,7 @@ def environment(
     base = (
         {"PATH": DEFAULT_PATH, "HOME": home, **image_env}
         if image_env is not None
-        else {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": home}
+        else {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": home, **_checkout_path()}
     )
     env = {
         **base,
@@ -110,6 +110,13 @@ def environment(
         elif ref := ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath"):
             env[item["name"]] = fields.get(ref, "")
     return env
+
+
+def _checkout_path() -> dict[str, str]:
+    """The test's PYTHONPATH, where it sets one: a worktree's checkout first, ahead of the venv's editable install
+    of another checkout, so that venv-run pods run the code under test (docs: running tests from a worktree)."""
+    found = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": found} if found else {}
 
 
 def volume_mounts(container: Mapping[str, Any], volumes: Mapping[str, Path]) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from paralleljob_contract import model as model_math
+from paralleljob_contract.efficiency import Modeled, parse_modeled
 from paralleljob_contract.errors import ContractError
 from paralleljob_contract.layout import AXES, Layout, axis_order_of
 from paralleljob_contract.model import ModelShape, default_ffn_hidden_size
@@ -155,6 +156,8 @@ class JobConfig:
     sequence_parallel: bool = False
     # spec.checkpoint.export: a format the trainer exports the final checkpoint to (None: no export).
     export: str | None = None
+    # The planner's step time and peak for this plan (job.json's `modeled`), reported beside the measured ones.
+    modeled: Modeled | None = None
 
     @property
     def train_batch_size(self) -> int:
@@ -188,6 +191,7 @@ def job_document(
     deepspeed: Mapping[str, Any],
     plan: Plan,
     uid: str | None = None,
+    modeled: Modeled | None = None,
 ) -> dict[str, Any]:
     """The job.json object: the one writer, for the operator's ConfigMap and the local runner's file. `uid`
     is the ParallelJob's on a cluster (checkpoints record it); a local run has none."""
@@ -197,6 +201,7 @@ def job_document(
         "spec": dict(spec),
         "deepspeed": dict(deepspeed),
         "plan": plan.to_dict(),
+        **({"modeled": modeled.to_dict()} if modeled else {}),
     }
 
 
@@ -241,6 +246,7 @@ def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
             _optional_section(spec, "parallelism", "spec.parallelism"), "sequenceParallel", "spec.parallelism"
         ),
         export=export,
+        modeled=parse_modeled(document.get("modeled")),
     )
     _check_layout_fits_model(job)
     check_prepared_folders(training.data, training.evaluation, model.vocab_size, "spec.training")

@@ -36,6 +36,12 @@ IN_PLACE_RESTARTS = "inPlaceRestarts"
 # The operator's request for a checkpoint now, and rank 0's answer (the id served, once it is saved).
 CHECKPOINT_REQUEST = "checkpointRequest"
 CHECKPOINT_SERVED = "checkpointServed"
+# Efficiency beside the loss (paralleljob_contract.efficiency): achieved model TFLOP/s per GPU, MFU (only where
+# the GPU's peak is known), the median step time over the last log window, and the planner's modeled step time.
+TFLOPS_PER_GPU = "tflopsPerGpu"
+MFU = "mfu"
+STEP_SECONDS = "stepSeconds"
+MODELED_STEP_SECONDS = "modeledStepSeconds"
 
 
 def config_map_name(job: str) -> str:

@@ -133,6 +133,7 @@ class ProgressReporter:
         # rate-limited evaluation step's report may be replaced by the next step's before it is sent.
         if self.validation_loss is not None:
             progress[channel.VALIDATION_LOSS] = self.validation_loss
+        progress.update(efficiency_of(record))
         return progress
 
     def flush(self) -> None:
@@ -209,6 +210,20 @@ class ProgressReporter:
         if kind not in self.reported_errors:
             self.reported_errors.add(kind)
             print(f"paralleljob-trainer: status report failed ({detail}); training goes on", file=sys.stderr)
+
+
+# A step record's efficiency fields and the channel's keys for them, with the significant digits people read.
+EFFICIENCY_KEYS = (
+    ("tflops_per_gpu", channel.TFLOPS_PER_GPU),
+    ("mfu", channel.MFU),
+    ("step_seconds", channel.STEP_SECONDS),
+    ("modeled_step_seconds", channel.MODELED_STEP_SECONDS),
+)
+
+
+def efficiency_of(record: Mapping[str, Any]) -> dict[str, str]:
+    """TFLOP/s per GPU, MFU and the measured and modeled step times of a step record, where it has them."""
+    return {key: f"{float(record[field]):.4g}" for field, key in EFFICIENCY_KEYS if record.get(field) is not None}
 
 
 def network_of(verdict: Mapping[str, Any]) -> dict[str, str]:

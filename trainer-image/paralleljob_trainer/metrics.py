@@ -1,6 +1,7 @@
 """Rank 0's metrics: one JSON line per log interval, per checkpoint and at the end, to stdout and a file.
 
-Line kinds (the `event` field): `step` (step, loss, lr, grad_norm, tokens_per_s, step_time_s, samples, mfu),
+Line kinds (the `event` field): `step` (step, loss, lr, grad_norm, tokens_per_s, step_time_s, samples, mfu,
+tflops_per_gpu, step_seconds, modeled_step_seconds),
 `checkpoint` (step, path) and `summary`. The local runner and the operator read these lines; their fields
 are documented in docs/trainer.md and must only ever grow.
 """
@@ -14,24 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from paralleljob_trainer.hooks import HookCaller, Record
-
-# Dense bf16 peak per GPU, TFLOP/s (vendor datasheets). Unknown devices report mfu as null.
-PEAK_BF16_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0}
-
-
-def peak_tflops_for(device_name: str) -> float | None:
-    """The bf16 peak of a known GPU model named in `device_name`, else None."""
-    for model, peak in sorted(PEAK_BF16_TFLOPS.items(), key=lambda item: -len(item[0])):
-        if model in device_name:
-            return peak
-    return None
-
-
-def mfu(flops: float, seconds: float, devices: int, peak_tflops: float | None) -> float | None:
-    """Model FLOPs utilisation: model FLOP/s (recomputation not counted) over the peak of all devices, or None."""
-    if not peak_tflops or seconds <= 0:
-        return None
-    return flops / seconds / (devices * peak_tflops * 1e12)
 
 
 def _clean(value: Any) -> Any:

@@ -7,6 +7,7 @@ log, distributed init with a timeout and the network verification; model, engine
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import os
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import ProcessTopology
 from torch.distributed import distributed_c10d
 
-from paralleljob_contract import environment, heartbeat
+from paralleljob_contract import efficiency, environment, heartbeat
 from paralleljob_contract.environment import Launch, PodEnvironment
 from paralleljob_contract.jobfile import JobConfig
 from paralleljob_contract.layout import Coord
@@ -72,6 +73,10 @@ class _Progress:
     network: dict[str, str] | None = None
     # Checkpoint requests (PARALLELJOB_CHECKPOINT_REQUESTS): rank 0's hooks, asked each step.
     requests: HookCaller | None = None
+    # Step times since the last logged step (its median is the record's step_seconds), and the latest ones
+    # of the run (the summary's); bounded, so a long run keeps a constant memory.
+    window: list[float] = dataclasses.field(default_factory=list)
+    recent: collections.deque[float] = dataclasses.field(default_factory=lambda: collections.deque(maxlen=1000))
 
 
 def init_distributed(env: PodEnvironment) -> None:
@@ -202,7 +207,7 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
         for step in range(progress.start_step + 1, job.training.steps + 1):
             _train_one_step(job, options, engine, (stream, eval_stream), coords, step, writer, progress)
         _export_final_checkpoint(job, options, writer)
-        writer.write(_summary(job, progress), hook_method="on_finish")
+        writer.write(_summary(job, options, progress), hook_method="on_finish")
     finally:
         writer.close()
 
@@ -273,8 +278,12 @@ def _train_one_step(
     if eval_stream is not None and evaluation.is_evaluation_step(job, step):
         validation = evaluation.evaluate(job, engine, eval_stream, coords)
         heartbeat.beat()
+    progress.window.append(seconds)
+    progress.recent.append(seconds)
     if step % job.training.log_interval == 0 or step == job.training.steps or validation is not None:
         record = _step_record(job, options, engine, step, loss, lr, seconds) | (validation or {})
+        record |= _efficiency(job, options, progress.window)
+        progress.window.clear()
         if progress.network is not None:
             record["network"], progress.network = progress.network, None
         writer.write(record, hook_method="on_step")
@@ -322,21 +331,37 @@ def _step_record(
         "tokens_per_s": tokens / seconds,
         "step_time_s": seconds,
         "samples": step * job.train_batch_size,
-        "mfu": metrics.mfu(training_flops(job.model.shape, tokens), seconds, job.plan.world_size, _peak(options)),
         # The in-pod supervisor's in-place restarts of this gang so far (0 under a plain torchrun).
         "in_place_restarts": int(os.environ.get(environment.IN_PLACE_RESTARTS, "0") or 0),
     }
 
 
-def _peak(options: RunOptions) -> float | None:
+def _efficiency(job: JobConfig, options: RunOptions, window: list[float]) -> dict[str, Any]:
+    """TFLOP/s per GPU and MFU at the window's median step time, beside the planner's modeled step time. The
+    FLOPs are the planner's formula (`paralleljob_contract.model`); MFU is null where the peak is unknown."""
+    median = efficiency.median_seconds(window)
+    flops = training_flops(job.model.shape, job.train_batch_size * job.model.sequence_length)
+    seconds, devices = median or 0.0, job.plan.world_size
+    return {
+        "step_seconds": median,
+        "tflops_per_gpu": efficiency.tflops_per_gpu(flops, seconds, devices),
+        "mfu": efficiency.mfu(flops, seconds, devices, _peak(job, options)),
+        "modeled_step_seconds": job.modeled.step_seconds if job.modeled else None,
+    }
+
+
+def _peak(job: JobConfig, options: RunOptions) -> float | None:
+    """The device's peak: the user's (PARALLELJOB_PEAK_TFLOPS), else on a GPU the planned product's or the
+    device's own from the table. A CPU has none, whatever the plan assumed."""
     if options.peak_tflops:
         return options.peak_tflops
-    if torch.cuda.is_available():
-        return metrics.peak_tflops_for(torch.cuda.get_device_name())
-    return None
+    if not torch.cuda.is_available():
+        return None
+    planned = job.modeled.peak_tflops if job.modeled else None
+    return planned or efficiency.peak_tflops_for(torch.cuda.get_device_name())
 
 
-def _summary(job: JobConfig, progress: _Progress) -> dict[str, Any]:
+def _summary(job: JobConfig, options: RunOptions, progress: _Progress) -> dict[str, Any]:
     return {
         "event": "summary",
         "steps": job.training.steps,
@@ -346,6 +371,7 @@ def _summary(job: JobConfig, progress: _Progress) -> dict[str, Any]:
         "last_loss": progress.last_loss,
         "tokens_per_s": progress.tokens / progress.seconds if progress.seconds else None,
         "train_time_s": progress.seconds,
+        **_efficiency(job, options, list(progress.recent)),
     }
 
 

@@ -56,6 +56,41 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
         "description": "Of the restarts, those made inside the pods the gang had",
     },
+    {
+        "name": "TFLOP/s",
+        "type": "number",
+        "jsonPath": ".status.progress.tflopsPerGpu",
+        "priority": 1,
+        "description": "Achieved model TFLOP/s per GPU",
+    },
+    {
+        "name": "MFU",
+        "type": "number",
+        "jsonPath": ".status.progress.mfu",
+        "priority": 1,
+        "description": "Model FLOPs utilisation",
+    },
+    {
+        "name": "Step-s",
+        "type": "number",
+        "jsonPath": ".status.progress.stepSeconds",
+        "priority": 1,
+        "description": "Measured median step time",
+    },
+    {
+        "name": "Modeled-s",
+        "type": "number",
+        "jsonPath": ".status.progress.modeledStepSeconds",
+        "priority": 1,
+        "description": "The planner's modeled step time",
+    },
+    {
+        "name": "Vs-model",
+        "type": "number",
+        "jsonPath": ".status.progress.stepOverModeled",
+        "priority": 1,
+        "description": "Measured over modeled step time",
+    },
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
 ]
 

@@ -143,6 +143,14 @@ class FailurePolicy:
         minimum=1,
         json_name="minData",
     )
+    slower_than_modeled_factor: float = api_field(
+        "The SlowerThanModeled condition turns True when the measured median step time stays above this many "
+        "times the planner's modeled one (status.progress.stepOverModeled) for 5 minutes while Running; it only "
+        "reports, never restarts. 1.5 by default.",
+        default=1.5,
+        minimum=1,
+        json_name="slowerThanModeledFactor",
+    )
     in_place_restarts: int = api_field(
         "Restarts of the gang inside the pods it has, when a rank fails and no pod is lost: every pod's "
         "supervisor stops its ranks and starts them again from the latest checkpoint; no pod is deleted or "

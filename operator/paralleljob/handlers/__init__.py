@@ -2,6 +2,7 @@
 
 `registry` registers the kopf handlers (importing it is what `paralleljob operator` does); `reconcile`
 decides and acts for one job from the cluster's state; `gang`, `conditions` and `reservations` are the pure
-policies it consults; `coalescer` runs at most one reconcile per job at a time; `metrics` exports Prometheus
-figures.
+policies it consults (`step_promise` too: the measured against the modeled step time); `coalescer` runs at
+most one reconcile per job at a time; `metrics` exports the operator's Prometheus figures and `job_metrics` each
+job's training figures.
 """

@@ -9,7 +9,17 @@ from typing import Any
 
 from paralleljob.k8s import timestamps
 
-TYPES = ("Valid", "Scheduled", "NetworkReady", "NetworkVerified", "Ready", "Reconciled", "Succeeded", "Failed")
+TYPES = (
+    "Valid",
+    "Scheduled",
+    "NetworkReady",
+    "NetworkVerified",
+    "Ready",
+    "SlowerThanModeled",
+    "Reconciled",
+    "Succeeded",
+    "Failed",
+)
 
 
 def find(conditions: Sequence[Mapping[str, Any]] | None, kind: str) -> Mapping[str, Any] | None:

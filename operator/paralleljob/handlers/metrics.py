@@ -2,7 +2,8 @@
 
 paralleljob_reconciles_total{outcome}, paralleljob_jobs{phase}, paralleljob_planning_seconds (histogram),
 paralleljob_gang_restarts_total, paralleljob_leader (1 while this replica acts), paralleljob_rival_operators
-(other operators that manage some of the same namespaces, see `paralleljob.k8s.leadership`).
+(other operators that manage some of the same namespaces, see `paralleljob.k8s.leadership`). Each job's training
+figures (`paralleljob_job_*`) are `job_metrics`'.
 """
 
 from __future__ import annotations

@@ -41,7 +41,16 @@ from typing import Any
 import kopf
 
 from paralleljob.api import types as api_types
-from paralleljob.handlers import coalescer, failures, metrics, progress, queueing, reconcile, start_failures
+from paralleljob.handlers import (
+    coalescer,
+    failures,
+    job_metrics,
+    metrics,
+    progress,
+    queueing,
+    reconcile,
+    start_failures,
+)
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order, PriorityValues
 from paralleljob.handlers.coalescer import Coalescer, Next
 from paralleljob.handlers.runtime import (
@@ -380,10 +389,12 @@ async def job_changed(event: kopf.RawEvent, namespace: str | None, name: str, **
     if event["type"] == "DELETED":
         # Its reservation and pods are going: the waiting jobs may fit now.
         metrics.observe_phase(namespace or "", name, None)
+        job_metrics.JOBS.forget(namespace or "", name)
         if RUNTIME.admissions is not None:
             RUNTIME.admissions.forget((namespace, name))
         _request(RECHECK)
         return
+    job_metrics.JOBS.observe(event["object"])
     _request((namespace, name))
 
 

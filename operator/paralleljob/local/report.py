@@ -36,9 +36,31 @@ class RunSummary:
     last_checkpoint_step: int | None
     output_dir: str
     loss_curve: str | None
+    # Efficiency beside the loss (the trainer's summary line, else its last step line): achieved model TFLOP/s
+    # per GPU, MFU (null where the device's peak is unknown, as on CPU), the measured median and the planner's
+    # modeled step time.
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    step_seconds: float | None = None
+    modeled_step_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def with_efficiency(self, final: dict[str, Any], latest: dict[str, Any]) -> RunSummary:
+        """This summary with the efficiency of the trainer's summary record, or else of its last step record."""
+        source = final if any(final.get(field) is not None for field in EFFICIENCY_FIELDS) else latest
+        tflops, mfu, step, modeled = (_number(source.get(field)) for field in EFFICIENCY_FIELDS)
+        return dataclasses.replace(
+            self, tflops_per_gpu=tflops, mfu=mfu, step_seconds=step, modeled_step_seconds=modeled
+        )
+
+
+EFFICIENCY_FIELDS = ("tflops_per_gpu", "mfu", "step_seconds", "modeled_step_seconds")
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 # Bytes held for summary.json from the start of a run; a summary is about 1 KiB.
@@ -112,6 +134,13 @@ def print_summary(console: Console, summary: RunSummary) -> None:
     console.print(f"  steps       {summary.steps_done}/{summary.total_steps}", highlight=False)
     if summary.tokens_per_s is not None:
         console.print(f"  tokens/s    {summary.tokens_per_s:,.0f}", highlight=False)
+    if summary.tflops_per_gpu is not None:
+        mfu = f", MFU {summary.mfu:.1%}" if summary.mfu is not None else " (MFU: peak unknown on this device)"
+        console.print(f"  TFLOP/s     {summary.tflops_per_gpu:.4g} per GPU{mfu}", highlight=False)
+    if summary.step_seconds is not None:
+        modeled = summary.modeled_step_seconds
+        against = f" (modeled {modeled:.4g} s, x{summary.step_seconds / modeled:.3g})" if modeled else ""
+        console.print(f"  step time   {summary.step_seconds:.4g} s{against}", highlight=False)
     console.print(f"  wall time   {summary.wall_seconds:.1f} s", highlight=False)
     console.print(f"  restarts    {summary.restarts}", highlight=False)
     if summary.last_checkpoint_step is not None:

@@ -456,4 +456,4 @@ class LocalRun:
             last_checkpoint_step=tail.checkpoints[-1] if tail.checkpoints else None,
             output_dir=str(self.output),
             loss_curve=str(picture) if picture else None,
-        )
+        ).with_efficiency(final, latest)

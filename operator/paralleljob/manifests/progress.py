@@ -26,9 +26,14 @@ MAX_VALUE_LENGTH = 32
 MAX_STEP = 10**12
 MAX_LOSS = 1e6
 MAX_TOKENS_PER_SECOND = 1e12
+# Efficiency bounds: above any device's TFLOP/s, MFU at most 1, and a step of at most a day.
+MAX_TFLOPS = 1e5
+MAX_STEP_SECONDS = 86400.0
 # The most in-place restarts a report may claim (the operator also bounds it by the attempt's budget).
 MAX_IN_PLACE_RESTARTS = 10**6
 MAX_MESSAGE_LENGTH = 512
+# status.progress's ratio of the measured to the modeled step time (computed here, not reported by rank 0).
+STEP_OVER_MODELED = "stepOverModeled"
 REASON = re.compile(r"^[A-Z][A-Za-z]{0,31}$")
 VERDICTS = ("True", "False", "Unknown")
 TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
@@ -91,12 +96,36 @@ def status_of(config_map: Mapping[str, Any], total_steps: int) -> dict[str, Any]
             progress["validationLoss"] = round(validation, 4)
         if updated is not None and TIMESTAMP.match(updated):
             progress["updated"] = updated
+        progress.update(efficiency_of(data))
         found["progress"] = progress
     checkpoint = _count(data, channel.LAST_CHECKPOINT_STEP, total_steps)
     if checkpoint is not None:
         found["lastCheckpointStep"] = checkpoint
+        saved = _text(data, channel.LAST_CHECKPOINT_TIME)
+        if saved is not None and TIMESTAMP.match(saved):
+            found["lastCheckpointTime"] = saved
     if (network := network_of(data)) is not None:
         found["network"] = network
+    return found
+
+
+def efficiency_of(data: Mapping[str, Any]) -> dict[str, float]:
+    """tflopsPerGpu, mfu, stepSeconds and modeledStepSeconds where valid, and their ratio stepsOverModeled
+    (measured / modeled step time) when both times are there: the plan's promise checked by the run."""
+    bounds = {
+        channel.TFLOPS_PER_GPU: MAX_TFLOPS,
+        channel.MFU: 1.0,
+        channel.STEP_SECONDS: MAX_STEP_SECONDS,
+        channel.MODELED_STEP_SECONDS: MAX_STEP_SECONDS,
+    }
+    found: dict[str, float] = {}
+    for key, high in bounds.items():
+        value = _number(data, key, 0.0, high)
+        if value is not None and value > 0:
+            found[key] = float(f"{value:.4g}")
+    measured, modeled = found.get(channel.STEP_SECONDS), found.get(channel.MODELED_STEP_SECONDS)
+    if measured is not None and modeled is not None:
+        found[STEP_OVER_MODELED] = float(f"{measured / modeled:.4g}")
     return found
 
 

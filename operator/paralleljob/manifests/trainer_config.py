@@ -12,12 +12,24 @@ from typing import Any
 from paralleljob.api import ResolvedJob
 from paralleljob.api import types as api_types
 from paralleljob.planning import Plan
-from paralleljob_contract import jobfile
+from paralleljob_contract import efficiency, jobfile
 
 
 def contract_plan(plan: Plan) -> jobfile.Plan:
     """The job file's plan (layout, axis order, nodes, ranks per node) of a planner's plan."""
     return jobfile.make_plan(plan.layout, plan.ranks_per_node)
+
+
+def modeled_of(plan: Plan) -> efficiency.Modeled | None:
+    """The planner's promise the run reports against: its modeled step time, and the peak it assumed where the
+    GPU product is one it knows (elsewhere, a CPU among them, MFU is not reported rather than invented)."""
+    step = plan.estimates.step_seconds
+    if not step or step <= 0:
+        return None
+    known = efficiency.peak_tflops_for(plan.gpu_product) is not None
+    assumed = plan.estimates.assumptions.get("peakTFLOPS")
+    peak = float(assumed) if known and isinstance(assumed, int | float) and assumed > 0 else None
+    return efficiency.Modeled(step_seconds=step, peak_tflops=peak)
 
 
 def build_trainer_config(resolved: ResolvedJob, plan: Plan, uid: str | None = None) -> dict[str, Any]:
@@ -31,5 +43,6 @@ def build_trainer_config(resolved: ResolvedJob, plan: Plan, uid: str | None = No
         spec=resolved.resolved_spec(),
         deepspeed=resolved.deepspeed_config(),
         plan=contract_plan(plan),
+        modeled=modeled_of(plan),
     )
     return {"apiVersion": api_types.API_VERSION, "kind": api_types.KIND, **document}

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from paralleljob.planning import estimates, levels
 from paralleljob.planning.levels import LinkLevel
+from paralleljob_contract.efficiency import PEAK_BF16_TFLOPS
 from paralleljob_contract.layout import Coord, Layout
 
 GB = 1e9
@@ -29,14 +30,15 @@ class GpuProfile:
 
 
 # First match wins (substring of nvidia.com/gpu.product, case-insensitive). Network: one NIC per GPU,
-# HDR 200 Gb/s for A100 systems, NDR 400 Gb/s for H100 and later.
+# HDR 200 Gb/s for A100 systems, NDR 400 Gb/s for H100 and later. Peaks are the contract's table, which the
+# trainer's MFU reads too.
 GPU_PROFILES = (
-    GpuProfile("GB200", 1800, 50, 2500),
-    GpuProfile("B200", 1800, 50, 2250),
-    GpuProfile("H200", 900, 50, 989),
-    GpuProfile("H100", 900, 50, 989),
-    GpuProfile("A100", 600, 25, 312),
-    GpuProfile("L40S", 32, 12.5, 362),
+    GpuProfile("GB200", 1800, 50, PEAK_BF16_TFLOPS["GB200"]),
+    GpuProfile("B200", 1800, 50, PEAK_BF16_TFLOPS["B200"]),
+    GpuProfile("H200", 900, 50, PEAK_BF16_TFLOPS["H200"]),
+    GpuProfile("H100", 900, 50, PEAK_BF16_TFLOPS["H100"]),
+    GpuProfile("A100", 600, 25, PEAK_BF16_TFLOPS["A100"]),
+    GpuProfile("L40S", 32, 12.5, PEAK_BF16_TFLOPS["L40S"]),
 )
 DEFAULT_PROFILE = GpuProfile("", 300, 12.5, 100)
 LEVEL_NAMES: dict[str, LinkLevel] = {level.name.lower(): level for level in LinkLevel}

@@ -21,7 +21,7 @@ class Condition:
 
     type: str = api_field(
         "Valid, LayoutChosen, Scheduled, NetworkReady (the trainer's network preflight), NetworkVerified (what "
-        "NCCL chose), Ready, Succeeded or Failed."
+        "NCCL chose), Ready, SlowerThanModeled (step time persistently above the modeled one), Succeeded or Failed."
     )
     status: Literal["True", "False", "Unknown"] = api_field("True, False or Unknown.")
     reason: str = api_field("One CamelCase word for machines.", default="")
@@ -56,6 +56,25 @@ class Progress:
         "Held-out loss at the latest evaluation (spec.training.eval).", default=None
     )
     updated: str | None = api_field("When progress was last reported.", default=None, format="date-time")
+    tflops_per_gpu: float | None = api_field(
+        "Achieved model TFLOP/s per GPU at the median step time of the last log window.",
+        default=None,
+        json_name="tflopsPerGpu",
+    )
+    mfu: float | None = api_field(
+        "Model FLOPs utilisation (0 to 1); absent where the GPU's peak is unknown, as on CPU.", default=None
+    )
+    step_seconds: float | None = api_field(
+        "Measured median step time over the last log window, in seconds.", default=None, json_name="stepSeconds"
+    )
+    modeled_step_seconds: float | None = api_field(
+        "The planner's modeled step time for this plan, in seconds.", default=None, json_name="modeledStepSeconds"
+    )
+    step_over_modeled: float | None = api_field(
+        "stepSeconds / modeledStepSeconds: above 1, the job runs slower than planned.",
+        default=None,
+        json_name="stepOverModeled",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +103,7 @@ class ParallelJobStatus:
     message: str | None = api_field("Why the job is in its phase, for people.", default=None)
     conditions: list[Condition] | None = api_field(
         "Valid, Queued (jobs queued through Kueue), LayoutChosen (jobs that give a GPU budget), Scheduled, "
-        "NetworkReady, NetworkVerified, Ready, Succeeded, Failed.",
+        "NetworkReady, NetworkVerified, Ready, SlowerThanModeled, Succeeded, Failed.",
         default=None,
     )
     observed_generation: int | None = api_field("Last metadata.generation acted on.", default=None, minimum=0)
@@ -136,6 +155,12 @@ class ParallelJobStatus:
         "Step of the newest complete checkpoint: saved, or resumed from at the start of an attempt.",
         default=None,
         minimum=0,
+    )
+    last_checkpoint_time: str | None = api_field(
+        "When rank 0 reported the checkpoint of lastCheckpointStep complete (the checkpoint age metric's start).",
+        default=None,
+        format="date-time",
+        json_name="lastCheckpointTime",
     )
     progress: Progress | None = api_field("Training progress.", default=None)
     nccl_env: dict[str, str] | None = api_field(

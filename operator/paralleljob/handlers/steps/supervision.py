@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import conditions, gang, start_failures, watchdog
+from paralleljob.handlers import conditions, gang, start_failures, step_promise, watchdog
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.passes import (
     Outcome,
@@ -209,6 +209,7 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
         write_record(p, live)
     message = f"all {state.ready} pods running"
     cond = _network_conditions(p, p.condition("Ready", "True", "AllPodsRunning", message), network)
+    cond = _step_promise(p, cond, reported.get("progress") or {}, policy.slower_than_modeled_factor)
     patch = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
     before = conditions.find(p.status.get("conditions"), "NetworkVerified")
     if write_status(p, {**patch, "startTime": started}):
@@ -306,6 +307,16 @@ def _network_conditions(p: Pass, cond: list[dict[str, Any]], report: Mapping[str
     verified = str(report.get("verified")) if report.get("verified") in VERIFIED_STATUSES else "Unknown"
     reason, message = str(report.get("reason") or "NotReported"), str(report.get("message") or "")
     return p.condition("NetworkVerified", verified, reason, message, base=cond)
+
+
+def _step_promise(
+    p: Pass, cond: list[dict[str, Any]], progress: Mapping[str, Any], factor: float
+) -> list[dict[str, Any]]:
+    """SlowerThanModeled from rank 0's measured and modeled step times (`step_promise`, a pure decision)."""
+    measured, modeled = progress.get("stepSeconds"), progress.get("modeledStepSeconds")
+    current = conditions.find(cond, step_promise.TYPE)
+    verdict = step_promise.decide(measured, modeled, factor, current, p.session.server_now())
+    return cond if verdict is None else p.condition(step_promise.TYPE, *dataclasses.astuple(verdict), base=cond)
 
 
 def _network_event(p: Pass, cond: list[dict[str, Any]], before: Mapping[str, Any] | None) -> None:
