@@ -37,6 +37,21 @@ CASES = {
     "checkpoint-negative": ({"lastCheckpointStep": "-4"}, {}),
     "status-lookalikes": ({"phase": "Succeeded", "restarts": "0", "placement": "[]"}, {}),
     "not-strings": ({"step": 5}, {}),
+    "resumed-at-another-layout": (
+        {"step": "11", "resumedFromLayout": "PP2xTP2xDP2", "resumedAtLayout": "PP1xTP4xDP2"},
+        {
+            "progress": {
+                "step": 11,
+                "totalSteps": TOTAL,
+                "resumedFromLayout": "PP2xTP2xDP2",
+                "resumedAtLayout": "PP1xTP4xDP2",
+            }
+        },
+    ),
+    "resumed-layout-not-a-layout": (
+        {"step": "11", "resumedFromLayout": "PP2xTP2xDP2", "resumedAtLayout": "<b>PP1</b>"},
+        {"progress": {"step": 11, "totalSteps": TOTAL}},
+    ),
 }
 
 

@@ -53,6 +53,13 @@ class Progress:
     loss: float | None = api_field("Training loss at step.", default=None)
     tokens_per_second: float | None = api_field("Training throughput of the whole job.", default=None)
     updated: str | None = api_field("When progress was last reported.", default=None, format="date-time")
+    resumed_from_layout: str | None = api_field(
+        "Layout (PPpxTPtxDPd) the checkpoint this attempt resumed from was saved at.", default=None
+    )
+    resumed_at_layout: str | None = api_field(
+        "Layout this attempt resumed at; it differs from resumedFromLayout when the checkpoint was re-cut.",
+        default=None,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
