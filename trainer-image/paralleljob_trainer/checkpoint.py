@@ -22,7 +22,8 @@ only reads.
 A change of DP resumes: ZeRO 0 keeps one optimizer state per (stage, TP rank), which any DP reads; ZeRO 1
 state is saved in DeepSpeed's elastic form (`elastic_checkpoint`, set by the trainer), and loading merges the
 saved DP shards and cuts them for the new DP (DeepSpeed's engine refuses a different DP itself, so this
-module hands the saved shards to the optimizer directly).
+module hands the saved shards to the optimizer directly). A change of PP or TP is `paralleljob_trainer.recut`'s,
+which reuses `load_zero_shards` for ZeRO 1.
 """
 
 from __future__ import annotations

@@ -212,14 +212,13 @@ def _load_torch_state(engine: Any, named: dict[str, Any], pieces: dict[str, dict
         state = {kind: value for kind, value in pieces[name].items() if kind != "weight"}
         scalars = {kind: copy.deepcopy(value) for kind, value in saved[key_of(name)].scalars.items()}
         optimizer.state[parameter] = {**scalars, **state}
-    checkpoint.learning_rate_from_scheduler(engine)
 
 
 def _load_zero_state(engine: Any, chosen: checkpoint.Chosen, pieces: dict[str, dict], saved: dict[Key, _Saved]) -> None:
     """ZeRO 1: this (stage, TP rank)'s whole flat group as one elastic shard, which the optimizer cuts for DP."""
     order = list(engine._get_zero_param_shapes()[0])
     template = _zero_shard(chosen.folder, 0, 0)
-    shard = {key: value for key, value in template.items()}
+    shard = dict(template)  # the global state (loss scaler, clipping, version) is the same on every rank
     shard[checkpoint.FP32_PARTITIONS] = [torch.cat([pieces[name]["master"].reshape(-1) for name in order])]
     kinds = [kind for kind in pieces[order[0]] if kind not in ("weight", "master")]
     state = {kind: torch.cat([pieces[name][kind].reshape(-1) for name in order]) for kind in kinds}
