@@ -52,5 +52,5 @@ def test_llama_keys_and_values_are_cut_by_rows_only_when_tp_divides_the_kv_heads
 
 
 def test_a_tensor_without_a_known_cut_is_named() -> None:
-    with pytest.raises(cuts.CutError, match="'rotary.inv_freq' has no known tensor-parallel cut"):
+    with pytest.raises(cuts.CutError, match=r"'rotary\.inv_freq' has no known tensor-parallel cut"):
         cuts.cut_of({"attention_heads": 4}, "rotary.inv_freq", 2)
