@@ -41,6 +41,8 @@ _TIED_PREFIX = "tied_modules."
 _TIED_LAYER = 0  # the one tied module is the token embedding, pipeline layer 0
 _LEGACY_MODEL = {"architecture": "gpt", "kv_heads": None, "tie_embeddings": False}
 Key = tuple[int, str]  # (global pipeline layer, tensor name in the layer's state dict)
+Found = dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]]  # name: (per-element state, scalars)
+Pieces = dict[str, torch.Tensor]  # kind (weight, master, exp_avg, ...): this rank's slice
 
 
 @dataclasses.dataclass
@@ -137,7 +139,7 @@ def _read_optimizer_state(chosen: checkpoint.Chosen, layout: Mapping[str, int], 
     return saved
 
 
-def _torch_state(folder: Path, states: Mapping[str, Any], mp_rank: int) -> dict[str, tuple[dict[str, Any], dict]]:
+def _torch_state(folder: Path, states: Mapping[str, Any], mp_rank: int) -> Found:
     """ZeRO 0: the torch optimizer's state of each parameter, by the names the save recorded."""
     names = states.get(PARAM_NAMES)
     if names is None:
@@ -154,9 +156,7 @@ def _torch_state(folder: Path, states: Mapping[str, Any], mp_rank: int) -> dict[
     return found
 
 
-def _zero_state(
-    folder: Path, states: Mapping[str, Any], data: int, mp_rank: int
-) -> dict[str, tuple[dict[str, Any], dict]]:
+def _zero_state(folder: Path, states: Mapping[str, Any], data: int, mp_rank: int) -> Found:
     """ZeRO 1: the DP shards of this (stage, TP rank) merged into flat groups, then cut by `param_shapes`."""
     groups = states["param_shapes"]
     if len(groups) != 1:
@@ -191,7 +191,7 @@ def _read_weights(folder: Path, tensor: int, saved: dict[Key, _Saved]) -> None:
                     entry.weight[rank] = states[name].clone()
 
 
-def _recut(model: Mapping[str, Any], key: Key, saved: dict[Key, _Saved], old_tensor: int, tp: Any) -> dict:
+def _recut(model: Mapping[str, Any], key: Key, saved: dict[Key, _Saved], old_tensor: int, tp: Any) -> Pieces:
     """This rank's slice of the weight and of each optimizer state of `key`."""
     if key not in saved:
         raise checkpoint.CheckpointError(f"the checkpoint holds no tensor {key[1]} of pipeline layer {key[0]}")
@@ -205,7 +205,7 @@ def _recut(model: Mapping[str, Any], key: Key, saved: dict[Key, _Saved], old_ten
     return {"weight": recut(entry.weight), **{kind: recut(slices) for kind, slices in entry.state.items()}}
 
 
-def _load_torch_state(engine: Any, named: dict[str, Any], pieces: dict[str, dict], saved: dict[Key, _Saved]) -> None:
+def _load_torch_state(engine: Any, named: dict[str, Any], pieces: dict[str, Pieces], saved: dict[Key, _Saved]) -> None:
     """ZeRO 0: each parameter's moments and step into the torch optimizer, as its load_state_dict would."""
     optimizer = engine.optimizer
     for name, parameter in named.items():
@@ -214,7 +214,9 @@ def _load_torch_state(engine: Any, named: dict[str, Any], pieces: dict[str, dict
         optimizer.state[parameter] = {**scalars, **state}
 
 
-def _load_zero_state(engine: Any, chosen: checkpoint.Chosen, pieces: dict[str, dict], saved: dict[Key, _Saved]) -> None:
+def _load_zero_state(
+    engine: Any, chosen: checkpoint.Chosen, pieces: dict[str, Pieces], saved: dict[Key, _Saved]
+) -> None:
     """ZeRO 1: this (stage, TP rank)'s whole flat group as one elastic shard, which the optimizer cuts for DP."""
     order = list(engine._get_zero_param_shapes()[0])
     template = _zero_shard(chosen.folder, 0, 0)
