@@ -42,10 +42,25 @@ def document(layout: Layout, stage: str) -> dict[str, Any]:
 
 
 def _run(folder: Path, layout: Layout, stage: str, extra_env: dict[str, str]) -> harness.Result:
-    job = harness.write_job(folder, document(layout, stage))
+    return _run_document(folder, document(layout, stage), layout, extra_env)
+
+
+def _run_document(
+    folder: Path, job_document: dict[str, Any], layout: Layout, extra_env: dict[str, str]
+) -> harness.Result:
+    job = harness.write_job(folder, job_document)
     gang = harness.Gang()
     gang.start(job, folder / "out", nproc=layout.world_size, checkpoint_dir=folder / "ckpt", extra_env=extra_env)
     return gang.wait(timeout=600)
+
+
+def _killed_after(checkpoint_step: int) -> dict[str, str]:
+    """The progress hook that kills the gang in the step after `checkpoint_step`, once that one is saved."""
+    return {
+        "PARALLELJOB_PROGRESS_HOOK": "tests.trainer.progress_hooks:kill_gang",
+        "TEST_KILL_AT_STEP": str(checkpoint_step + 1),
+        "TEST_HOOK_LOG": "/dev/null",
+    }
 
 
 @pytest.fixture(scope="module", params=sorted(ZERO))
@@ -53,8 +68,7 @@ def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     """(ZeRO stage, the 2x2x2 run's checkpoint folder holding step 10), killed in step 11."""
     stage = request.param
     folder = tmp_path_factory.mktemp(f"saved-{stage}")
-    hook = {"PARALLELJOB_PROGRESS_HOOK": "tests.trainer.progress_hooks:kill_gang"}
-    killed = _run(folder, SAVED, stage, hook | {"TEST_KILL_AT_STEP": str(SAVE_AT + 1), "TEST_HOOK_LOG": "/dev/null"})
+    killed = _run(folder, SAVED, stage, _killed_after(SAVE_AT))
     assert killed.returncodes[0] != 0
     assert (folder / "ckpt" / "latest").read_text().strip() == f"global_step{SAVE_AT}", killed.logs[0][-3000:]
     return stage, folder / "ckpt"
@@ -97,3 +111,42 @@ def test_a_resume_that_loses_the_optimizer_state_or_the_data_position_leaves_the
     losses = {step: faulty[step].loss for step in faulty}
     assert losses[SAVE_AT] == reference[SAVE_AT].loss  # the same run up to the checkpoint
     assert _worst_relative(losses, reference, range(SAVE_AT + 1, STEPS + 1)) > 100 * LATER_TOLERANCE
+
+
+# A tied llama with two KV heads: at TP 2 each rank holds one KV head (K and V cut by rows), at TP 4 every rank
+# holds both (whole); the tied embedding lives on the first and the last stage at PP 2, once at PP 1; the
+# 300-token vocabulary is padded to 512 rows at TP 2 and 4.
+LLAMA = {"architecture": "llama", "kvHeads": 2, "vocabSize": 300, "ropeTheta": 500000.0, "tieEmbeddings": True}
+LLAMA_STEPS, LLAMA_SAVE_AT = 8, 4
+
+
+def llama_document(layout: Layout) -> dict[str, Any]:
+    return harness.job_document(
+        layout,
+        optimizer=ADAMW,
+        gradient_clipping=0.5,
+        steps=LLAMA_STEPS,
+        checkpoint_interval=LLAMA_SAVE_AT,
+        model=LLAMA,
+        data={"source": "text", "path": str(harness.text_corpus())},
+        deepspeed_extra=ZERO["zero1"],
+    )
+
+
+@pytest.mark.slow
+def test_a_tied_grouped_query_llama_resumes_from_pp2_tp2_at_tp4(tmp_path: Path) -> None:
+    saved, resumed = Layout(2, 2, 1), Layout(1, 4, 1)
+    killed = _run_document(tmp_path / "saved", llama_document(saved), saved, _killed_after(LLAMA_SAVE_AT))
+    assert killed.returncodes[0] != 0
+    checkpoints = tmp_path / "saved" / "ckpt"
+    assert (checkpoints / "latest").read_text().strip() == f"global_step{LLAMA_SAVE_AT}", killed.logs[0][-3000:]
+    result = _run_document(
+        tmp_path / "resumed", llama_document(resumed), resumed, {"PARALLELJOB_RESUME_FROM": str(checkpoints)}
+    )
+    assert result.returncodes == [0], result.logs[0][-3000:]
+    logged = harness.steps_by_number(tmp_path / "resumed" / "out")
+    assert sorted(logged) == list(range(LLAMA_SAVE_AT + 1, LLAMA_STEPS + 1))
+    reference = train_reference(parse_job_config(llama_document(Layout(1, 1, 1))))
+    losses = {step: record["loss"] for step, record in logged.items()}
+    assert abs(losses[LLAMA_SAVE_AT + 1] - reference[LLAMA_SAVE_AT + 1].loss) <= FIRST_STEP_TOLERANCE
+    assert _worst_relative(losses, reference, range(LLAMA_SAVE_AT + 2, LLAMA_STEPS + 1)) <= LATER_TOLERANCE
