@@ -137,12 +137,6 @@ CASES = {
         "spec.deepspeed.train_batch_size": 32,
         "spec.failurePolicy": {"allowDataShrink": True, "minData": 4},
     },
-    "relayout-with-budget": {
-        "spec.parallelism": {"gpus": 16},
-        "spec.deepspeed.train_batch_size": 32,
-        "spec.failurePolicy": {"allowRelayout": True},
-    },
-    "relayout-without-budget": {"spec.failurePolicy": {"allowRelayout": True}},
 }
 
 

@@ -136,12 +136,6 @@ INVALID = [
         "spec.failurePolicy.minData",
         "set allowDataShrink: true, or remove minData",
     ),
-    (
-        "relayout-without-budget",
-        {"spec.failurePolicy": {"allowRelayout": True}},
-        "spec.failurePolicy.allowRelayout",
-        "give parallelism.gpus or nodes instead of pipeline x tensor x data",
-    ),
     ("negative-spares", {"spec.failurePolicy": {"spareNodes": -1}}, "spec.failurePolicy.spareNodes", ">= 0"),
     ("wrong-type", {"spec.model.layers": "eight"}, "spec.model.layers", "must be an integer"),
     ("required", {"spec.model.vocabSize": DELETE}, "spec.model.vocabSize", "is required"),

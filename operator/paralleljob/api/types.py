@@ -148,7 +148,7 @@ class FailurePolicy:
         "(and the DP shrink, if allowed, finds no smaller DP that places), resume at the best layout the planner "
         "finds for the GPUs left, pipeline and tensor included, keeping the global batch; the trainer re-cuts the "
         "checkpoint. The job grows back to its chosen layout at its next checkpoint once that fits again. "
-        "Default: false.",
+        "Ignored for a job with fixed sizes (use allowDataShrink). Default: false.",
         default=False,
         json_name="allowRelayout",
     )

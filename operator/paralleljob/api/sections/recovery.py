@@ -1,5 +1,5 @@
 """The rules of spec.failurePolicy's recovery from lost nodes: hot spares (`spareNodes`) and the data-parallel
-shrink (`allowDataShrink`, `minData`), the re-plan of a budget job (`allowRelayout`). The fields are declared with the rest of `FailurePolicy` in `api.types`.
+shrink (`allowDataShrink`, `minData`). The fields are declared with the rest of `FailurePolicy` in `api.types`.
 """
 
 from __future__ import annotations
@@ -41,20 +41,6 @@ def _min_data_needs_shrink(spec: t.ParallelJobSpec) -> Problem | None:
     )
 
 
-def _relayout_needs_budget(spec: t.ParallelJobSpec) -> Problem | None:
-    if (
-        not spec.failure_policy.allow_relayout
-        or spec.parallelism.gpus is not None
-        or spec.parallelism.nodes is not None
-    ):
-        return None
-    return error(
-        "spec.failurePolicy.allowRelayout",
-        "re-plans a job whose size is a budget, and this one gives fixed sizes; give parallelism.gpus or nodes "
-        "instead of pipeline x tensor x data, or use allowDataShrink.",
-    )
-
-
 RULES: tuple[Rule, ...] = (
     Rule(
         "min-data-within-data",
@@ -69,13 +55,5 @@ RULES: tuple[Rule, ...] = (
         f"!has({_FP}) || !has({_FP}.minData) || (has({_FP}.allowDataShrink) && {_FP}.allowDataShrink)",
         "failurePolicy.minData is the floor of allowDataShrink; set allowDataShrink: true, or remove minData",
         _min_data_needs_shrink,
-    ),
-    Rule(
-        "relayout-needs-budget",
-        ".failurePolicy.allowRelayout",
-        f"!has({_FP}) || !has({_FP}.allowRelayout) || !{_FP}.allowRelayout || has(self.parallelism.gpus) "
-        "|| has(self.parallelism.nodes)",
-        "failurePolicy.allowRelayout needs a budget: give parallelism.gpus or nodes",
-        _relayout_needs_budget,
     ),
 )
