@@ -395,3 +395,36 @@ def test_the_tiny_llama_trains_its_loss_falls_and_it_exports_a_hugging_face_fold
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2
     assert config["tie_word_embeddings"] is True
     assert (output / "checkpoints" / "export" / "model.safetensors").stat().st_size > 0
+
+
+def test_run_resume_continues_a_checkpoint_saved_at_another_layout(tmp_path) -> None:
+    """`paralleljob run --resume` after the job's parallelism changed: the trainer re-cuts the checkpoint
+    (that the curve stays on the single-process one is tests/trainer/test_relayout.py)."""
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"]["parallelism"] = {"pipeline": 2, "tensor": 1, "data": 1}
+    doc["spec"]["gpusPerNode"] = 2
+    doc["spec"]["training"] |= {
+        "steps": 3,
+        "logInterval": 1,
+        "data": {"source": "text", "path": str(ROOT / "operator")},
+    }
+    doc["spec"]["checkpoint"]["intervalSteps"] = 3
+    job, output = tmp_path / "job.yaml", tmp_path / "out"
+    job.write_text(yaml.safe_dump(doc))
+    run_to_success(job, output)
+    doc["spec"]["parallelism"] = {"pipeline": 1, "tensor": 2, "data": 1}
+    doc["spec"]["training"]["steps"] = 5
+    job.write_text(yaml.safe_dump(doc))
+    proc = subprocess.run(
+        [*PARALLELJOB, "run", str(job), "--output", str(output), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    resume = [r for r in records if r["event"] == "resume"][-1]
+    assert (resume["step"], resume["saved_layout"], resume["layout"]) == (3, "PP2xTP1xDP1", "PP1xTP2xDP1")
+    assert sorted(metrics(output)) == [1, 2, 3, 4, 5]
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["succeeded"] and summary["steps_done"] == 5

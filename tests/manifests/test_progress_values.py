@@ -63,6 +63,21 @@ CASES = {
         {"step": "5", "mfu": "1.7", "stepSeconds": "-1", "modeledStepSeconds": "2"},
         {"progress": {"step": 5, "totalSteps": TOTAL, "modeledStepSeconds": 2.0}},
     ),
+    "resumed-at-another-layout": (
+        {"step": "11", "resumedFromLayout": "PP2xTP2xDP2", "resumedAtLayout": "PP1xTP4xDP2"},
+        {
+            "progress": {
+                "step": 11,
+                "totalSteps": TOTAL,
+                "resumedFromLayout": "PP2xTP2xDP2",
+                "resumedAtLayout": "PP1xTP4xDP2",
+            }
+        },
+    ),
+    "resumed-layout-not-a-layout": (
+        {"step": "11", "resumedFromLayout": "PP2xTP2xDP2", "resumedAtLayout": "<b>PP1</b>"},
+        {"progress": {"step": 11, "totalSteps": TOTAL}},
+    ),
 }
 
 

@@ -173,3 +173,38 @@ def test_a_not_ready_nodes_pod_is_replaced_without_waiting_out_its_grace_period(
     assert new["metadata"]["labels"]["paralleljob.io/node"] == spare
     created = datetime.datetime.fromisoformat(new["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
     assert created < deadline, (created, deadline)
+
+
+def test_a_budget_job_with_allow_relayout_resumes_at_another_pipeline_x_tensor_and_grows_back(cluster, operator):
+    """Sixteen GPUs with data fixed at 4 (so the search chooses some PP x TP of 4); a node lost and no spare:
+    the gang restarts on fewer GPUs at the layout search's best layout for them, whose PP x TP differs, global
+    batch kept, and grows back to the chosen layout after its next checkpoint once a node returns."""
+    cluster.add_nodes(4)
+    doc = job_doc(parallelism={"nodes": 4, "data": 4}, failurePolicy={"backoffLimit": 1, "allowRelayout": True})
+    doc["spec"]["deepspeed"] = {"train_batch_size": 32}
+    cluster.apply(doc)
+    status = cluster.start_running(pods=4)
+    full = status["layout"]
+    pipeline, tensor, data = map(int, full.split("x"))
+    assert pipeline * tensor == 4 and data == 4
+    cluster.core.delete_node(status["placement"][1]["node"])
+    cluster.core.delete_namespaced_pod("gpt-1", "research", grace_period_seconds=0)
+    wait_for(lambda: "Relayout" in [e["reason"] for e in cluster.events()], timeout=45, what="the Relayout Event")
+    (event,) = [e for e in cluster.events() if e["reason"] == "Relayout"]
+    job_json = json.loads(cluster.core.read_namespaced_config_map("gpt-config", "research").data["job.json"])
+    smaller = job_json["plan"]["layout"]
+    new = f"{smaller['pipeline']}x{smaller['tensor']}x{smaller['data']}"
+    assert f"{full} does not fit on the nodes left" in event["message"] and f"resuming at {new}" in event["message"]
+    assert smaller["pipeline"] * smaller["tensor"] * smaller["data"] < 16
+    assert (smaller["pipeline"], smaller["tensor"]) != (pipeline, tensor)
+    assert job_json["deepspeed"]["train_batch_size"] == 32
+    status = cluster.start_running(pods=smaller["pipeline"] * smaller["tensor"] * smaller["data"] // 4)
+    assert status["layout"] == new and status["restarts"] == 1
+
+    report_checkpoint(cluster, 10)
+    cluster.add_nodes(1, start=10)
+    wait_for(lambda: "GrowBack" in [e["reason"] for e in cluster.events()], timeout=30, what="the GrowBack Event")
+    report_checkpoint(cluster, 20)
+    wait_for(lambda: len(cluster.pods()) == 4 and cluster.status().get("layout") == full, timeout=45, what="grown")
+    status = cluster.start_running(pods=4)
+    assert status["layout"] == full and status["restarts"] == 2

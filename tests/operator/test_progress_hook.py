@@ -59,6 +59,16 @@ def test_progress_and_checkpoints_reach_the_progress_config_map(cluster, reporte
     assert "progress" not in cluster.status()
 
 
+def test_a_resume_at_another_layout_reports_both_layouts(cluster, reporter):
+    record = {"event": "resume", "step": 10, "path": "/c/global_step10", "skipped": []}
+    reporter.on_checkpoint(record | {"saved_layout": "PP2xTP2xDP2", "layout": "PP1xTP4xDP2"})
+    reporter.on_step(step(11))
+    reporter.flush()
+    assert reporter.wait_sent(5)
+    found = progress.status_of({"data": reported(cluster)}, 100)["progress"]
+    assert (found["resumedFromLayout"], found["resumedAtLayout"]) == ("PP2xTP2xDP2", "PP1xTP4xDP2")
+
+
 def test_steps_are_rate_limited_and_the_last_one_is_flushed(cluster, reporter, apiserver):
     for n in range(1, 6):
         reporter.on_step(step(n))

@@ -7,6 +7,7 @@ import pytest
 
 from paralleljob.manifests import trainer_config
 from paralleljob.planning import shrink
+from paralleljob.planning.layout_space import Budget
 from tests.manifests.conftest import make_plan
 from tests.planning import clusters
 
@@ -75,3 +76,23 @@ spec:
     assert batch == [8, 2, 4]
     assert job_file["spec"]["parallelism"] == {"pipeline": 1, "tensor": 1, "data": 1}
     assert job_file["spec"]["model"] == full.resolved_spec()["model"]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "fixed", "gpus_per_node", "budgets"),
+    [
+        (8, {}, 2, [6, 4, 2]),  # four 2-GPU nodes: three, two, one left
+        (8, {}, 4, [4]),
+        (4, {}, 4, []),  # one node: nothing smaller
+        (12, {}, 8, [8]),  # a budget that is no whole number of nodes: the whole nodes below it
+        (8, {"tensor": 2, "data": 2}, 2, [6, 4, 2]),  # tensor stays fixed, data cannot
+        (8, {}, 0, []),
+    ],
+    ids=["four-nodes", "two-nodes", "one-node", "partial-node", "fixed-tensor-kept-data-dropped", "no-node-size"],
+)
+def test_relayout_budgets_are_whole_nodes_fewer_largest_first_keeping_fixed_sizes_but_data(
+    gpus, fixed, gpus_per_node, budgets
+) -> None:
+    found = shrink.relayout_budgets(Budget(gpus, fixed), gpus_per_node)
+    assert [budget.gpus for budget in found] == budgets
+    assert all(dict(budget.fixed) == {k: v for k, v in fixed.items() if k != "data"} for budget in found)

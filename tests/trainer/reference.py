@@ -154,22 +154,38 @@ def _optimizer(job: JobConfig, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), **params)
 
 
-def train_reference(job: JobConfig) -> dict[int, ReferenceStep]:
-    """Train the job's model in one process on whole global batches; per step its loss, grad norm and lr."""
+def _schedule(job: JobConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    training = job.training
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, training.warmup_steps, training.steps, training.min_lr_ratio)
+    )
+
+
+def train_reference(job: JobConfig, *, faulty_resume: tuple[int, str] | None = None) -> dict[int, ReferenceStep]:
+    """Train the job's model in one process on whole global batches; per step its loss, grad norm and lr.
+
+    `faulty_resume` (step, what) plays a resume after `step` that loses `what`: "optimizer" (fresh AdamW
+    moments and step, the schedule kept) or "data" (the batches start again from the first)."""
     torch.use_deterministic_algorithms(True)
     model = reference_model(job.model, job.training.seed)
     optimizer = _optimizer(job, model)
     training = job.training
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine(step, training.warmup_steps, training.steps, training.min_lr_ratio)
-    )
+    schedule = _schedule(job, optimizer)
     held_out = training.evaluation.held_out_fraction if training.evaluation else 0.0
     stream = data.open_stream(training.data, job.model.vocab_size, job.model.sequence_length, training.seed, held_out)
     eval_stream = data.open_eval_stream(training, job.model.vocab_size, job.model.sequence_length)
     clip = float(job.deepspeed["gradient_clipping"])
     steps: dict[int, ReferenceStep] = {}
+    resumed_at, lost = faulty_resume or (training.steps + 1, "")
     for step in range(1, training.steps + 1):
-        inputs, labels = stream.global_batch(step, slice(None), job.train_batch_size)
+        if step == resumed_at + 1 and lost == "optimizer":
+            optimizer = _optimizer(job, model)
+            schedule = _schedule(job, optimizer)
+            for _ in range(resumed_at):
+                optimizer.step()  # no gradients: only the schedule advances
+                schedule.step()
+        batch = step - resumed_at if step > resumed_at and lost == "data" else step
+        inputs, labels = stream.global_batch(batch, slice(None), job.train_batch_size)
         logits = model(inputs)
         loss = functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
         optimizer.zero_grad()

@@ -135,9 +135,11 @@ FOREIGN_OR_INCOMPATIBLE = {
         lambda: _another_job(harness.job_document(PP2, optimizer=SGD, steps=8)),
         "belongs to job default/trainer-test, not default/another-job",
     ),
-    "pipeline-2-to-1": (
-        lambda: harness.job_document(Layout(1, 1, 2), optimizer=SGD, steps=8),
-        "was saved with layout PP2xTP1xDP1 and this job is PP1xTP1xDP2: only data parallelism may change",
+    "zero-stage-0-to-1": (
+        lambda: harness.job_document(
+            Layout(1, 1, 2), optimizer=SGD, steps=8, deepspeed_extra={"zero_optimization": {"stage": 1}}
+        ),
+        "holds ZeRO stage 0 optimizer state and this job uses stage 1; keep zero_optimization.stage 0",
     ),
     "another-model": (
         lambda: harness.job_document(PP2, optimizer=SGD, steps=8, model={"hiddenSize": 128}),

@@ -16,10 +16,23 @@ ADAMW = {"type": "AdamW", "params": {"lr": 3e-3}}
 FOLDER = Path("/checkpoints/default/trainer-test/global_step6")
 
 
-def _job(data: int, *, precision: str = "fp32", zero: int = 0, uid: str = "uid-1", **extra: Any) -> JobConfig:
+def _job(
+    data: int,
+    *,
+    precision: str = "fp32",
+    zero: int = 0,
+    uid: str = "uid-1",
+    pipeline: int = 2,
+    tensor: int = 1,
+    **extra: Any,
+) -> JobConfig:
     deepspeed = {"zero_optimization": {"stage": zero}} if zero else None
     document = harness.job_document(
-        Layout(2, 1, data), optimizer=ADAMW, model={"precision": precision}, deepspeed_extra=deepspeed, **extra
+        Layout(pipeline, tensor, data),
+        optimizer=ADAMW,
+        model={"precision": precision},
+        deepspeed_extra=deepspeed,
+        **extra,
     )
     document["metadata"]["uid"] = uid
     return parse_job_config(document)
@@ -34,11 +47,13 @@ COMPATIBLE = {
     "recreated-under-the-same-name": (_job(2, uid="uid-1"), _job(2, uid="uid-2")),
     "dp-fp32-zero0": (_job(2), _job(1)),
     "dp-bf16-zero1": (_job(2, precision="bf16", zero=1), _job(1, precision="bf16", zero=1)),
+    "pp-and-tp-fp32-zero0": (_job(2), _job(2, pipeline=1, tensor=2)),
+    "pp-tp-and-dp-bf16-zero1": (_job(2, precision="bf16", zero=1), _job(4, precision="bf16", zero=1, pipeline=1)),
 }
 
 
 @pytest.mark.parametrize("case", list(COMPATIBLE))
-def test_a_job_resumes_a_checkpoint_of_the_same_model_and_pipeline_whatever_its_dp(case: str) -> None:
+def test_a_job_resumes_a_checkpoint_of_the_same_model_at_any_layout(case: str) -> None:
     saved, resuming = COMPATIBLE[case]
     assert manifest.incompatibility(_saved(saved), resuming, FOLDER, foreign_ok=False) is None
 
@@ -47,7 +62,12 @@ INCOMPATIBLE = {
     "dp-bf16-zero0": (
         _job(2, precision="bf16"),
         _job(1, precision="bf16"),
-        "saved at DP 2 with bf16 and ZeRO 0, whose optimizer state only DP 2 can read",
+        "saved at PP2xTP1xDP2 with bf16 and ZeRO 0, whose optimizer state only that layout can read",
+    ),
+    "tp-bf16-zero0": (
+        _job(2, precision="bf16"),
+        _job(2, precision="bf16", tensor=2),
+        "and this job is PP2xTP2xDP2; resume with the saved layout, or train with zero_optimization.stage 1",
     ),
     "zero-stage": (_job(2), _job(2, zero=1), "holds ZeRO stage 0 optimizer state and this job uses stage 1"),
     "train-batch": (_job(2), _job(2, train_batch_size=16), "train_batch_size 8 and this job uses 16"),

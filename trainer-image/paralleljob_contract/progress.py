@@ -33,6 +33,10 @@ NETWORK_MESSAGE = "networkMessage"
 # In-place restarts of the gang since its pods started (the supervisor's generation, a non-negative integer):
 # the operator counts each new one as a restart of the job.
 IN_PLACE_RESTARTS = "inPlaceRestarts"
+# The layout (PPpxTPtxDPd) of the checkpoint the current attempt resumed from, and the one it resumed at:
+# reported with each resume, so that a resume at another layout shows in status.progress.
+RESUMED_FROM_LAYOUT = "resumedFromLayout"
+RESUMED_AT_LAYOUT = "resumedAtLayout"
 # The operator's request for a checkpoint now, and rank 0's answer (the id served, once it is saved).
 CHECKPOINT_REQUEST = "checkpointRequest"
 CHECKPOINT_SERVED = "checkpointServed"

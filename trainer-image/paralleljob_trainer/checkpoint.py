@@ -22,7 +22,8 @@ only reads.
 A change of DP resumes: ZeRO 0 keeps one optimizer state per (stage, TP rank), which any DP reads; ZeRO 1
 state is saved in DeepSpeed's elastic form (`elastic_checkpoint`, set by the trainer), and loading merges the
 saved DP shards and cuts them for the new DP (DeepSpeed's engine refuses a different DP itself, so this
-module hands the saved shards to the optimizer directly).
+module hands the saved shards to the optimizer directly). A change of PP or TP is `paralleljob_trainer.recut`'s,
+which reuses `load_zero_shards` for ZeRO 1.
 """
 
 from __future__ import annotations
@@ -46,10 +47,10 @@ STAGING_PREFIX = ".tmp-"
 DAMAGED_PREFIX = ".damaged-"
 _TAG = re.compile(r"global_step(\d+)")
 # Keys of DeepSpeed's ZeRO 1/2 optimizer state_dict (deepspeed.checkpoint.constants).
-_OPTIMIZER_STATE_DICT = "optimizer_state_dict"
-_BASE_OPTIMIZER_STATE = "base_optimizer_state"
-_FP32_PARTITIONS = "single_partition_of_fp32_groups"
-_BASE_OPTIMIZER_STATE_STEP = "base_optimizer_state_step"
+OPTIMIZER_STATE_DICT = "optimizer_state_dict"
+BASE_OPTIMIZER_STATE = "base_optimizer_state"
+FP32_PARTITIONS = "single_partition_of_fp32_groups"
+BASE_OPTIMIZER_STATE_STEP = "base_optimizer_state_step"
 
 
 class CheckpointError(RuntimeError):
@@ -134,7 +135,10 @@ def save(engine: Any, job: JobConfig, root: Path, step: int) -> Saved:
     engine.checkpoint_engine = guard
     engine._copy_recovery_script = guard.guard(engine._copy_recovery_script)
     try:
-        engine.save_checkpoint(str(root), tag=staging.name, client_state={"step": step}, save_latest=False)
+        # The parameter names let a resume at another PP or TP find each tensor's optimizer state (`recut`).
+        names = [name for name, _ in engine.module.named_parameters()]
+        client_state = {"step": step, "param_names": names}
+        engine.save_checkpoint(str(root), tag=staging.name, client_state=client_state, save_latest=False)
     finally:
         engine.checkpoint_engine = guard.inner
         del engine._copy_recovery_script
@@ -294,16 +298,21 @@ def load(engine: Any, job: JobConfig, chosen: Chosen) -> int:
 def _load_zero_shards_for_new_dp(engine: Any, chosen: Chosen) -> None:
     """Every saved DP shard of this rank's (stage, TP rank), merged and re-cut for this DP by the optimizer."""
     names = engine._get_all_zero_checkpoint_names(str(chosen.root), chosen.tag, engine.bfloat16_enabled())
-    shards = [engine.checkpoint_engine.load(name, map_location="cpu")[_OPTIMIZER_STATE_DICT] for name in names]
-    if isinstance(shards[0][_BASE_OPTIMIZER_STATE], dict):
+    shards = [engine.checkpoint_engine.load(name, map_location="cpu")[OPTIMIZER_STATE_DICT] for name in names]
+    if isinstance(shards[0][BASE_OPTIMIZER_STATE], dict):
         raise CheckpointError(
             f"checkpoint {chosen.folder} holds ZeRO optimizer state for DP {len(shards)} only (not saved in elastic "
             f"form); resume it with data parallel {len(shards)}"
         )
+    load_zero_shards(engine, shards)
+
+
+def load_zero_shards(engine: Any, shards: list[dict[str, Any]]) -> None:
+    """Elastic ZeRO shards of this rank's (stage, TP rank), merged and cut for this DP by the optimizer."""
     for shard in shards:
         # DeepSpeed records the step of the elastic state only when the optimizer keeps it in its param
         # groups (its own Adam); torch's optimizers keep it per parameter, in the state that is restored anyway.
-        shard.setdefault(_BASE_OPTIMIZER_STATE_STEP, _per_parameter_step(shard))
+        shard.setdefault(BASE_OPTIMIZER_STATE_STEP, _per_parameter_step(shard))
     # The optimizer reads the shard at this rank's DP index: a larger DP appends empty shards, which the merge
     # (a concatenation of the unpadded shards) ignores.
     data_parallel = dist.get_world_size(group=engine.optimizer.dp_process_group)
@@ -311,10 +320,10 @@ def _load_zero_shards_for_new_dp(engine: Any, chosen: Chosen) -> None:
     engine.optimizer.load_state_dict(
         state_dict_list=shards, load_optimizer_states=True, load_from_fp32_weights=engine.zero_load_from_fp32_weights()
     )
-    _learning_rate_from_scheduler(engine)
+    learning_rate_from_scheduler(engine)
 
 
-def _learning_rate_from_scheduler(engine: Any) -> None:
+def learning_rate_from_scheduler(engine: Any) -> None:
     """The optimizer's learning rate as the restored schedule has it: the elastic state holds no param groups,
     so the optimizer would keep the rate of step 1 until the schedule next steps."""
     scheduler = getattr(engine, "lr_scheduler", None)
@@ -324,20 +333,20 @@ def _learning_rate_from_scheduler(engine: Any) -> None:
 
 
 def _per_parameter_step(shard: dict[str, Any]) -> Any:
-    step = (shard[_BASE_OPTIMIZER_STATE][0] or {}).get("step")
+    step = (shard[BASE_OPTIMIZER_STATE][0] or {}).get("step")
     return float(step) if step is not None else None
 
 
 def _empty_shard(shard: dict[str, Any]) -> dict[str, Any]:
     """`shard` with every partitioned tensor (fp32 weights and per-element optimizer state) empty."""
-    partitions = shard[_FP32_PARTITIONS]
+    partitions = shard[FP32_PARTITIONS]
     empty = dict(shard)
-    empty[_FP32_PARTITIONS] = [partition.new_empty(0) for partition in partitions]
-    empty[_BASE_OPTIMIZER_STATE] = [
+    empty[FP32_PARTITIONS] = [partition.new_empty(0) for partition in partitions]
+    empty[BASE_OPTIMIZER_STATE] = [
         {
             key: value.new_empty(0) if hasattr(value, "shape") and value.shape == partitions[group].shape else value
             for key, value in state.items()
         }
-        for group, state in enumerate(shard[_BASE_OPTIMIZER_STATE])
+        for group, state in enumerate(shard[BASE_OPTIMIZER_STATE])
     ]
     return empty

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from paralleljob_trainer import checkpoint, manifest, storage
+from paralleljob_trainer import checkpoint, cuts, manifest, storage
 from paralleljob_trainer.llama import RMS_NORM_EPS
 
 Shards = list[dict[str, torch.Tensor]]
@@ -71,82 +71,68 @@ def _layer_shards(folder: Path, layer: int, tensor: int) -> Shards:
     return shards
 
 
-def _rows(shards: Shards, key: str) -> torch.Tensor:
-    return torch.cat([shard[key] for shard in shards], dim=0)
+def _merger(model: dict[str, Any], tensor: int) -> Callable[[Shards, str], torch.Tensor]:
+    """`take(shards, key)`: the whole tensor `key` of one layer from its TP slices, cut as `cuts` says."""
 
+    def take(shards: Shards, key: str) -> torch.Tensor:
+        cut = cuts.cut_of(model, key, tensor)
+        return cuts.merge(cut, [shard[key] for shard in shards], model["vocab_size"])
 
-def _cols(shards: Shards, key: str) -> torch.Tensor:
-    return torch.cat([shard[key] for shard in shards], dim=1)
-
-
-def _whole(shards: Shards, key: str) -> torch.Tensor:
-    return shards[0][key]
-
-
-def _vocab(shards: Shards, key: str, vocab: int) -> torch.Tensor:
-    return _rows(shards, key)[:vocab]
-
-
-def _grouped_qkv(shards: Shards, key: str) -> torch.Tensor:
-    """GPT's QKV: each TP rank holds (q_r, k_r, v_r); the unsharded order is q (all heads), k, v."""
-    parts = [shard[key].chunk(3, dim=0) for shard in shards]
-    return torch.cat([torch.cat([part[which] for part in parts], dim=0) for which in range(3)], dim=0)
+    return take
 
 
 def _llama_tensors(model: dict[str, Any], load: Callable[[int], Shards], tensor: int) -> dict[str, torch.Tensor]:
-    layers, vocab = model["layers"], model["vocab_size"]
-    kv = model["kv_heads"] or model["attention_heads"]
-    key_value = _rows if kv % tensor == 0 else _whole
-    out = {"model.embed_tokens.weight": _vocab(load(0), "tokens.weight", vocab)}
+    layers, take = model["layers"], _merger(model, tensor)
+    out = {"model.embed_tokens.weight": take(load(0), "tokens.weight")}
     for layer in range(1, layers + 1):
         shards, name = load(layer), f"model.layers.{layer - 1}"
         out |= {
-            f"{name}.input_layernorm.weight": _whole(shards, "attn_norm.weight"),
-            f"{name}.self_attn.q_proj.weight": _rows(shards, "q.weight"),
-            f"{name}.self_attn.k_proj.weight": key_value(shards, "k.weight"),
-            f"{name}.self_attn.v_proj.weight": key_value(shards, "v.weight"),
-            f"{name}.self_attn.o_proj.weight": _cols(shards, "o.weight"),
-            f"{name}.post_attention_layernorm.weight": _whole(shards, "mlp_norm.weight"),
-            f"{name}.mlp.gate_proj.weight": _rows(shards, "gate.weight"),
-            f"{name}.mlp.up_proj.weight": _rows(shards, "up.weight"),
-            f"{name}.mlp.down_proj.weight": _cols(shards, "down.weight"),
+            f"{name}.input_layernorm.weight": take(shards, "attn_norm.weight"),
+            f"{name}.self_attn.q_proj.weight": take(shards, "q.weight"),
+            f"{name}.self_attn.k_proj.weight": take(shards, "k.weight"),
+            f"{name}.self_attn.v_proj.weight": take(shards, "v.weight"),
+            f"{name}.self_attn.o_proj.weight": take(shards, "o.weight"),
+            f"{name}.post_attention_layernorm.weight": take(shards, "mlp_norm.weight"),
+            f"{name}.mlp.gate_proj.weight": take(shards, "gate.weight"),
+            f"{name}.mlp.up_proj.weight": take(shards, "up.weight"),
+            f"{name}.mlp.down_proj.weight": take(shards, "down.weight"),
         }
     head = load(layers + 1)  # the final norm and untied head; with tied embeddings the final norm alone
-    out["model.norm.weight"] = _whole(head, "norm.weight")
+    out["model.norm.weight"] = take(head, "norm.weight")
     if not model["tie_embeddings"]:
-        out["lm_head.weight"] = _vocab(head, "lm_head.weight", vocab)
+        out["lm_head.weight"] = take(head, "lm_head.weight")
     return out
 
 
-def _gpt_tensors(model: dict[str, Any], load: Callable[[int], Shards]) -> dict[str, torch.Tensor]:
+def _gpt_tensors(model: dict[str, Any], load: Callable[[int], Shards], tensor: int) -> dict[str, torch.Tensor]:
     """GPT-2's names; its Conv1D layers keep weights as [in, out], the transpose of a Linear's."""
-    layers, vocab = model["layers"], model["vocab_size"]
+    layers, take = model["layers"], _merger(model, tensor)
     embedding = load(0)
     out = {
-        "transformer.wte.weight": _vocab(embedding, "tokens.weight", vocab),
-        "transformer.wpe.weight": _whole(embedding, "positions.weight"),
+        "transformer.wte.weight": take(embedding, "tokens.weight"),
+        "transformer.wpe.weight": take(embedding, "positions.weight"),
     }
     for layer in range(1, layers + 1):
         shards, name = load(layer), f"transformer.h.{layer - 1}"
         out |= {
-            f"{name}.ln_1.weight": _whole(shards, "ln1.weight"),
-            f"{name}.ln_1.bias": _whole(shards, "ln1.bias"),
-            f"{name}.attn.c_attn.weight": _grouped_qkv(shards, "qkv.weight").T,
-            f"{name}.attn.c_attn.bias": _grouped_qkv(shards, "qkv.bias"),
-            f"{name}.attn.c_proj.weight": _cols(shards, "attn_out.weight").T,
-            f"{name}.attn.c_proj.bias": _whole(shards, "attn_out.bias"),
-            f"{name}.ln_2.weight": _whole(shards, "ln2.weight"),
-            f"{name}.ln_2.bias": _whole(shards, "ln2.bias"),
-            f"{name}.mlp.c_fc.weight": _rows(shards, "mlp_up.weight").T,
-            f"{name}.mlp.c_fc.bias": _rows(shards, "mlp_up.bias"),
-            f"{name}.mlp.c_proj.weight": _cols(shards, "mlp_down.weight").T,
-            f"{name}.mlp.c_proj.bias": _whole(shards, "mlp_down.bias"),
+            f"{name}.ln_1.weight": take(shards, "ln1.weight"),
+            f"{name}.ln_1.bias": take(shards, "ln1.bias"),
+            f"{name}.attn.c_attn.weight": take(shards, "qkv.weight").T,
+            f"{name}.attn.c_attn.bias": take(shards, "qkv.bias"),
+            f"{name}.attn.c_proj.weight": take(shards, "attn_out.weight").T,
+            f"{name}.attn.c_proj.bias": take(shards, "attn_out.bias"),
+            f"{name}.ln_2.weight": take(shards, "ln2.weight"),
+            f"{name}.ln_2.bias": take(shards, "ln2.bias"),
+            f"{name}.mlp.c_fc.weight": take(shards, "mlp_up.weight").T,
+            f"{name}.mlp.c_fc.bias": take(shards, "mlp_up.bias"),
+            f"{name}.mlp.c_proj.weight": take(shards, "mlp_down.weight").T,
+            f"{name}.mlp.c_proj.bias": take(shards, "mlp_down.bias"),
         }
     head = load(layers + 1)
     out |= {
-        "transformer.ln_f.weight": _whole(head, "ln_f.weight"),
-        "transformer.ln_f.bias": _whole(head, "ln_f.bias"),
-        "lm_head.weight": _vocab(head, "lm_head.weight", vocab),
+        "transformer.ln_f.weight": take(head, "ln_f.weight"),
+        "transformer.ln_f.bias": take(head, "ln_f.bias"),
+        "lm_head.weight": take(head, "lm_head.weight"),
     }
     return out
 
@@ -213,7 +199,7 @@ def merged_tensors(model: dict[str, Any], load: Callable[[int], Shards], tensor:
     dict of pipeline layer `layer` (0 the embedding, 1..l the blocks, l+1 the head or final norm)."""
     if model.get("architecture", "gpt") == "llama":
         return _llama_tensors(model, load, tensor)
-    return _gpt_tensors(model, load)
+    return _gpt_tensors(model, load, tensor)
 
 
 def write_folder(tensors: dict[str, torch.Tensor], model: dict[str, Any], output: Path) -> None:

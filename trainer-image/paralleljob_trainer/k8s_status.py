@@ -97,6 +97,9 @@ class ProgressReporter:
         patch = {channel.LAST_CHECKPOINT_STEP: str(int(record.get("step", 0))), channel.LAST_CHECKPOINT_TIME: _now()}
         if record.get("request"):
             patch[channel.CHECKPOINT_SERVED] = str(record["request"])
+        if record.get("event") == "resume" and record.get("saved_layout") and record.get("layout"):
+            patch[channel.RESUMED_FROM_LAYOUT] = str(record["saved_layout"])
+            patch[channel.RESUMED_AT_LAYOUT] = str(record["layout"])
         if self.pending is not None:
             patch.update(self.pending)
             self.pending = None

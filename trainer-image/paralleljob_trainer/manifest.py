@@ -7,9 +7,9 @@ see `paralleljob_trainer.data`), the data-parallel size it was saved with, and e
 sha256. A folder without a manifest is not a checkpoint (an interrupted save).
 
 `incompatibility` compares a manifest with the job about to resume and names the first difference in one line.
-A change of DP is compatible (see `paralleljob_trainer.checkpoint`) except at ZeRO 0 in bf16/fp16, where
-DeepSpeed's mixed-precision optimizer shards its fp32 state over DP; a change of PP or TP is not: this
-trainer's checkpoints hold per-stage layer files and per-TP-rank slices that DeepSpeed cannot re-cut.
+A change of layout is compatible (DP: `paralleljob_trainer.checkpoint`; PP or TP: `paralleljob_trainer.recut`,
+which merges the saved slices and cuts them again) except at ZeRO 0 in bf16/fp16, where DeepSpeed's
+mixed-precision optimizer keeps its fp32 state flat and sharded over DP, in a form nothing can re-cut.
 """
 
 from __future__ import annotations
@@ -109,18 +109,12 @@ def incompatibility(manifest: Mapping[str, Any], job: JobConfig, folder: Path, *
         differences = ", ".join(f"{key} {saved_model.get(key)} -> {model[key]}" for key in changed)
         return f"checkpoint {folder} is of another model ({differences}); spec.model must match the checkpoint's"
     saved_layout, layout = manifest.get("layout") or {}, _layout(job.plan.layout)
-    if (saved_layout.get("pipeline"), saved_layout.get("tensor")) != (layout["pipeline"], layout["tensor"]):
-        return (
-            f"checkpoint {folder} was saved with layout {layout_name(saved_layout)} and this job is "
-            f"{layout_name(layout)}: only data parallelism may change on resume; keep pipeline "
-            f"{saved_layout.get('pipeline')} and tensor {saved_layout.get('tensor')}"
-        )
-    if saved_layout.get("data") != layout["data"] and not job.zero_stage and job.model.precision != "fp32":
+    if saved_layout != layout and not job.zero_stage and job.model.precision != "fp32":
         # DeepSpeed's bf16/fp16 optimizer at ZeRO 0 shards its fp32 state over DP, with no elastic form to re-cut.
         return (
-            f"checkpoint {folder} was saved at DP {saved_layout.get('data')} with {job.model.precision} and ZeRO 0, "
-            f"whose optimizer state only DP {saved_layout.get('data')} can read; resume with data parallel "
-            f"{saved_layout.get('data')}, or train with zero_optimization.stage 1 to change DP later"
+            f"checkpoint {folder} was saved at {layout_name(saved_layout)} with {job.model.precision} and ZeRO 0, "
+            f"whose optimizer state only that layout can read and this job is {layout_name(layout)}; resume with "
+            "the saved layout, or train with zero_optimization.stage 1 to change the layout later"
         )
     if manifest.get("zeroStage") != job.zero_stage:
         return (

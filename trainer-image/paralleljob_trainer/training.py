@@ -32,10 +32,12 @@ from paralleljob_trainer import (
     data,
     evaluation,
     export,
+    manifest,
     metrics,
     nccl_log,
     optimization,
     preflight,
+    recut,
     storage,
 )
 from paralleljob_trainer.hooks import HookCaller, ProgressHook
@@ -199,11 +201,12 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
         progress = _Progress(start_step=0, network=network_record, requests=requests)
         if chosen is not None:
             started = time.perf_counter()
-            start_step = checkpoint.load(engine, job, chosen)
+            load = recut.load if recut.changes_pipeline_or_tensor(chosen.manifest, job) else checkpoint.load
+            start_step = load(engine, job, chosen)
             heartbeat.beat()
             progress = dataclasses.replace(progress, start_step=start_step, last_checkpoint_step=chosen.step)
             timings = {"verify_s": verify_seconds, "load_s": time.perf_counter() - started}
-            writer.write(_resume_record(chosen) | timings, hook_method="on_checkpoint")
+            writer.write(_resume_record(chosen, job) | timings, hook_method="on_checkpoint")
         for step in range(progress.start_step + 1, job.training.steps + 1):
             _train_one_step(job, options, engine, (stream, eval_stream), coords, step, writer, progress)
         _export_final_checkpoint(job, options, writer)
@@ -239,8 +242,9 @@ def check_storage(job: JobConfig, options: RunOptions, rank: int) -> None:
         storage.check_readable(options.resume_from)
 
 
-def _resume_record(chosen: checkpoint.Chosen) -> dict[str, Any]:
-    """The `resume` line: which checkpoint a run starts from, and which newer ones it skipped and why."""
+def _resume_record(chosen: checkpoint.Chosen, job: JobConfig) -> dict[str, Any]:
+    """The `resume` line: which checkpoint a run starts from, the layouts it was saved at and resumes at, and
+    which newer ones it skipped and why."""
     if chosen.skipped:
         skipped = "; ".join(chosen.skipped)
         metrics.log_to_stderr(f"skipped checkpoints {skipped}; resuming from {chosen.folder}")
@@ -250,6 +254,8 @@ def _resume_record(chosen: checkpoint.Chosen) -> dict[str, Any]:
         "path": str(chosen.folder),
         "samples": chosen.manifest.get("samples"),
         "skipped": list(chosen.skipped),
+        "saved_layout": manifest.layout_name(chosen.manifest["layout"]),
+        "layout": manifest.layout_name(dataclasses.asdict(job.plan.layout)),
     }
 
 

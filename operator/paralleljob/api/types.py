@@ -151,6 +151,15 @@ class FailurePolicy:
         minimum=1,
         json_name="slowerThanModeledFactor",
     )
+    allow_relayout: bool = api_field(
+        "For a job whose size is a budget (parallelism.gpus or nodes): when a node is lost and no spare is left "
+        "(and the DP shrink, if allowed, finds no smaller DP that places), resume at the best layout the planner "
+        "finds for the GPUs left, pipeline and tensor included, keeping the global batch; the trainer re-cuts the "
+        "checkpoint. The job grows back to its chosen layout at its next checkpoint once that fits again. "
+        "Ignored for a job with fixed sizes (use allowDataShrink). Default: false.",
+        default=False,
+        json_name="allowRelayout",
+    )
     in_place_restarts: int = api_field(
         "Restarts of the gang inside the pods it has, when a rank fails and no pod is lost: every pod's "
         "supervisor stops its ranks and starts them again from the latest checkpoint; no pod is deleted or "

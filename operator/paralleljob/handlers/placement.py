@@ -84,9 +84,11 @@ def choose_layout(
     usage: Mapping[str, NodeUsage],
     reservations: Sequence[Reservation],
     builder: ClusterBuilder | None = None,
+    budget: layout_search.Budget | None = None,
 ) -> LayoutFound:
-    """The layout search (`planning.layout_search`) on the watched cluster, for the budget the job gives."""
-    budget = layout_search.budget_of(template)
+    """The layout search (`planning.layout_search`) on the watched cluster, for the budget the job gives (or
+    `budget`: the re-plan's smaller one)."""
+    budget = budget or layout_search.budget_of(template)
     assert budget is not None  # only jobs that give a budget come here
     cluster = (builder or ClusterBuilder()).build(nodes.infos, usage, reservations)
     outcome = layout_search.choose_layout(template, cluster, budget)

@@ -36,6 +36,7 @@ MAX_MESSAGE_LENGTH = 512
 STEP_OVER_MODELED = "stepOverModeled"
 REASON = re.compile(r"^[A-Z][A-Za-z]{0,31}$")
 VERDICTS = ("True", "False", "Unknown")
+LAYOUT = re.compile(r"^PP\d{1,5}xTP\d{1,5}xDP\d{1,6}$")
 TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
 
 
@@ -97,6 +98,7 @@ def status_of(config_map: Mapping[str, Any], total_steps: int) -> dict[str, Any]
         if updated is not None and TIMESTAMP.match(updated):
             progress["updated"] = updated
         progress.update(efficiency_of(data))
+        progress |= _resumed_layouts(data)
         found["progress"] = progress
     checkpoint = _count(data, channel.LAST_CHECKPOINT_STEP, total_steps)
     if checkpoint is not None:
@@ -127,6 +129,14 @@ def efficiency_of(data: Mapping[str, Any]) -> dict[str, float]:
     if measured is not None and modeled is not None:
         found[STEP_OVER_MODELED] = float(f"{measured / modeled:.4g}")
     return found
+
+
+def _resumed_layouts(data: Mapping[str, Any]) -> dict[str, str]:
+    """The layouts of the last resume (saved at, resumed at), when both are valid layout names."""
+    saved, resumed = _text(data, channel.RESUMED_FROM_LAYOUT), _text(data, channel.RESUMED_AT_LAYOUT)
+    if saved is None or resumed is None or not LAYOUT.match(saved) or not LAYOUT.match(resumed):
+        return {}
+    return {"resumedFromLayout": saved, "resumedAtLayout": resumed}
 
 
 def in_place_restarts_of(config_map: Mapping[str, Any], since: str | None, budget: int) -> int | None:

@@ -8,6 +8,10 @@ tried largest first, down to spec.failurePolicy.minData (1 by default), skipping
 gpusPerNode does not divide; the first that places wins, so a job loses no more replicas than the free nodes
 require. The operator grows the job back at its next checkpoint once the full size fits again. Called by the
 operator's admission; pure.
+
+The re-plan (spec.failurePolicy.allowRelayout) goes further for a job whose size is a budget: `relayout_budgets`
+gives the smaller budgets to search a layout for (whole nodes fewer, largest first), and the layout search
+(`planning.layout_search`) picks pipeline, tensor and data for each on the nodes left, keeping the global batch.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Iterator
 from paralleljob.api import ResolvedJob
 from paralleljob.api.sections.deepspeed import zero_stage
 from paralleljob.api.sections.recovery import min_data_of
-from paralleljob.planning.layout_space import Variant, variant_job
+from paralleljob.planning.layout_space import Budget, Variant, variant_job
 
 
 def shrunk_sizes(job: ResolvedJob) -> list[int]:
@@ -44,3 +48,14 @@ def shrunk_job(job: ResolvedJob, data: int) -> ResolvedJob | None:
     variant = Variant(job.pipeline, job.tensor, data, batch.micro_batch, accumulation, recompute, zero_stage(job.spec))
     shrunk, problems = variant_job(job, variant)
     return None if problems else shrunk
+
+
+def relayout_budgets(full: Budget, gpus_per_node: int) -> list[Budget]:
+    """The budgets a job of budget `full` on nodes of `gpus_per_node` GPUs may resume at after losing nodes:
+    one node fewer, two fewer, ... down to one node, largest first. The sizes the user fixed stay, except data,
+    which a smaller budget cannot keep."""
+    if gpus_per_node < 1:
+        return []
+    fixed = {axis: size for axis, size in full.fixed.items() if axis != "data"}
+    nodes = (full.gpus - 1) // gpus_per_node  # whole nodes strictly below the full budget
+    return [Budget(count * gpus_per_node, fixed) for count in range(nodes, 0, -1)]

@@ -75,6 +75,13 @@ class Progress:
         default=None,
         json_name="stepOverModeled",
     )
+    resumed_from_layout: str | None = api_field(
+        "Layout (PPpxTPtxDPd) the checkpoint this attempt resumed from was saved at.", default=None
+    )
+    resumed_at_layout: str | None = api_field(
+        "Layout this attempt resumed at; it differs from resumedFromLayout when the checkpoint was re-cut.",
+        default=None,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,8 +15,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from paralleljob import planning
-from paralleljob.api import ResolvedJob
+from paralleljob.api import ResolvedJob, validate_document
 from paralleljob.api import types as api_types
+from paralleljob.api.sections.deepspeed import zero_stage
+from paralleljob.api.validation import validate_job
 from paralleljob.handlers import failures, gang, placement
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.nodes import NodeSnapshot
@@ -33,7 +35,7 @@ from paralleljob.handlers.passes import (
 from paralleljob.k8s import reads, writes
 from paralleljob.manifests import children as child_objects
 from paralleljob.manifests import labels, records
-from paralleljob.planning import shrink
+from paralleljob.planning import layout_search, shrink
 from paralleljob.planning.inventory import ClusterBuilder
 from paralleljob.planning.usage import NodeUsage
 
@@ -147,6 +149,8 @@ def admit(p: Pass, resolved: ResolvedJob, view: ClusterView, choice: Mapping[str
         outcome = placement.plan(resolved, view.nodes, view.usage, view.held, p.excluded, view.builder)
         if outcome.plan is None and (shrunk := _shrunk(p, resolved, view, outcome.reason)) is not None:
             resolved, outcome = shrunk
+        elif outcome.plan is None and (replanned := _relayout(p, resolved, view, outcome.reason)) is not None:
+            resolved, outcome = replanned
     except Exception as error:
         raise failures.PlanningFailed(str(error)) from error
     m.PLANNING.observe(outcome.seconds)
@@ -216,6 +220,51 @@ def _shrunk(
             )
             return smaller, found
     return None
+
+
+def _relayout(
+    p: Pass, resolved: ResolvedJob, view: ClusterView, reason: str
+) -> tuple[ResolvedJob, placement.Outcome] | None:
+    """spec.failurePolicy.allowRelayout: a restarting budget job that no longer fits resumes at the best layout
+    the planner finds for fewer whole nodes (`planning.shrink.relayout_budgets`, largest first), pipeline and
+    tensor included, the global batch kept; the trainer re-cuts the checkpoint. None when it may not or none
+    places. It grows back to its chosen layout at its next checkpoint once that fits (`steps.replacement`)."""
+    template = validate_document(p.job).resolved
+    if p.attempt == 0 or template is None or template.budget is None:
+        return None
+    if not template.spec.failure_policy.allow_relayout or p.record is None:
+        return None
+    stage = zero_stage(resolved.spec)
+    if stage == 0 and resolved.spec.model.precision != "fp32":
+        return None  # the trainer cannot re-cut bf16/fp16 optimizer state saved at ZeRO 0 (docs/trainer.md)
+    template = _with_zero_stage(template, stage)  # the checkpoint's optimizer state is of this stage
+    full = layout_search.budget_of(template)
+    assert full is not None
+    for budget in shrink.relayout_budgets(full, p.record.gpus_per_node):
+        chosen = placement.choose_layout(template, view.nodes, view.usage, view.held, view.builder, budget)
+        if chosen.job is None:
+            continue
+        found = placement.plan(chosen.job, view.nodes, view.usage, view.held, p.excluded, view.builder)
+        if found.plan is not None:
+            p.event(
+                "Warning",
+                "Relayout",
+                f"{resolved.layout} does not fit on the nodes left ({reason}); resuming at {chosen.job.layout} "
+                f"(PP x TP x DP) on {budget.gpus} GPUs, the planner's best layout for them, global batch "
+                f"{chosen.job.batch.train_batch_size} kept; the checkpoint is re-cut, and the job grows back to "
+                f"{resolved.layout} at a checkpoint once it fits",
+            )
+            return chosen.job, found
+    return None
+
+
+def _with_zero_stage(template: ResolvedJob, stage: int) -> ResolvedJob:
+    """The budget job with its ZeRO stage pinned, so that the layout search keeps it."""
+    deepspeed = dict(template.spec.deepspeed or {})
+    zero = deepspeed.get("zero_optimization")
+    deepspeed["zero_optimization"] = {**(zero if isinstance(zero, dict) else {}), "stage": stage}
+    spec = dataclasses.replace(template.spec, deepspeed=deepspeed)
+    return validate_job(dataclasses.replace(template.job, spec=spec)).resolved or template
 
 
 def _write_attempt(p: Pass, previous: Mapping[str, Any] | None, config_map: Mapping[str, Any]) -> None:

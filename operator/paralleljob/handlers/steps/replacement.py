@@ -256,16 +256,15 @@ def top_up(p: Pass, resolved: ResolvedJob, cluster: Cluster, held: Sequence[Rese
 
 
 def shrunk(p: Pass, pinned: ResolvedJob, current: ResolvedJob | None) -> bool:
-    """Whether the live attempt runs at a smaller DP than the spec asks (allowDataShrink) and has not yet seen
-    its full size fit again."""
+    """Whether the live attempt runs smaller than the spec asks, at a smaller DP (allowDataShrink) or on fewer
+    GPUs at another layout (allowRelayout), and has not yet seen its full size fit again."""
     live = p.live
-    return (
-        live is not None
-        and current is not None
-        and live.grow_after is None
-        and current.spec.failure_policy.allow_data_shrink
-        and pinned.data < current.data
-    )
+    if live is None or current is None or live.grow_after is not None:
+        return False
+    policy = current.spec.failure_policy
+    smaller_dp = policy.allow_data_shrink and pinned.data < current.data
+    fewer_gpus = policy.allow_relayout and pinned.world_size < current.world_size
+    return smaller_dp or fewer_gpus
 
 
 def grow_when_fits(
