@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from paralleljob_contract import hf_config
 from paralleljob_contract import model as model_math
 from paralleljob_contract.errors import ContractError
 from paralleljob_contract.layout import AXES, Layout, axis_order_of
-from paralleljob_contract.model import ModelShape, default_ffn_hidden_size
+from paralleljob_contract.model import ModelShape, RopeScaling, default_ffn_hidden_size
 
 # The schema version this package writes and reads; a reader refuses any other.
 VERSION = 1
@@ -71,6 +72,10 @@ class ModelConfig:
     kv_heads: int | None = None
     rope_theta: float = DEFAULT_ROPE_THETA
     tie_embeddings: bool = False
+    # From a pretrained folder's config.json (`hf_config`). activation: gpt's gelu, or GPT-2's tanh gelu_new.
+    norm_eps: float = 1e-5
+    rope_scaling: RopeScaling | None = None
+    activation: str = "gelu"
 
     @property
     def head_dim(self) -> int:
@@ -162,6 +167,7 @@ class JobConfig:
     sequence_parallel: bool = False
     # spec.checkpoint.export: a format the trainer exports the final checkpoint to (None: no export).
     export: str | None = None
+    pretrained: Path | None = None  # spec.model.pretrained.path: a Hugging Face folder (None: random weights)
 
     @property
     def train_batch_size(self) -> int:
@@ -226,7 +232,8 @@ def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
     spec = _section(document, "spec")
     metadata = document.get("metadata") or {}
     plan = parse_plan(_section(document, "plan"))
-    model = _parse_model(_section(spec, "model", "spec.model"))
+    model_section = _section(spec, "model", "spec.model")
+    model, pretrained = hf_config.applied(_parse_model(model_section), model_section)
     training = _parse_training(_section(spec, "training", "spec.training"))
     checkpoint = spec.get("checkpoint") or {}
     export = checkpoint.get("export")
@@ -246,6 +253,7 @@ def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
         plan=plan,
         sequence_parallel=_bool(spec.get("parallelism") or {}, "sequenceParallel", "spec.parallelism"),
         export=export,
+        pretrained=pretrained,
     )
     _check_layout_fits_model(job)
     _check_architecture(job)

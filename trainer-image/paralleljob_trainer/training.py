@@ -26,7 +26,17 @@ from paralleljob_contract.environment import Launch, PodEnvironment
 from paralleljob_contract.jobfile import JobConfig
 from paralleljob_contract.layout import Coord
 from paralleljob_contract.model import training_flops
-from paralleljob_trainer import checkpoint, data, export, metrics, nccl_log, optimization, preflight, storage
+from paralleljob_trainer import (
+    checkpoint,
+    data,
+    export,
+    metrics,
+    nccl_log,
+    optimization,
+    preflight,
+    pretrained,
+    storage,
+)
 from paralleljob_trainer.hooks import HookCaller, ProgressHook
 from paralleljob_trainer.model import build_pipeline
 from paralleljob_trainer.topology import build_topology, check_launch_matches, check_plan_matches, coords_of
@@ -132,9 +142,10 @@ def deepspeed_config(job: JobConfig) -> tuple[dict[str, Any], dict[str, Any] | N
     return config, optimizer_section
 
 
-def build_engine(job: JobConfig, topology: ProcessTopology) -> Any:
-    """DeepSpeed's pipeline engine over the GPT; the process groups, TP's included, are DeepSpeed's grid's."""
-    module = build_pipeline(job.model, job.training.seed, topology, job.sequence_parallel)
+def build_engine(job: JobConfig, topology: ProcessTopology, pretrained: Path | None = None) -> Any:
+    """DeepSpeed's pipeline engine over the GPT; the process groups, TP's included, are DeepSpeed's grid's.
+    `pretrained`: the Hugging Face folder whose weights each rank loads its slices of."""
+    module = build_pipeline(job.model, job.training.seed, topology, job.sequence_parallel, pretrained)
     tp = module.tensor_parallel
     config, optimizer_section = deepspeed_config(job)
     optimizer = None
@@ -161,6 +172,8 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     check_launch_matches(job.plan, launch)
     stream = data.open_stream(job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed)
     check_storage(job, options, launch.rank)
+    if job.pretrained is not None:
+        pretrained.check_folder(job.model, job.plan.layout.tensor, job.pretrained)
     nccl_log_path = prepare_nccl_log(options.output_dir)
     init_distributed(env)
     heartbeat.beat()  # each phase on the way to the first step beats too: a hang is timed from the last one
@@ -169,7 +182,8 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     chosen = checkpoint.choose(job, options.checkpoint_dir, options.resume_from)
     verify_seconds = time.perf_counter() - started
     coords = coords_of(topology, dist.get_rank())
-    engine = build_engine(job, topology)
+    # A checkpoint holds the weights already: the pretrained folder is read only by a run's first start.
+    engine = build_engine(job, topology, job.pretrained if chosen is None else None)
     heartbeat.beat()
     hooks = HookCaller(list(options.hooks))
     writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, hooks)
