@@ -33,7 +33,7 @@ def section(folder: Path) -> dict[str, Any]:
     """The `model:` mapping of a ParallelJob's spec for `folder`; ContractError when it cannot be mapped."""
     config = hf_config.read(folder)
     hf_config.extras(config)  # refuses settings the trainer cannot reproduce, as the trainer would
-    return {**hf_config.spec_model(config), "pretrained": {"path": str(folder)}}
+    return {**hf_config.spec_model(config), "pretrained": {"path": str(folder.resolve())}}
 
 
 def run(args: argparse.Namespace) -> int:
