@@ -30,6 +30,8 @@ from paralleljob_trainer.tensor_parallel import TensorParallel
 
 INDEX = "model.safetensors.index.json"
 FIELD = "spec.model.pretrained.path"
+# Bytes of file a block of a column read maps at once (about, at 2 bytes an element).
+ROW_BLOCK_BYTES = 32 * 2**20
 
 
 class PretrainedError(ContractError):
@@ -37,13 +39,12 @@ class PretrainedError(ContractError):
 
 
 class TensorFolder:
-    """The tensors of a folder's safetensors files by name, each file opened once (memory-mapped)."""
+    """The tensors of a folder's safetensors files by name. Each read opens its file afresh and closes it, so
+    the pages a read touched leave the rank's memory with it (a memory-mapped file's pages count as its RSS)."""
 
-    def __init__(self, folder: Path, stack: contextlib.ExitStack) -> None:
+    def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.files: dict[str, Any] = {}
         self.where = self._names(folder)
-        self.stack = stack
 
     @staticmethod
     def _names(folder: Path) -> dict[str, str]:
@@ -62,24 +63,54 @@ class TensorFolder:
                 names |= dict.fromkeys(handle.keys(), path.name)
         return names
 
-    def slice(self, entry: hf_layout.Entry) -> Any:
-        """safetensors' lazy slice of `entry` (or of its fallback); PretrainedError when the folder has neither."""
+    def slice(self, entry: hf_layout.Entry) -> ReopeningSlice:
+        """A lazy slice of `entry` (or of its fallback); PretrainedError when the folder has neither."""
         name = entry.name if entry.name in self.where or entry.fallback is None else entry.fallback
         if name not in self.where:
             raise PretrainedError(f"{FIELD}: {self.folder} has no tensor {entry.name}, which the model needs")
-        file = self.where[name]
-        if file not in self.files:
-            path = self.folder / file
-            if not path.exists():
-                raise PretrainedError(f"{FIELD}: {path}, which {INDEX} names for {name}, does not exist")
-            self.files[file] = self.stack.enter_context(safe_open(str(path), framework="pt"))
-        return self.files[file].get_slice(name)
+        path = self.folder / self.where[name]
+        if not path.exists():
+            raise PretrainedError(f"{FIELD}: {path}, which {INDEX} names for {name}, does not exist")
+        return ReopeningSlice(path, name)
+
+
+class ReopeningSlice:
+    """safetensors' `get_slice` of one tensor, each read in a file opened for it alone. Columns of a matrix
+    (a row-parallel weight) are read in blocks of rows, each in its own opening: a column slice touches a
+    page of every row, and would otherwise map the whole tensor into the rank's memory."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        self.path, self.name = path, name
+        with safe_open(str(path), framework="pt") as handle:
+            self.shape = list(handle.get_slice(name).get_shape())
+
+    def get_shape(self) -> list[int]:
+        return self.shape
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        if isinstance(index, tuple) and index[0] == slice(None) and len(self.shape) == 2:
+            return self._columns(index[1])
+        with safe_open(str(self.path), framework="pt") as handle:
+            return handle.get_slice(self.name)[index]
+
+    def _columns(self, columns: slice) -> torch.Tensor:
+        out: torch.Tensor | None = None
+        rows = self.shape[0]
+        block = max(1, ROW_BLOCK_BYTES // max(1, self.shape[1] * 2))
+        for start in range(0, rows, block):
+            with safe_open(str(self.path), framework="pt") as handle:
+                part = handle.get_slice(self.name)[start : start + block, columns]
+            if out is None:
+                out = torch.empty((rows, part.shape[1]), dtype=part.dtype)
+            out[start : start + part.shape[0]] = part
+            del part
+        assert out is not None
+        return out
 
 
 @contextlib.contextmanager
 def opened(folder: Path) -> Iterator[TensorFolder]:
-    with contextlib.ExitStack() as stack:
-        yield TensorFolder(folder, stack)
+    yield TensorFolder(folder)
 
 
 def _table(model: ModelConfig, tensor: int) -> list[hf_layout.Entry]:
