@@ -129,6 +129,8 @@ CASES = {
     "tie-on-gpt": {"spec.model.tieEmbeddings": True},
     "kv-heads-not-dividing": {"spec.model.architecture": "llama", "spec.model.kvHeads": 3},
     "llama-odd-head-size": {"spec.model.architecture": "llama", "spec.model.hiddenSize": 520},
+    "pretrained-folder": {"spec.model.pretrained": {"path": "/models/llama"}},
+    "pretrained-empty-path": {"spec.model.pretrained": {"path": ""}},
     "sequence-parallel": {"spec.parallelism.sequenceParallel": True},
     "sequence-parallel-tensor-1": {"spec.parallelism.sequenceParallel": True, "spec.parallelism.tensor": 1},
     "sequence-parallel-uneven": {"spec.parallelism.sequenceParallel": True, "spec.model.sequenceLength": 254},

@@ -90,6 +90,9 @@ def job_file_with_local_data(config_map: dict[str, Any], tmp: Path) -> dict[str,
         local = tmp / "data.bin"
         local.write_bytes(bytes(range(256)) * 64)
         data["path"] = str(local)
+    model = document["spec"]["model"]
+    if model.get("pretrained"):
+        model["pretrained"]["path"] = str(llama_config_folder(model, tmp / "hf"))
     return document
 
 
@@ -110,9 +113,28 @@ def prepared_folder(folder: Path) -> Path:
     return folder
 
 
+def llama_config_folder(model: dict[str, Any], folder: Path) -> Path:
+    """A folder whose config.json is the LlamaForCausalLM of the job's model section (a pod's pretrained path)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": model["layers"],
+        "hidden_size": model["hiddenSize"],
+        "num_attention_heads": model["attentionHeads"],
+        "num_key_value_heads": model.get("kvHeads") or model["attentionHeads"],
+        "vocab_size": model["vocabSize"],
+        "intermediate_size": model["ffnHiddenSize"],
+        "rope_theta": model["ropeTheta"],
+        "tie_word_embeddings": model["tieEmbeddings"],
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
 def assert_round_trip(resolved: ResolvedJob, tmp: Path) -> None:
     config_map, pods, plan_dict = operator_objects(resolved)
     job = jobfile.parse_job_config(job_file_with_local_data(config_map, tmp))
+    assert (job.pretrained is not None) == (resolved.spec.model.pretrained is not None)
     layout = job.plan.layout
     assert (layout.pipeline, layout.tensor, layout.data) == (resolved.pipeline, resolved.tensor, resolved.data)
     assert list(layout.axis_order) == plan_dict["axisOrder"]

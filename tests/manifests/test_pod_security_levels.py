@@ -28,6 +28,7 @@ JOB_EXAMPLES = [
     "gpt-175b-64xa100.yaml",
     "llama-8b-64xh100.yaml",
     "llama-tiny.yaml",
+    "llama-tiny-pretrained.yaml",
 ]
 RDMA = {"fabric": "infiniband", "rdmaResource": {"name": "rdma/ib"}}
 

@@ -17,11 +17,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from paralleljob_contract import hf_config
 from paralleljob_contract import model as model_math
 from paralleljob_contract.efficiency import Modeled, parse_modeled
 from paralleljob_contract.errors import ContractError
+from paralleljob_contract.job_fields import boolean as _bool
+from paralleljob_contract.job_fields import choice as _choice
+from paralleljob_contract.job_fields import integer as _int
+from paralleljob_contract.job_fields import optional_section as _optional_section
+from paralleljob_contract.job_fields import section as _section
 from paralleljob_contract.layout import AXES, Layout, axis_order_of
-from paralleljob_contract.model import ModelShape, default_ffn_hidden_size
+from paralleljob_contract.model import ModelShape, RopeScaling, default_ffn_hidden_size
 from paralleljob_contract.training_data import DATA_SOURCES as DATA_SOURCES
 from paralleljob_contract.training_data import DEFAULT_DATA_SOURCE as DEFAULT_DATA_SOURCE
 from paralleljob_contract.training_data import DEFAULT_TOKEN_DTYPE as DEFAULT_TOKEN_DTYPE
@@ -73,6 +79,10 @@ class ModelConfig:
     kv_heads: int | None = None
     rope_theta: float = DEFAULT_ROPE_THETA
     tie_embeddings: bool = False
+    # From a pretrained folder's config.json (`hf_config`). activation: gpt's gelu, or GPT-2's tanh gelu_new.
+    norm_eps: float = 1e-5
+    rope_scaling: RopeScaling | None = None
+    activation: str = "gelu"
 
     @property
     def head_dim(self) -> int:
@@ -158,6 +168,7 @@ class JobConfig:
     export: str | None = None
     # The planner's step time and peak for this plan (job.json's `modeled`), reported beside the measured ones.
     modeled: Modeled | None = None
+    pretrained: Path | None = None  # spec.model.pretrained.path: a Hugging Face folder (None: random weights)
 
     @property
     def train_batch_size(self) -> int:
@@ -224,7 +235,8 @@ def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
     spec = _section(document, "spec")
     metadata = _optional_section(document, "metadata", "metadata")
     plan = parse_plan(_section(document, "plan"))
-    model = _parse_model(_section(spec, "model", "spec.model"))
+    model_section = _section(spec, "model", "spec.model")
+    model, pretrained = hf_config.applied(_parse_model(model_section), model_section)
     training = _parse_training(_section(spec, "training", "spec.training"))
     checkpoint = _optional_section(spec, "checkpoint", "spec.checkpoint")
     export = checkpoint.get("export")
@@ -247,6 +259,7 @@ def parse_job_config(document: Mapping[str, Any]) -> JobConfig:
         ),
         export=export,
         modeled=parse_modeled(document.get("modeled")),
+        pretrained=pretrained,
     )
     _check_layout_fits_model(job)
     check_prepared_folders(training.data, training.evaluation, model.vocab_size, "spec.training")
@@ -263,48 +276,6 @@ def _check_version(document: Mapping[str, Any]) -> None:
             f"version: {found}, but this reader reads job file version {VERSION}; "
             "run a trainer image of the operator's release"
         )
-
-
-def _section(parent: Mapping[str, Any], key: str, where: str | None = None) -> Mapping[str, Any]:
-    value = parent.get(key)
-    if not isinstance(value, Mapping):
-        raise ContractError(f"{where or key}: missing or not an object in the job file")
-    return value
-
-
-def _optional_section(parent: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    """A section that may be absent (read as empty), but is an object when present."""
-    value = parent.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ContractError(f"{where}: must be an object in the job file, got {value!r}")
-    return value
-
-
-def _int(section: Mapping[str, Any], key: str, where: str, *, default: int | None = None, minimum: int = 1) -> int:
-    value = section.get(key, default)
-    if value is None:
-        raise ContractError(f"{where}.{key}: required")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ContractError(f"{where}.{key}: must be an integer, got {value!r}")
-    if value < minimum:
-        raise ContractError(f"{where}.{key}: must be at least {minimum}, got {value}")
-    return value
-
-
-def _bool(section: Mapping[str, Any], key: str, where: str) -> bool:
-    value = section.get(key, False)
-    if not isinstance(value, bool):
-        raise ContractError(f"{where}.{key}: must be true or false, got {value!r}")
-    return value
-
-
-def _choice(section: Mapping[str, Any], key: str, where: str, choices: tuple[str, ...], default: str) -> str:
-    value = section.get(key, default)
-    if value not in choices:
-        raise ContractError(f"{where}.{key}: must be one of {', '.join(choices)}, got {value!r}")
-    return str(value)
 
 
 def _parse_model(section: Mapping[str, Any]) -> ModelConfig:

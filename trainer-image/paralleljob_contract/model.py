@@ -22,6 +22,16 @@ VOCAB_PADDING_MULTIPLE = 128
 
 
 @dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's rotary frequency scaling (config.json's rope_scaling with rope_type llama3)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelShape:
     """The numbers of the model the formulas read (l, h, s, V, ffn; heads and kv heads for llama's GQA)."""
 

@@ -22,15 +22,18 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from paralleljob_trainer import checkpoint, cuts, manifest, storage
-from paralleljob_trainer.llama import RMS_NORM_EPS
+from paralleljob_trainer import checkpoint, hf_layout, manifest, storage
 
 Shards = list[dict[str, torch.Tensor]]
+# one state dict per TP rank, of one pipeline layer
 LEGACY_MODEL_DEFAULTS: dict[str, Any] = {
     "architecture": "gpt",
     "kv_heads": None,
     "tie_embeddings": False,
-}  # one state dict per TP rank, of one pipeline layer
+    "norm_eps": 1e-5,
+    "rope_scaling": None,
+    "activation": "gelu",
+}
 
 
 class ExportError(RuntimeError):
@@ -71,72 +74,6 @@ def _layer_shards(folder: Path, layer: int, tensor: int) -> Shards:
     return shards
 
 
-def _merger(model: dict[str, Any], tensor: int) -> Callable[[Shards, str], torch.Tensor]:
-    """`take(shards, key)`: the whole tensor `key` of one layer from its TP slices, cut as `cuts` says."""
-
-    def take(shards: Shards, key: str) -> torch.Tensor:
-        cut = cuts.cut_of(model, key, tensor)
-        return cuts.merge(cut, [shard[key] for shard in shards], model["vocab_size"])
-
-    return take
-
-
-def _llama_tensors(model: dict[str, Any], load: Callable[[int], Shards], tensor: int) -> dict[str, torch.Tensor]:
-    layers, take = model["layers"], _merger(model, tensor)
-    out = {"model.embed_tokens.weight": take(load(0), "tokens.weight")}
-    for layer in range(1, layers + 1):
-        shards, name = load(layer), f"model.layers.{layer - 1}"
-        out |= {
-            f"{name}.input_layernorm.weight": take(shards, "attn_norm.weight"),
-            f"{name}.self_attn.q_proj.weight": take(shards, "q.weight"),
-            f"{name}.self_attn.k_proj.weight": take(shards, "k.weight"),
-            f"{name}.self_attn.v_proj.weight": take(shards, "v.weight"),
-            f"{name}.self_attn.o_proj.weight": take(shards, "o.weight"),
-            f"{name}.post_attention_layernorm.weight": take(shards, "mlp_norm.weight"),
-            f"{name}.mlp.gate_proj.weight": take(shards, "gate.weight"),
-            f"{name}.mlp.up_proj.weight": take(shards, "up.weight"),
-            f"{name}.mlp.down_proj.weight": take(shards, "down.weight"),
-        }
-    head = load(layers + 1)  # the final norm and untied head; with tied embeddings the final norm alone
-    out["model.norm.weight"] = take(head, "norm.weight")
-    if not model["tie_embeddings"]:
-        out["lm_head.weight"] = take(head, "lm_head.weight")
-    return out
-
-
-def _gpt_tensors(model: dict[str, Any], load: Callable[[int], Shards], tensor: int) -> dict[str, torch.Tensor]:
-    """GPT-2's names; its Conv1D layers keep weights as [in, out], the transpose of a Linear's."""
-    layers, take = model["layers"], _merger(model, tensor)
-    embedding = load(0)
-    out = {
-        "transformer.wte.weight": take(embedding, "tokens.weight"),
-        "transformer.wpe.weight": take(embedding, "positions.weight"),
-    }
-    for layer in range(1, layers + 1):
-        shards, name = load(layer), f"transformer.h.{layer - 1}"
-        out |= {
-            f"{name}.ln_1.weight": take(shards, "ln1.weight"),
-            f"{name}.ln_1.bias": take(shards, "ln1.bias"),
-            f"{name}.attn.c_attn.weight": take(shards, "qkv.weight").T,
-            f"{name}.attn.c_attn.bias": take(shards, "qkv.bias"),
-            f"{name}.attn.c_proj.weight": take(shards, "attn_out.weight").T,
-            f"{name}.attn.c_proj.bias": take(shards, "attn_out.bias"),
-            f"{name}.ln_2.weight": take(shards, "ln2.weight"),
-            f"{name}.ln_2.bias": take(shards, "ln2.bias"),
-            f"{name}.mlp.c_fc.weight": take(shards, "mlp_up.weight").T,
-            f"{name}.mlp.c_fc.bias": take(shards, "mlp_up.bias"),
-            f"{name}.mlp.c_proj.weight": take(shards, "mlp_down.weight").T,
-            f"{name}.mlp.c_proj.bias": take(shards, "mlp_down.bias"),
-        }
-    head = load(layers + 1)
-    out |= {
-        "transformer.ln_f.weight": take(head, "ln_f.weight"),
-        "transformer.ln_f.bias": take(head, "ln_f.bias"),
-        "lm_head.weight": take(head, "lm_head.weight"),
-    }
-    return out
-
-
 def hf_config(model: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     """config.json of the exported model."""
     dtype_name = str(dtype).removeprefix("torch.")
@@ -152,8 +89,9 @@ def hf_config(model: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
             "head_dim": model["hidden_size"] // model["attention_heads"],
             "max_position_embeddings": model["sequence_length"],
             "vocab_size": model["vocab_size"],
-            "rms_norm_eps": RMS_NORM_EPS,
+            "rms_norm_eps": model.get("norm_eps", 1e-5),
             "rope_theta": model["rope_theta"],
+            "rope_scaling": _rope_scaling(model.get("rope_scaling")),
             "hidden_act": "silu",
             "attention_bias": False,
             "mlp_bias": False,
@@ -169,14 +107,18 @@ def hf_config(model: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
         "n_head": model["attention_heads"],
         "n_positions": model["sequence_length"],
         "vocab_size": model["vocab_size"],
-        "activation_function": "gelu",
-        "layer_norm_epsilon": 1e-5,
+        "activation_function": model.get("activation", "gelu"),
+        "layer_norm_epsilon": model.get("norm_eps", 1e-5),
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,
         "tie_word_embeddings": False,
         "torch_dtype": dtype_name,
     }
+
+
+def _rope_scaling(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if scaling is None else {"rope_type": "llama3", **scaling}
 
 
 def export(source: Path, output: Path) -> Path:
@@ -196,10 +138,9 @@ def export(source: Path, output: Path) -> Path:
 
 def merged_tensors(model: dict[str, Any], load: Callable[[int], Shards], tensor: int) -> dict[str, torch.Tensor]:
     """The unsharded, unpadded weights under Hugging Face's names, from `load(layer)`: each TP rank's state
-    dict of pipeline layer `layer` (0 the embedding, 1..l the blocks, l+1 the head or final norm)."""
-    if model.get("architecture", "gpt") == "llama":
-        return _llama_tensors(model, load, tensor)
-    return _gpt_tensors(model, load, tensor)
+    dict of pipeline layer `layer` (0 the embedding, 1..l the blocks, l+1 the head or final norm). The cut of
+    every tensor is `hf_layout`'s table, which a pretrained start reads the other way."""
+    return hf_layout.merged(model, load, tensor)
 
 
 def write_folder(tensors: dict[str, torch.Tensor], model: dict[str, Any], output: Path) -> None:

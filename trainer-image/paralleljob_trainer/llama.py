@@ -10,6 +10,7 @@ heads and uses its group's, their gradient summed over the TP group (vLLM's repl
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from torch import nn
 from torch.nn import functional
 
 from paralleljob_contract.jobfile import ModelConfig
+from paralleljob_contract.model import RopeScaling
 from paralleljob_trainer import weights
 from paralleljob_trainer.tensor_parallel import (
     RowParallelLinear,
@@ -35,16 +37,32 @@ EMBEDDING_LAYER = 0
 RMS_NORM_EPS = 1e-5
 
 
-def rms_norm(hidden: int, tp: TensorParallel) -> nn.RMSNorm:
-    norm = nn.RMSNorm(hidden, eps=RMS_NORM_EPS)
+def rms_norm(hidden: int, tp: TensorParallel, eps: float = RMS_NORM_EPS) -> nn.RMSNorm:
+    norm = nn.RMSNorm(hidden, eps=eps)
     mark_replicated(norm.weight, tp)
     return norm
 
 
-def rotary_tables(sequence: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, ...]:
+def llama3_frequencies(inverse_frequency: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """Llama 3.1's scaled frequencies: wavelengths longer than the original context / low_freq_factor divided
+    by `factor`, shorter than context / high_freq_factor kept, and those between interpolated smoothly."""
+    context = scaling.original_max_position_embeddings
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    wavelength = 2 * math.pi / inverse_frequency
+    scaled = torch.where(wavelength > context / low, inverse_frequency / scaling.factor, inverse_frequency)
+    smooth = (context / wavelength - low) / (high - low)
+    between = (wavelength <= context / low) & (wavelength >= context / high)
+    return torch.where(between, (1 - smooth) * scaled / scaling.factor + smooth * scaled, scaled)
+
+
+def rotary_tables(
+    sequence: int, head_dim: int, theta: float, device: torch.device, scaling: RopeScaling | None = None
+) -> tuple[torch.Tensor, ...]:
     """cos and sin of position x frequency, [s, head_dim], computed in float32 as transformers does."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
     inverse_frequency = 1.0 / (theta**exponents)
+    if scaling is not None:
+        inverse_frequency = llama3_frequencies(inverse_frequency, scaling)
     angles = torch.outer(torch.arange(sequence, device=device).float(), inverse_frequency)
     doubled = torch.cat((angles, angles), dim=-1)
     return doubled.cos(), doubled.sin()
@@ -102,12 +120,12 @@ class LlamaBlock(nn.Module):
         self.tp, self.model = tp, model
         self.local_heads = model.attention_heads // tp.size
         self.local_kv_heads = max(1, model.query_groups // tp.size)
-        self.attn_norm = rms_norm(h, tp)
+        self.attn_norm = rms_norm(h, tp, model.norm_eps)
         self.q = ShardedWeight(column_shard(tp, seed, layer, "q", (model.attention_heads * d, h)))
         self.k = _key_value(model, seed, layer, "k", tp)
         self.v = _key_value(model, seed, layer, "v", tp)
         self.o = RowParallelLinear(row_shard(tp, seed, layer, "o", (h, h), out_std), tp, bias=False)
-        self.mlp_norm = rms_norm(h, tp)
+        self.mlp_norm = rms_norm(h, tp, model.norm_eps)
         self.gate = ShardedWeight(column_shard(tp, seed, layer, "gate", (f, h)))
         self.up = ShardedWeight(column_shard(tp, seed, layer, "up", (f, h)))
         self.down = RowParallelLinear(row_shard(tp, seed, layer, "down", (h, f), out_std), tp, bias=False)
@@ -123,7 +141,7 @@ class LlamaBlock(nn.Module):
         q = self.q(normed).view(batch, seq, self.local_heads, d).transpose(1, 2)
         k = self.k(normed).view(batch, seq, self.local_kv_heads, d).transpose(1, 2)
         v = self.v(normed).view(batch, seq, self.local_kv_heads, d).transpose(1, 2)
-        cos, sin = rotary_tables(seq, d, self.model.rope_theta, normed.device)
+        cos, sin = rotary_tables(seq, d, self.model.rope_theta, normed.device, self.model.rope_scaling)
         q, k = apply_rotary(q, cos.to(q.dtype), sin.to(q.dtype)), apply_rotary(k, cos.to(k.dtype), sin.to(k.dtype))
         context = functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.o(context.transpose(1, 2).reshape(batch, seq, self.local_heads * d))
@@ -150,7 +168,7 @@ class FinalNorm(nn.Module):
 
     def __init__(self, model: ModelConfig, seed: int, tp: TensorParallel) -> None:
         super().__init__()
-        self.norm = rms_norm(model.hidden_size, tp)
+        self.norm = rms_norm(model.hidden_size, tp, model.norm_eps)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.norm(hidden)
@@ -161,7 +179,7 @@ class LlamaHead(nn.Module):
 
     def __init__(self, model: ModelConfig, seed: int, tp: TensorParallel) -> None:
         super().__init__()
-        self.norm = rms_norm(model.hidden_size, tp)
+        self.norm = rms_norm(model.hidden_size, tp, model.norm_eps)
         self.lm_head = VocabParallelHead(model.vocab_size, model.hidden_size, tp, seed, model.layers + 1, "lm_head")
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,9 @@ _FIELDS_ADDED_LATER: dict[str, Any] = {
     "kv_heads": None,
     "rope_theta": 10000.0,
     "tie_embeddings": False,
+    "norm_eps": 1e-5,
+    "rope_scaling": None,
+    "activation": "gelu",
 }
 
 

@@ -10,6 +10,8 @@ cross-entropy (`paralleljob_trainer.vocab_parallel`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from deepspeed.pipe import LayerSpec, PipelineModule
 from deepspeed.runtime.pipe.topology import ProcessTopology
@@ -17,7 +19,7 @@ from torch import nn
 from torch.nn import functional
 
 from paralleljob_contract.jobfile import ModelConfig
-from paralleljob_trainer import llama, weights
+from paralleljob_trainer import llama, pretrained, weights
 from paralleljob_trainer.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -31,8 +33,8 @@ from paralleljob_trainer.vocab_parallel import LanguageModelLoss, VocabParallelE
 EMBEDDING_LAYER = 0
 
 
-def _layer_norm(hidden: int, tp: TensorParallel) -> nn.LayerNorm:
-    norm = nn.LayerNorm(hidden)
+def _layer_norm(hidden: int, tp: TensorParallel, eps: float) -> nn.LayerNorm:
+    norm = nn.LayerNorm(hidden, eps=eps)
     for parameter in norm.parameters():
         mark_replicated(parameter, tp)
     return norm
@@ -81,16 +83,19 @@ class TransformerBlock(nn.Module):
         out_std = weights.residual_std(model.layers)
         self.local_heads = model.attention_heads // tp.size
         self.head_dim = model.head_dim
-        self.ln1 = _layer_norm(h, tp)
+        self.ln1 = _layer_norm(h, tp, model.norm_eps)
         self.qkv = ColumnParallelLinear(_qkv_local_weight(model, seed, layer, tp), tp)
         self.attn_out = RowParallelLinear(row_shard(tp, seed, layer, "attn_out", (h, h), out_std), tp)
-        self.ln2 = _layer_norm(h, tp)
+        self.ln2 = _layer_norm(h, tp, model.norm_eps)
+        # GPT-2's gelu_new is the tanh approximation of GELU.
+        self.approximate = "tanh" if model.activation == "gelu_new" else "none"
         self.mlp_up = ColumnParallelLinear(column_shard(tp, seed, layer, "mlp_up", (f, h)), tp)
         self.mlp_down = RowParallelLinear(row_shard(tp, seed, layer, "mlp_down", (h, f), out_std), tp)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = hidden + self._attention(self.ln1(hidden))
-        return hidden + self.mlp_down(functional.gelu(self.mlp_up(self.ln2(hidden))))
+        up = self.mlp_up(self.ln2(hidden))
+        return hidden + self.mlp_down(functional.gelu(up, approximate=self.approximate))
 
     def _attention(self, normed: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(normed)  # the whole sequence, also under sequence parallelism
@@ -106,7 +111,7 @@ class Head(nn.Module):
     def __init__(self, model: ModelConfig, seed: int, tp: TensorParallel) -> None:
         super().__init__()
         layer = model.layers + 1
-        self.ln_f = _layer_norm(model.hidden_size, tp)
+        self.ln_f = _layer_norm(model.hidden_size, tp, model.norm_eps)
         self.lm_head = VocabParallelHead(model.vocab_size, model.hidden_size, tp, seed, layer, "lm_head")
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -135,10 +140,16 @@ class GPTPipeline(PipelineModule):  # type: ignore[misc]
     """
 
     def __init__(
-        self, model: ModelConfig, seed: int, topology: ProcessTopology, sequence_parallel: bool = False
+        self,
+        model: ModelConfig,
+        seed: int,
+        topology: ProcessTopology,
+        sequence_parallel: bool = False,
+        pretrained: Path | None = None,
     ) -> None:
         self.gpt_shape = (model, seed)
         self.sequence_parallel = sequence_parallel
+        self.pretrained = pretrained
         # Partitioning reads only the layer types; the layers themselves are built in `_build`.
         placeholder = TensorParallel(rank=0, size=topology.get_dim("model"))
         block = block_type(model).__name__
@@ -167,10 +178,17 @@ class GPTPipeline(PipelineModule):  # type: ignore[misc]
         self._layer_specs = layer_specs(model, seed, self.tensor_parallel)
         self.loss_fn = LanguageModelLoss(model.vocab_size, self.tensor_parallel)
         super()._build()
+        if self.pretrained is not None:
+            pretrained.load_stage(self, model, self.tensor_parallel, self.pretrained)
 
 
 def build_pipeline(
-    model: ModelConfig, seed: int, topology: ProcessTopology, sequence_parallel: bool = False
+    model: ModelConfig,
+    seed: int,
+    topology: ProcessTopology,
+    sequence_parallel: bool = False,
+    pretrained: Path | None = None,
 ) -> GPTPipeline:
-    """The model as a PipelineModule; stages get an even share of transformer blocks."""
-    return GPTPipeline(model, seed, topology, sequence_parallel)
+    """The model as a PipelineModule; stages get an even share of transformer blocks, with the weights of the
+    Hugging Face folder `pretrained` when one is given (else seeded random ones)."""
+    return GPTPipeline(model, seed, topology, sequence_parallel, pretrained)

@@ -37,6 +37,7 @@ from paralleljob_trainer import (
     nccl_log,
     optimization,
     preflight,
+    pretrained,
     recut,
     storage,
 )
@@ -149,9 +150,10 @@ def deepspeed_config(job: JobConfig) -> tuple[dict[str, Any], dict[str, Any] | N
     return config, optimizer_section
 
 
-def build_engine(job: JobConfig, topology: ProcessTopology) -> Any:
-    """DeepSpeed's pipeline engine over the GPT; the process groups, TP's included, are DeepSpeed's grid's."""
-    module = build_pipeline(job.model, job.training.seed, topology, job.sequence_parallel)
+def build_engine(job: JobConfig, topology: ProcessTopology, pretrained: Path | None = None) -> Any:
+    """DeepSpeed's pipeline engine over the GPT; the process groups, TP's included, are DeepSpeed's grid's.
+    `pretrained`: the Hugging Face folder whose weights each rank loads its slices of."""
+    module = build_pipeline(job.model, job.training.seed, topology, job.sequence_parallel, pretrained)
     tp = module.tensor_parallel
     config, optimizer_section = deepspeed_config(job)
     optimizer = None
@@ -181,6 +183,8 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     )
     eval_stream = data.open_eval_stream(job.training, job.model.vocab_size, job.model.sequence_length)
     check_storage(job, options, launch.rank)
+    if job.pretrained is not None:
+        pretrained.check_folder(job.model, job.plan.layout.tensor, job.pretrained)
     nccl_log_path = prepare_nccl_log(options.output_dir)
     init_distributed(env)
     heartbeat.beat()  # each phase on the way to the first step beats too: a hang is timed from the last one
@@ -189,7 +193,8 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     chosen = checkpoint.choose(job, options.checkpoint_dir, options.resume_from)
     verify_seconds = time.perf_counter() - started
     coords = coords_of(topology, dist.get_rank())
-    engine = build_engine(job, topology)
+    # A checkpoint holds the weights already: the pretrained folder is read only by a run's first start.
+    engine = build_engine(job, topology, job.pretrained if chosen is None else None)
     heartbeat.beat()
     hooks = HookCaller(list(options.hooks))
     writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, hooks)

@@ -134,11 +134,11 @@ def gpu_slices(shape: LocalShape, gpus: int) -> list[str] | None:
 
 
 def resolve_data_path(config: dict[str, Any], job_file: Path) -> None:
-    """A relative data path in a local job is relative to the job file's folder."""
-    data = config["spec"]["training"].get("data", {})
-    path = data.get("path")
-    if path and not Path(path).is_absolute():
-        data["path"] = str((job_file.parent / path).resolve())
+    """A relative data path, or pretrained folder, in a local job is relative to the job file's folder."""
+    for section in (config["spec"]["training"].get("data") or {}, config["spec"]["model"].get("pretrained") or {}):
+        path = section.get("path")
+        if path and not Path(path).is_absolute():
+            section["path"] = str((job_file.parent / path).resolve())
 
 
 def supervisor_argv(

@@ -21,6 +21,19 @@ Architecture = Literal["gpt", "llama"]
 
 
 @dataclasses.dataclass(frozen=True)
+class Pretrained:
+    """A Hugging Face folder whose weights the model starts from."""
+
+    path: str = api_field(
+        "Folder of a LlamaForCausalLM or GPT2LMHeadModel (config.json and *.safetensors, one file or shards with "
+        "model.safetensors.index.json), as seen inside the pod (mount it with spec.template.volumes); relative "
+        "to the job file's folder under `paralleljob run`. The rest of spec.model must agree with config.json "
+        "(`paralleljob model-spec DIR` prints the section); each rank reads only the slices it holds. A resume "
+        "from a checkpoint reads the checkpoint instead."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class Model:
     """The shape of the GPT model the bundled trainer builds."""
 
@@ -78,6 +91,11 @@ class Model:
         "llama only: share one matrix between the token embedding and the LM head. With pipeline > 1 the first "
         "and the last stage each hold a copy whose gradients are summed every step (DeepSpeed's tied layers).",
         default=False,
+    )
+    pretrained: Pretrained | None = api_field(
+        "Start from the weights of a Hugging Face folder instead of seeded random ones. Norm epsilons, Llama "
+        "3.1's rope_scaling and GPT-2's gelu_new are taken from its config.json.",
+        default=None,
     )
 
 
@@ -182,6 +200,13 @@ def _rotary_pairs(spec: t.ParallelJobSpec) -> Problem | None:
     )
 
 
+def _pretrained_path(spec: t.ParallelJobSpec) -> Problem | None:
+    pretrained = spec.model.pretrained
+    if pretrained is None or pretrained.path:
+        return None
+    return error("spec.model.pretrained.path", "is empty; set it to the Hugging Face folder inside the pod.")
+
+
 _LLAMA = "has(self.model.architecture) && self.model.architecture == 'llama'"
 
 RULES: tuple[Rule, ...] = (
@@ -257,5 +282,12 @@ RULES: tuple[Rule, ...] = (
         f"!({_LLAMA}) || (self.model.hiddenSize / self.model.attentionHeads) % 2 == 0",
         "llama needs an even head size (model.hiddenSize / model.attentionHeads)",
         _rotary_pairs,
+    ),
+    Rule(
+        "pretrained-path-set",
+        ".model.pretrained.path",
+        "!has(self.model.pretrained) || size(self.model.pretrained.path) > 0",
+        "model.pretrained.path must name a folder",
+        _pretrained_path,
     ),
 )
