@@ -31,6 +31,7 @@ import torch.distributed as dist
 from paralleljob_contract import environment
 from paralleljob_contract.layout import Coord, Layout
 from paralleljob_contract.network import SLOW_LINK, slow_link_message
+from paralleljob_trainer.preflight import NetworkNotReady
 
 KINDS = ("tensor", "pipeline", "data")
 # A link this many times slower than the median of its class is slow: a link trained down to a quarter of its
@@ -282,3 +283,22 @@ def _record(status: str, reason: str, message: str, result: Result, names: Mappi
         "classes": result.class_summary(),
         "costSeconds": round(result.cost_seconds, 3),
     }
+
+
+def check_at_start(
+    layout: Layout, ranks_per_node: int, grid: Any, earlier: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """spec.network.preflight on every rank, once the engine's groups exist and before step 1: the verdict to
+    report (NCCL's own False verdict, `earlier`, stays the job's), or None when the check is off. Under `fail` a
+    slow link stops every rank with NetworkNotReady (condition NetworkVerified, reason SlowLink), naming the node."""
+    mode = os.environ.get(environment.NETWORK_PREFLIGHT, "off")
+    if mode == "off" or dist.get_world_size() < 2:
+        return earlier
+    result = run_check(layout, ranks_per_node, grid.slice_proc_group, grid.dp_proc_group)
+    names = node_names(layout.world_size // ranks_per_node) if result.slow else {}
+    record = verdict(result, names)
+    if result.slow and mode == "fail":
+        raise NetworkNotReady(SLOW_LINK, record["message"], condition="NetworkVerified")
+    if earlier is not None and earlier.get("verified") == "False":
+        return {**earlier, "links": record}
+    return record

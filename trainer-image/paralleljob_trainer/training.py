@@ -26,7 +26,7 @@ from paralleljob_contract.environment import Launch, PodEnvironment
 from paralleljob_contract.jobfile import JobConfig
 from paralleljob_contract.layout import Coord
 from paralleljob_contract.model import training_flops
-from paralleljob_trainer import checkpoint, data, export, metrics, nccl_log, optimization, preflight, storage
+from paralleljob_trainer import checkpoint, data, export, linkcheck, metrics, nccl_log, optimization, preflight, storage
 from paralleljob_trainer.hooks import HookCaller, ProgressHook
 from paralleljob_trainer.model import build_pipeline
 from paralleljob_trainer.topology import build_topology, check_launch_matches, check_plan_matches, coords_of
@@ -171,12 +171,15 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     coords = coords_of(topology, dist.get_rank())
     engine = build_engine(job, topology)
     heartbeat.beat()
+    network_record = network.to_record() if network else None
+    # After the groups exist, before step 1: every link of the layout timed (spec.network.preflight).
+    network_record = linkcheck.check_at_start(job.plan.layout, job.plan.ranks_per_node, engine.grid, network_record)
+    heartbeat.beat()
     hooks = HookCaller(list(options.hooks))
     writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, hooks)
-    if network is not None:
-        writer.write({"event": "network", **network.to_record()})
+    if network_record is not None:
+        writer.write({"event": "network", **network_record})
     try:
-        network_record = network.to_record() if network else None
         requests = hooks if os.environ.get(environment.CHECKPOINT_REQUESTS) == "1" else None
         progress = _Progress(start_step=0, network=network_record, requests=requests)
         if chosen is not None:
