@@ -162,7 +162,8 @@ def _exchange(buffer: torch.Tensor, inbox: torch.Tensor, peer: int) -> Any:
     def run() -> None:
         requests = [dist.isend(buffer, peer), dist.irecv(inbox, peer)]
         for request in requests:
-            request.wait()
+            if request is not None:  # None only for a rank outside the group, never here
+                request.wait()
 
     return run
 
