@@ -170,6 +170,13 @@ def test_the_quickstart_trains_and_its_loss_falls(tmp_path) -> None:
     assert {p.name for p in output.glob("node-*.log")} == {"node-0.log", "node-1.log"}
     assert "local-0" in proc.stdout and "local-1" in proc.stdout  # the placement table
     assert "loss" in proc.stdout and "restarts    0" in proc.stdout
+    # spec.network.preflight's default, report: the link check ran before step 1 and its verdict, with the
+    # figures of each link class of PP2 x TP2 x DP2 and its own cost, is in the metrics (tests/trainer/test_linkcheck.py
+    # checks that it names a slowed link).
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    network = next(r for r in records if r["event"] == "network")
+    assert set(network["classes"]) == {"tensor", "pipeline", "data"} and network["costSeconds"] > 0
+    assert network["reason"] in {"LinksMeasured", "SlowLink"}
 
 
 def rank_pid(output: pathlib.Path, rank: int, generation: int) -> int | None:
