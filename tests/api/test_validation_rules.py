@@ -112,6 +112,7 @@ INVALID = [
         "spec.network.imexChannelClaim",
     ),
     ("verify-enum", {"spec.network.verify": "maybe"}, "spec.network.verify", "one of fail, warn, off"),
+    ("preflight-enum", {"spec.network.preflight": "warn"}, "spec.network.preflight", "one of off, report, fail"),
     (
         "imex-claim-unknown",
         {"spec.network.imexChannelClaim": "imex"},

@@ -172,6 +172,14 @@ def test_the_quickstart_trains_and_its_loss_falls(tmp_path) -> None:
     assert "loss" in proc.stdout and "restarts    0" in proc.stdout
     check_efficiency_is_reported_beside_the_loss(output, summary, proc.stdout)
 
+    # spec.network.preflight's default, report: the link check ran before step 1 and its verdict, with the
+    # figures of each link class of PP2 x TP2 x DP2 and its own cost, is in the metrics (tests/trainer/test_linkcheck.py
+    # checks that it names a slowed link).
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    network = next(r for r in records if r["event"] == "network")
+    assert set(network["classes"]) == {"tensor", "pipeline", "data"} and network["costSeconds"] > 0
+    assert network["reason"] in {"LinksMeasured", "SlowLink"}
+
 
 def check_efficiency_is_reported_beside_the_loss(output: pathlib.Path, summary: dict, printed: str) -> None:
     """Each logged step and the summary carry TFLOP/s per GPU, the measured median and the planner's modeled step

@@ -138,6 +138,8 @@ def test_hca_names_are_exact_so_mlx5_1_does_not_match_mlx5_10():
         ({"addrFamily": "AF_INET6"}, "NCCL_IB_ADDR_FAMILY", "AF_INET6"),
         ({"socketInterface": "ib0"}, "NCCL_SOCKET_IFNAME", "ib0"),
         ({"verify": "fail"}, "PARALLELJOB_NETWORK_VERIFY", "fail"),
+        ({"preflight": "fail"}, "PARALLELJOB_NETWORK_PREFLIGHT", "fail"),
+        ({}, "PARALLELJOB_NETWORK_PREFLIGHT", "report"),
         ({"ncclEnv": {"NCCL_IB_GID_INDEX": "5"}}, "NCCL_IB_GID_INDEX", "5"),
         ({"ncclEnv": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}}, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         ({"ncclEnv": {"NCCL_DEBUG": "INFO"}}, "NCCL_DEBUG", "INFO"),
@@ -153,6 +155,8 @@ def test_hca_names_are_exact_so_mlx5_1_does_not_match_mlx5_10():
         "addr-family",
         "socket-interface",
         "verify",
+        "preflight",
+        "preflight-default",
         "override-derived",
         "override-default",
         "override-new",
@@ -260,3 +264,9 @@ def test_what_the_request_cannot_know_is_a_warning(network, nodes, requested, wa
 def test_unknown_fabric_is_an_error():
     with pytest.raises(ValueError, match="unknown fabric"):
         nccl.build_nccl_env({}, "carrier-pigeon")
+
+
+def test_the_planned_bandwidths_are_the_cost_models_at_each_groups_level() -> None:
+    levels = {"tensor": "node", "pipeline": "leaf", "data": "top"}
+    assert nccl.planned_gbps(levels, "NVIDIA-H100-80GB-HBM3") == "data=12.5,pipeline=50,tensor=900"
+    assert nccl.planned_gbps({"data": "leaf"}, "NVIDIA-A100-SXM4-80GB") == "data=25"

@@ -47,6 +47,12 @@ FABRIC = "PARALLELJOB_FABRIC"
 NETWORK_VERIFY = "PARALLELJOB_NETWORK_VERIFY"
 EXPECTED_NICS = "PARALLELJOB_EXPECTED_NICS"
 MNNVL = "PARALLELJOB_MNNVL"
+# spec.network.preflight (off | report | fail): the trainer's link check at each start, and what a slow link does.
+NETWORK_PREFLIGHT = "PARALLELJOB_NETWORK_PREFLIGHT"
+# The planner's bandwidth per link class in GB/s, e.g. `tensor=900,pipeline=50,data=50`, which the link check
+# reports beside what it measured; and the bytes it moves per link (default 4 MiB on CPU, 64 MiB on GPU).
+PLANNED_GBPS = "PARALLELJOB_PLANNED_GBPS"
+NETWORK_CHECK_BYTES = "PARALLELJOB_NETWORK_CHECK_BYTES"
 # Where a rank writes the one line saying why the network is not what the job planned (`network_failure_line`);
 # pods leave it unset (/dev/termination-log, the container's termination message), `paralleljob run` sets one
 # file per node.

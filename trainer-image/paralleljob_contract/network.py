@@ -14,6 +14,10 @@ import re
 # NetworkReady: the trainer's preflight; NetworkVerified: what NCCL chose (spec.network.verify: fail).
 CONDITIONS = ("NetworkReady", "NetworkVerified")
 _LINE = re.compile(r"^(NetworkReady|NetworkVerified) ([A-Z][A-Za-z]+): (.+)$")
+# The link check's reason (spec.network.preflight): its message starts with the nodes it names, so that the
+# operator can exclude them (`slow_nodes`) and `paralleljob run` can say which node it was.
+SLOW_LINK = "SlowLink"
+_SLOW_NODES = re.compile(r"^slow nodes? ([^:\s]+): ")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,3 +42,16 @@ def parse_failure(text: str | None) -> NetworkFailure | None:
     lines = (text or "").strip().splitlines()
     match = _LINE.match(lines[0].strip()) if lines else None
     return NetworkFailure(match[1], match[2], match[3]) if match else None
+
+
+def slow_link_message(nodes: list[str], detail: str) -> str:
+    """The link check's message: `slow node a: ...` or `slow nodes a,b: ...`, then what was measured."""
+    return f"slow node{'s' if len(nodes) > 1 else ''} {','.join(nodes)}: {detail}"
+
+
+def slow_nodes(failure: NetworkFailure | None) -> list[str]:
+    """The nodes a SlowLink failure names; [] for any other failure."""
+    if failure is None or failure.reason != SLOW_LINK:
+        return []
+    match = _SLOW_NODES.match(failure.message)
+    return match[1].split(",") if match else []

@@ -32,6 +32,7 @@ from paralleljob_trainer import (
     data,
     evaluation,
     export,
+    linkcheck,
     manifest,
     metrics,
     nccl_log,
@@ -196,12 +197,15 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     # A checkpoint holds the weights already: the pretrained folder is read only by a run's first start.
     engine = build_engine(job, topology, job.pretrained if chosen is None else None)
     heartbeat.beat()
+    network_record = network.to_record() if network else None
+    # After the groups exist, before step 1: every link of the layout timed (spec.network.preflight).
+    network_record = linkcheck.check_at_start(job.plan.layout, job.plan.ranks_per_node, engine.grid, network_record)
+    heartbeat.beat()
     hooks = HookCaller(list(options.hooks))
     writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, hooks)
-    if network is not None:
-        writer.write({"event": "network", **network.to_record()})
+    if network_record is not None:
+        writer.write({"event": "network", **network_record})
     try:
-        network_record = network.to_record() if network else None
         requests = hooks if os.environ.get(environment.CHECKPOINT_REQUESTS) == "1" else None
         progress = _Progress(start_step=0, network=network_record, requests=requests)
         if chosen is not None:

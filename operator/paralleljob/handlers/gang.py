@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from paralleljob.handlers.start_failures import Limits, describe, overdue, stall_of, waiting_note
 from paralleljob.manifests import labels
-from paralleljob_contract.network import NetworkFailure, parse_failure
+from paralleljob_contract.network import NetworkFailure, parse_failure, slow_nodes
 
 Verdict = Literal["succeeded", "broken", "running", "starting"]
 NO_LIMITS = Limits()  # no timeouts: a stalled gang waits (the table tests pass their own)
@@ -145,3 +145,14 @@ def judge(
         return GangState("running", ready)
     moment = at or datetime.datetime.now(datetime.UTC)
     return _start_timeout(pods, ready, limits, moment, pull_failures or {}) or GangState("starting", ready)
+
+
+def slow_link_restart(state: GangState) -> GangState | None:
+    """A gang the link check stopped (spec.network.preflight: fail, reason SlowLink) restarts planned without
+    the nodes it named: the state to restart with, those nodes blamed (not the pod that happened to report,
+    since every rank stops with the same reason), or None for any other state (other network failures stay
+    fatal). A SlowLink message that names no node cannot move the job anywhere else: None as well."""
+    named = slow_nodes(state.network)
+    if not named:
+        return None
+    return dataclasses.replace(state, node=None, network=None, blamed=(*state.blamed, *named))

@@ -28,6 +28,7 @@ from paralleljob.manifests import (
     trainer_config,
 )
 from paralleljob.planning import Plan
+from paralleljob_contract import environment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +98,7 @@ def build_attempt(
     network = network_of(resolved, default_fabric, default_nccl_env)
     # MNNVL follows the NVLink-domain label the planner used (the spec's, or one it found on the nodes).
     facts, request, env = nccl.build_network(network, planned_nodes, plan.nvlink_domain_label)
+    env = {**env, environment.PLANNED_GBPS: nccl.planned_gbps(plan.cost.levels, plan.gpu_product)}
     network_record = configmap.network_record(
         facts.fabric,
         env,

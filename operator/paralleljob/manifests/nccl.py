@@ -29,6 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from paralleljob.planning import costmodel
 from paralleljob.planning.levels import TOPOGRAPH_NVLINK
 from paralleljob_contract import environment
 
@@ -46,6 +47,8 @@ CLIQUE_LABEL = "nvidia.com/gpu.clique"
 NCCL_NET = {"infiniband": "IB", "roce": "IB", "efa": "AWS Libfabric", "tcp": "Socket"}
 VERIFY_POLICIES = ("fail", "warn", "off")
 DEFAULT_VERIFY = "warn"
+# spec.network.preflight's default: the link check runs at every start and reports.
+DEFAULT_PREFLIGHT = "report"
 DEFAULT_TIMEOUT_SECONDS = environment.DEFAULT_PG_TIMEOUT_SECONDS
 # The pod's own interface: NCCL's bootstrap and socket transport stay off Multus attachments (net1..N), which
 # may not route between nodes. `=` makes it an exact name, not a prefix.
@@ -57,6 +60,7 @@ FLIGHT_RECORDER_ENTRIES = 2000
 # The trainer's view of what the operator planned (docs/contract.md lists them).
 FABRIC_ENV_NAME = environment.FABRIC
 VERIFY_ENV_NAME = environment.NETWORK_VERIFY
+PREFLIGHT_ENV_NAME = environment.NETWORK_PREFLIGHT
 NICS_ENV_NAME = environment.EXPECTED_NICS
 MNNVL_ENV_NAME = environment.MNNVL
 
@@ -273,6 +277,7 @@ def build_nccl_env(
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         FABRIC_ENV_NAME: fabric,
         VERIFY_ENV_NAME: verify_policy(network),
+        PREFLIGHT_ENV_NAME: str(network.get("preflight") or DEFAULT_PREFLIGHT),
     }
     if declared or fabric != "tcp":
         env.update({"NCCL_NET": NCCL_NET[fabric], **FABRIC_ENV[fabric](network)})
@@ -369,3 +374,11 @@ def build_network(
         nics=request.nics,
     )
     return facts, request, env
+
+
+def planned_gbps(levels: Mapping[str, str], gpu_product: str) -> str:
+    """PARALLELJOB_PLANNED_GBPS: the cost model's GB/s per GPU at the link level each kind of group reaches in
+    this plan (`tensor=600,pipeline=25,data=25`), which the trainer's link check reports beside what it measured."""
+    bandwidths = costmodel.CostModel().link_bandwidths(gpu_product)
+    figures = {kind: bandwidths[costmodel.LEVEL_NAMES[level]] / costmodel.GB for kind, level in levels.items()}
+    return ",".join(f"{kind}={value:g}" for kind, value in sorted(figures.items()))

@@ -19,6 +19,9 @@ Fabric = Literal["auto", "infiniband", "roce", "efa", "tcp"]
 VerifyPolicy = Literal["fail", "warn", "off"]
 
 
+PreflightPolicy = Literal["off", "report", "fail"]
+
+
 AddrFamily = Literal["AF_INET", "AF_INET6"]
 
 
@@ -158,6 +161,15 @@ class Network:
         "(socket fallback, fewer NICs, no GPUDirect RDMA, no MNNVL) fails the job; warn: it is reported; off: "
         "neither check runs.",
         default="warn",
+    )
+    preflight: PreflightPolicy = api_field(
+        "Link check at every start, after the process groups form and before step 1: the all-reduce of every "
+        "tensor-parallel group, send/recv between neighbouring pipeline stages and the data-parallel "
+        "all-reduce are timed, each link against the others of its class (slow: under half their median) and "
+        "beside the planner's bandwidth. The slowest links, by node pair, and the check's cost go into "
+        "NetworkVerified and status.network. report: reported only; fail: a slow link stops the start, its node "
+        "goes into status.excludedNodes and the restart is planned without it; off: not run.",
+        default="report",
     )
     timeout_seconds: int = api_field(
         "Collective timeout: a rank waiting longer for a dead peer fails instead of hanging, which triggers "

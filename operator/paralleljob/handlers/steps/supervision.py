@@ -111,14 +111,20 @@ def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]
 def broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
     if state.cause != gang.BROKEN:
         p.event("Warning", state.cause, state.reason)
+    base = None
     if state.network is not None:
-        return _network_failed(p, pods, state, state.network)
+        slow = gang.slow_link_restart(state)
+        if slow is None:
+            return _network_failed(p, pods, state, state.network)
+        # The link check named a slow node: restart without it, NetworkVerified saying which link and why.
+        base = p.condition("NetworkVerified", "False", state.network.reason, state.network.message)
+        state = slow
     p = _with_reported_in_place_restarts(p, resolved)
     limit = resolved.spec.failure_policy.backoff_limit
     counted = p.live.counted_restarts if p.live is not None else p.attempt
     if restarts_left(counted, limit):
-        return _restart(p, pods, state, limit)
-    return _fail(p, pods, state, limit)
+        return _restart(p, pods, state, limit, base)
+    return _fail(p, pods, state, limit, base)
 
 
 def restarts_left(attempt: int, backoff_limit: int) -> bool:
@@ -130,9 +136,10 @@ def _scheduled_reason(state: gang.GangState) -> str:
     return gang.CREATE_FAILED if state.cause == gang.CREATE_FAILED else "GangRestart"
 
 
-def _fail(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int) -> Outcome:
+def _fail(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int, base: Any = None) -> Outcome:
     message = f"{state.reason}; backoffLimit {limit} reached after {restarts_so_far(p)} restarts"
-    cond = p.condition("Ready", "False", "GangFailed" if state.cause == gang.BROKEN else state.cause, state.reason)
+    reason = "GangFailed" if state.cause == gang.BROKEN else state.cause
+    cond = p.condition("Ready", "False", reason, state.reason, base=base)
     if state.cause == gang.CREATE_FAILED:
         cond = p.condition("Scheduled", "False", gang.CREATE_FAILED, state.reason, base=cond)
     cond = p.condition("Failed", "True", "BackoffLimitExceeded", message, base=cond)
@@ -151,7 +158,9 @@ def _network_failed(
     return end(p, pods, "Failed", message, cond, ("Warning", "Failed"))
 
 
-def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int) -> Outcome:
+def _restart(
+    p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int, base: Any = None
+) -> Outcome:
     excluded = p.excluded
     for node in (state.node, *state.blamed):
         if node and node not in excluded:
@@ -161,7 +170,7 @@ def _restart(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, 
     held, until = _hold(p, state)
     if p.live is not None:
         write_record(p, p.live.with_restart(state.reason, excluded, into=restarts, held=held, until=until))
-    cond = p.condition("Ready", "False", state.cause, state.reason)
+    cond = p.condition("Ready", "False", state.cause, state.reason, base=base)
     cond = p.condition("Scheduled", "False", _scheduled_reason(state), message, base=cond)
     # The next attempt verifies its own network (it may run on other nodes).
     patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts, "network": None}

@@ -1,0 +1,89 @@
+"""Network namespaces on one bridge, as a CNI plugin gives pods: each member gets its own namespace, a veth
+pair whose outer end is on the bridge, and an address on a private subnet; `slow()` puts a token bucket (`tc
+tbf`) on both ends of one member's veth, so its link is slow for real in both directions.
+
+Used by the link-check test (tests/trainer/test_linkcheck.py). Needs root and iproute2; every address is inside
+namespaces made here (10.213.0.0/16), so nothing leaves the machine. `close()` deletes what was made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+
+SUBNET_PREFIX = "10.213"
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def available() -> bool:
+    """Whether this process may make network namespaces (root with iproute2)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        subprocess.run(["ip", "netns", "list"], check=True, capture_output=True)
+        subprocess.run(["tc", "-V"], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return True
+
+
+@dataclasses.dataclass
+class Bridge:
+    """A bridge and `members` namespaces on it; `tag` keeps names apart (interface names are 15 bytes at most)."""
+
+    tag: str
+    members: int
+    subnet: int = 1
+
+    def __post_init__(self) -> None:
+        self.bridge = f"pjbr{self.tag}"
+        self.made: list[str] = []
+        _ip("link", "add", self.bridge, "type", "bridge")
+        self.made.append(f"link:{self.bridge}")
+        _ip("addr", "add", f"{SUBNET_PREFIX}.{self.subnet}.254/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for index in range(self.members):
+            self._add_member(index)
+
+    def namespace(self, index: int) -> str:
+        return f"pj{self.tag}n{index}"
+
+    def address(self, index: int) -> str:
+        return f"{SUBNET_PREFIX}.{self.subnet}.{index + 1}"
+
+    def outer(self, index: int) -> str:
+        return f"pj{self.tag}v{index}"
+
+    def _add_member(self, index: int) -> None:
+        ns, outer = self.namespace(index), self.outer(index)
+        _ip("netns", "add", ns)
+        self.made.append(f"netns:{ns}")
+        _ip("link", "add", outer, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("link", "set", outer, "master", self.bridge, "up")
+        _ip("-n", ns, "addr", "add", f"{self.address(index)}/24", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+
+    def exec_prefix(self, index: int) -> list[str]:
+        """The command prefix that runs a process in member `index`'s namespace."""
+        return ["ip", "netns", "exec", self.namespace(index)]
+
+    def slow(self, index: int, mbit: float) -> None:
+        """Limit member `index`'s link to `mbit` Mbit/s both ways (tbf on the veth's two ends)."""
+        shape = ["tbf", "rate", f"{mbit:.0f}mbit", "burst", "256kb", "latency", "50ms"]
+        subprocess.run(["tc", "qdisc", "replace", "dev", self.outer(index), "root", *shape], check=True)
+        subprocess.run(
+            ["tc", "-n", self.namespace(index), "qdisc", "replace", "dev", "eth0", "root", *shape], check=True
+        )
+
+    def close(self) -> None:
+        """Delete the namespaces (their veths go with them) and the bridge, newest first."""
+        for item in reversed(self.made):
+            kind, name = item.split(":", 1)
+            args = ("netns", "delete", name) if kind == "netns" else ("link", "delete", name)
+            subprocess.run(["ip", *args], capture_output=True)
+        self.made.clear()
