@@ -34,6 +34,9 @@ IN_PLACE_RESTARTS = "inPlaceRestarts"
 # The operator's request for a checkpoint now, and rank 0's answer (the id served, once it is saved).
 CHECKPOINT_REQUEST = "checkpointRequest"
 CHECKPOINT_SERVED = "checkpointServed"
+# The nodes the last window of compute times named as stragglers (paralleljob_contract.stragglers.encode: a
+# compact JSON list, "[]" when none), sent at the end of each window.
+STRAGGLERS = "stragglers"
 
 
 def config_map_name(job: str) -> str:

@@ -126,6 +126,8 @@ class ProgressReporter:
             progress[channel.TOKENS_PER_SECOND] = repr(round(float(record["tokens_per_s"]), 1))
         if record.get("in_place_restarts") is not None:
             progress[channel.IN_PLACE_RESTARTS] = str(int(record["in_place_restarts"]))
+        if isinstance(record.get("stragglers"), list):
+            progress[channel.STRAGGLERS] = json.dumps(record["stragglers"], separators=(",", ":"))
         return progress
 
     def flush(self) -> None:

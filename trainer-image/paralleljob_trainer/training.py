@@ -21,12 +21,22 @@ import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import ProcessTopology
 from torch.distributed import distributed_c10d
 
-from paralleljob_contract import environment, heartbeat
+from paralleljob_contract import environment, heartbeat, stragglers
 from paralleljob_contract.environment import Launch, PodEnvironment
 from paralleljob_contract.jobfile import JobConfig
 from paralleljob_contract.layout import Coord
 from paralleljob_contract.model import training_flops
-from paralleljob_trainer import checkpoint, data, export, metrics, nccl_log, optimization, preflight, storage
+from paralleljob_trainer import (
+    checkpoint,
+    compute_timing,
+    data,
+    export,
+    metrics,
+    nccl_log,
+    optimization,
+    preflight,
+    storage,
+)
 from paralleljob_trainer.hooks import HookCaller, ProgressHook
 from paralleljob_trainer.model import build_pipeline
 from paralleljob_trainer.topology import build_topology, check_launch_matches, check_plan_matches, coords_of
@@ -62,6 +72,9 @@ class _Progress:
     network: dict[str, str] | None = None
     # Checkpoint requests (PARALLELJOB_CHECKPOINT_REQUESTS): rank 0's hooks, asked each step.
     requests: HookCaller | None = None
+    # Each rank's compute time, compared every window; the last window's named nodes ride on the next step record.
+    window: compute_timing.StragglerWindow | None = None
+    stragglers: list[dict[str, Any]] | None = None
 
 
 def init_distributed(env: PodEnvironment) -> None:
@@ -159,6 +172,7 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     launch = Launch.from_environ(os.environ)
     check_plan_matches(topology, job.plan, launch.world_size)
     check_launch_matches(job.plan, launch)
+    threshold, window_steps = stragglers.policy_from_environ(os.environ)
     stream = data.open_stream(job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed)
     check_storage(job, options, launch.rank)
     nccl_log_path = prepare_nccl_log(options.output_dir)
@@ -170,6 +184,8 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     verify_seconds = time.perf_counter() - started
     coords = coords_of(topology, dist.get_rank())
     engine = build_engine(job, topology)
+    if window_steps:
+        compute_timing.attach(engine)
     heartbeat.beat()
     hooks = HookCaller(list(options.hooks))
     writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, hooks)
@@ -186,6 +202,11 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
             progress = dataclasses.replace(progress, start_step=start_step, last_checkpoint_step=chosen.step)
             timings = {"verify_s": verify_seconds, "load_s": time.perf_counter() - started}
             writer.write(_resume_record(chosen) | timings, hook_method="on_checkpoint")
+        if window_steps:
+            device = getattr(engine, "device", "cpu")
+            progress.window = compute_timing.StragglerWindow(
+                job.plan, threshold, window_steps, device, first_step=progress.start_step + 1
+            )
         for step in range(progress.start_step + 1, job.training.steps + 1):
             _train_one_step(job, options, engine, stream, coords, step, writer, progress)
         _export_final_checkpoint(job, options, writer)
@@ -247,6 +268,7 @@ def _train_one_step(
     loss = float(engine.train_batch(data_iter=batches))
     seconds = time.perf_counter() - started
     heartbeat.beat()  # for the supervisor's progress timeout: this rank's step is done
+    _compare_compute(progress, writer, step)
     tokens = job.train_batch_size * job.model.sequence_length
     progress.first_loss = loss if progress.first_loss is None else progress.first_loss
     progress.last_loss, progress.tokens, progress.seconds = loss, progress.tokens + tokens, progress.seconds + seconds
@@ -254,6 +276,8 @@ def _train_one_step(
         record = _step_record(job, options, engine, step, loss, lr, seconds)
         if progress.network is not None:
             record["network"], progress.network = progress.network, None
+        if progress.stragglers is not None:
+            record["stragglers"], progress.stragglers = progress.stragglers, None
         writer.write(record, hook_method="on_step")
     request = _agreed_request(progress.requests, engine) if options.checkpoint_dir else None
     if options.checkpoint_dir and (_is_checkpoint_step(job, step) or request is not None):
@@ -264,6 +288,15 @@ def _train_one_step(
         record = {"event": "checkpoint", "step": step, "path": str(saved.folder), "bytes": saved.size}
         asked = {"request": request} if request else {}
         writer.write(record | asked | {"save_s": time.perf_counter() - started}, hook_method="on_checkpoint")
+
+
+def _compare_compute(progress: _Progress, writer: metrics.MetricsWriter, step: int) -> None:
+    """At a window's end: every rank's compute seconds gathered, rank 0's verdict written and kept for the
+    progress channel (on the next logged step record)."""
+    found = progress.window.after_step(step) if progress.window is not None else None
+    if found is not None:
+        writer.write(found)
+        progress.stragglers = found["stragglers"]
 
 
 def _agreed_request(requests: HookCaller | None, engine: Any) -> str | None:

@@ -1,0 +1,87 @@
+"""False positives and misses of straggler naming on this machine: the quickstart, throttled and not (issue 36).
+
+    flock /tmp/pj-heavy.lock .venv/bin/python bench/straggler_naming.py [--runs 5] [--steps 60]
+
+Each run is `paralleljob run examples/quickstart.yaml --gpus-per-node 2` (PP2 x TP2 x DP2 on 4 simulated nodes
+of 2 ranks, so every node has a peer doing identical work on another node); a throttled run adds
+`--throttle-node 1`, a real CPU cgroup quota of a third of that node's share of the machine. Per run it prints
+the nodes named in the summary, every window's slowest factor, and for a throttled run the detection delay: the
+step at whose end node 1 was first named. Then the totals: false positives (a run naming any node it should not)
+and misses (a throttled run not naming node 1), each out of --runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+THROTTLED = 1
+
+
+def one_run(folder: Path, steps: int, throttled: bool) -> dict[str, Any]:
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"]["training"]["steps"] = steps
+    doc["spec"]["training"]["data"]["path"] = str(ROOT / "operator" / "paralleljob")
+    job = folder / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    output = folder / "out"
+    command = [sys.executable, "-m", "paralleljob", "run", str(job), "--gpus-per-node", "2", "--output", str(output)]
+    command += ["--throttle-node", str(THROTTLED)] if throttled else []
+    started = time.monotonic()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    summary = json.loads((output / "summary.json").read_text())
+    windows = [
+        json.loads(line)
+        for line in (output / "metrics.jsonl").read_text().splitlines()
+        if '"event": "stragglers"' in line
+    ]
+    named = {s["nodeRank"] for s in summary["stragglers"]}
+    first = next((w["steps"][1] for w in windows if any(s["nodeRank"] == THROTTLED for s in w["stragglers"])), None)
+    return {
+        "throttled": throttled,
+        "named": sorted(named),
+        "factors": [s["factor"] for s in summary["stragglers"]],
+        "window_slowest": [w["slowest"] for w in windows],
+        "false_positive": bool(named - ({THROTTLED} if throttled else set())),
+        "miss": throttled and THROTTLED not in named,
+        "detected_at_step": first,
+        "tokens_per_s": summary["tokens_per_s"],
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="runs each way (throttled, unthrottled), alternating")
+    parser.add_argument("--steps", type=int, default=60)
+    arguments = parser.parse_args()
+    results = []
+    for _ in range(arguments.runs):
+        for throttled in (False, True):
+            with tempfile.TemporaryDirectory(prefix="straggler-bench-") as folder:
+                result = one_run(Path(folder), arguments.steps, throttled)
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    print(json.dumps({
+        "runs_each_way": arguments.runs,
+        "steps": arguments.steps,
+        "false_positives": sum(r["false_positive"] for r in results),
+        "misses": sum(r["miss"] for r in results),
+        "detected_at_steps": [r["detected_at_step"] for r in results if r["throttled"]],
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
