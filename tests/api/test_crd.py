@@ -61,7 +61,7 @@ def test_kubectl_get_pj_shows_the_columns_users_expect() -> None:
     default = [c["name"].upper() for c in columns if not c.get("priority")]
     wide = [c["name"].upper() for c in columns if c.get("priority") == 1]
     assert default == ["LAYOUT", "GPUS", "NODES", "PHASE", "STEP", "LOSS", "RESTARTS", "AGE"]
-    assert wide == ["TOKENS/S", "CHECKPOINT", "IN-PLACE", "MESSAGE"]
+    assert wide == ["TOKENS/S", "CHECKPOINT", "IN-PLACE", "STRAGGLERS", "MESSAGE"]
 
 
 def test_the_resource_is_namespaced_with_a_status_subresource_and_short_name() -> None:

@@ -7,8 +7,9 @@ peer catches up. The tensor-parallel collectives run inside forward and backward
 in `CLOCK.blocked()`, which takes its time back out. On CPU (gloo, where collectives block the host) the host
 clock measures; on GPU, CUDA events on the current stream, read once per window so no step synchronises.
 
-Every `window` steps each rank's seconds are gathered (one float per rank) and rank 0 compares them with
-`paralleljob_contract.stragglers.name_stragglers`.
+Each rank keeps its compute seconds of every step; every `window` steps each rank's median step is gathered
+(one float per rank) and rank 0 compares them with `paralleljob_contract.stragglers.name_stragglers`. The median,
+not the sum: on a shared host a rank descheduled for a few steps is noise, a slow device is slow every step.
 """
 
 from __future__ import annotations
@@ -85,10 +86,11 @@ class ComputeClock:
             self._seconds += sign * (time.perf_counter() - started)
 
     def take(self) -> float:
-        """The compute seconds measured since the last take (synchronises the GPU once), and start again."""
+        """The compute seconds measured since the last take, and start again. Taken after a step, whose loss
+        the host has already read (so the GPU is done with the step's events and waiting on them is free)."""
         seconds = self._seconds
         if self._events:
-            torch.cuda.synchronize()
+            self._events[-1][1].synchronize()
             seconds += sum(sign * begin.elapsed_time(end) / 1000.0 for begin, end, sign in self._events)
         self._seconds, self._events = 0.0, []
         return max(seconds, 0.0)
@@ -134,14 +136,18 @@ class StragglerWindow:
     device: Any
     first_step: int = 1
     clock: ComputeClock = dataclasses.field(default_factory=lambda: CLOCK)
+    # This rank's compute seconds of each step of the current window.
+    per_step: list[float] = dataclasses.field(default_factory=list)
 
     def after_step(self, step: int) -> dict[str, Any] | None:
         """At a window's last step: the record rank 0 writes (None on the other ranks and between windows)."""
+        self.per_step.append(self.clock.take())
         if (step - self.first_step + 1) % self.steps:
             return None
         window = (step - self.steps + 1, step)
         started = time.perf_counter()
-        every = gather(self.clock.take(), self.device)
+        every = gather(statistics.median(self.per_step), self.device)
+        self.per_step = []
         if dist.get_rank() != 0:
             return None
         layout, per_node = self.plan.layout, self.plan.ranks_per_node
@@ -154,7 +160,8 @@ class StragglerWindow:
             "stragglers": [s.to_dict() for s in named],
             # The largest factor of any node, named or not: how close the others came to the threshold.
             "slowest": None if slowest is None else {"nodeRank": slowest[0], "factor": round(slowest[1][0], 3)},
-            "compute_s": {"min": min(every), "median": statistics.median(every), "max": max(every)},
+            # Over the ranks, of each rank's median compute seconds per step.
+            "step_compute_s": {"min": min(every), "median": statistics.median(every), "max": max(every)},
             # What the gather and the comparison cost, once per window, outside any step's step_time_s.
             "compare_s": time.perf_counter() - started,
         }

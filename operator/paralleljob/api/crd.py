@@ -49,6 +49,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
         "description": "Of the restarts, those made inside the pods the gang had",
     },
+    {
+        "name": "Stragglers",
+        "type": "string",
+        "jsonPath": ".status.progress.stragglers[*].node",
+        "priority": 1,
+        "description": "Nodes the last window named slower than their peers (spec.failurePolicy.stragglers)",
+    },
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
 ]
 

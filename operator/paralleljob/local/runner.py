@@ -31,6 +31,7 @@ from paralleljob.local import gang as gangs
 from paralleljob.local import progress, report, startup, throttle
 from paralleljob.manifests import env as node_env
 from paralleljob.manifests import nccl
+from paralleljob.manifests import pods as pod_manifests
 from paralleljob.manifests.trainer_config import build_trainer_config, contract_plan
 from paralleljob.planning import Plan
 from paralleljob_contract import environment, launcher, supervisor
@@ -264,6 +265,7 @@ class LocalRun:
                 checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None,
                 resume_from=str(self.resume_from_dir) if self.resume_from_dir else None,
                 nccl_env=env_nccl,
+                stragglers=pod_manifests.straggler_policy(self.resolved),
             )
             # gloo's own interface variable: the loopback device for a single machine.
             env["GLOO_SOCKET_IFNAME"] = "lo"

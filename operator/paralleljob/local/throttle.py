@@ -9,10 +9,10 @@ not a faked timer. Needs root (the runners and CI are root); the cgroup is remov
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shlex
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,10 +37,17 @@ class Throttle:
         join = f'echo $$ > {shlex.quote(str(self.path / "cgroup.procs"))} && exec "$@"'
         return ["/bin/sh", "-c", join, "throttled-node", *argv]
 
-    def remove(self) -> None:
-        """Remove the cgroup (empty once the run's processes are gone); a leftover is harmless."""
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
+    def remove(self, wait_seconds: float = 10.0) -> None:
+        """Remove the cgroup once the run's last processes have left it (exiting ones linger a moment)."""
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    return  # a leftover empty cgroup is harmless; say nothing rather than fail a finished run
+                time.sleep(0.2)
 
 
 def quota_cores(share: float, nodes: int, cpus: int) -> float:

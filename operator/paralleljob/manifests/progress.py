@@ -18,6 +18,8 @@ from typing import Any
 
 from paralleljob.manifests import labels
 from paralleljob_contract import progress as channel
+from paralleljob_contract import stragglers as straggler_channel
+from paralleljob_contract.errors import ContractError
 
 # The label the operator's watch selects progress ConfigMaps by (the job is found from the object's name).
 PROGRESS_LABEL = "paralleljob.io/progress"
@@ -29,6 +31,8 @@ MAX_TOKENS_PER_SECOND = 1e12
 # The most in-place restarts a report may claim (the operator also bounds it by the attempt's budget).
 MAX_IN_PLACE_RESTARTS = 10**6
 MAX_MESSAGE_LENGTH = 512
+# The stragglers value: at most MAX_REPORTED entries of ~80 bytes each.
+MAX_STRAGGLERS_LENGTH = 4096
 REASON = re.compile(r"^[A-Z][A-Za-z]{0,31}$")
 VERDICTS = ("True", "False", "Unknown")
 TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
@@ -68,7 +72,9 @@ def _number(data: Mapping[str, Any], key: str, low: float, high: float) -> float
     return value if math.isfinite(value) and low <= value <= high else None
 
 
-def status_of(config_map: Mapping[str, Any], total_steps: int) -> dict[str, Any]:
+def status_of(
+    config_map: Mapping[str, Any], total_steps: int, nodes: Mapping[int, str] | None = None
+) -> dict[str, Any]:
     """`status.progress` and `status.lastCheckpointStep` from a progress ConfigMap, validated: a field rank 0
     wrote wrong is left out; without a valid step there is no progress at all. Steps cannot pass the job's
     spec.training.steps, and totalSteps comes from the spec, not from rank 0."""
@@ -88,6 +94,9 @@ def status_of(config_map: Mapping[str, Any], total_steps: int) -> dict[str, Any]
             progress["tokensPerSecond"] = round(throughput, 1)
         if updated is not None and TIMESTAMP.match(updated):
             progress["updated"] = updated
+        named = stragglers_of(data, total_steps, nodes or {})
+        if named is not None:
+            progress["stragglers"] = named
         found["progress"] = progress
     checkpoint = _count(data, channel.LAST_CHECKPOINT_STEP, total_steps)
     if checkpoint is not None:
@@ -95,6 +104,27 @@ def status_of(config_map: Mapping[str, Any], total_steps: int) -> dict[str, Any]
     if (network := network_of(data)) is not None:
         found["network"] = network
     return found
+
+
+def stragglers_of(data: Mapping[str, Any], total_steps: int, nodes: Mapping[int, str]) -> list[dict[str, Any]] | None:
+    """status.progress.stragglers from rank 0's last window (`nodes`: node rank to node name, from the placement);
+    None when absent or malformed. Entries naming a node rank outside the placement are dropped."""
+    text = data.get(channel.STRAGGLERS)
+    if not isinstance(text, str) or len(text) > MAX_STRAGGLERS_LENGTH:
+        return None
+    try:
+        entries = straggler_channel.decode(text)
+    except ContractError:
+        return None
+    named = []
+    for entry in entries:
+        rank, steps = entry["nodeRank"], entry["steps"]
+        factor = float(entry["factor"])
+        if (nodes and rank not in nodes) or not math.isfinite(factor) or max(steps) > total_steps:
+            continue
+        found = {"nodeRank": rank, "factor": round(factor, 2), "stage": entry["stage"], "steps": steps}
+        named.append({**found, **({"node": nodes[rank]} if rank in nodes else {})})
+    return named
 
 
 def in_place_restarts_of(config_map: Mapping[str, Any], since: str | None, budget: int) -> int | None:

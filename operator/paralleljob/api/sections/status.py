@@ -8,6 +8,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Literal
 
 from paralleljob.api.fields import RawObject, api_field
+from paralleljob.api.sections.stragglers import SlowNode
 
 if TYPE_CHECKING:
     pass
@@ -53,6 +54,11 @@ class Progress:
     loss: float | None = api_field("Training loss at step.", default=None)
     tokens_per_second: float | None = api_field("Training throughput of the whole job.", default=None)
     updated: str | None = api_field("When progress was last reported.", default=None, format="date-time")
+    stragglers: list[SlowNode] | None = api_field(
+        "The nodes the last window of compute times named slower than their peers (spec.failurePolicy.stragglers); "
+        "empty when none.",
+        default=None,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

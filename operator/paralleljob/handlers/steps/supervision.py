@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import conditions, gang, start_failures, watchdog
+from paralleljob.handlers import conditions, gang, start_failures, stragglers, watchdog
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.passes import (
     Outcome,
@@ -209,10 +209,16 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
         write_record(p, live)
     message = f"all {state.ready} pods running"
     cond = _network_conditions(p, p.condition("Ready", "True", "AllPodsRunning", message), network)
+    slow = stragglers.verdict((p.status.get("progress") or {}).get("stragglers"), _threshold(resolved))
+    if slow is not None:
+        cond = p.condition(stragglers.CONDITION, slow.status, slow.reason, slow.message, base=cond)
     patch = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
     before = conditions.find(p.status.get("conditions"), "NetworkVerified")
+    slow_before = conditions.find(p.status.get("conditions"), stragglers.CONDITION)
     if write_status(p, {**patch, "startTime": started}):
         _network_event(p, cond, before)
+    if stragglers.event_due(slow_before, slow):
+        p.event("Warning", stragglers.NAMED, slow.message if slow else "")
     if first_seen:
         p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
     elif found is not None:
@@ -228,6 +234,10 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
         grow = gang.GangState("broken", state.ready, why, cause=GROW_BACK)
         return broken(dataclasses.replace(p, record=live.with_grow_restart()), resolved, pods, grow)
     return Outcome("running", requeue_after=_resync(p, verdict.recheck_in, state.recheck_in))
+
+
+def _threshold(resolved: ResolvedJob) -> float:
+    return resolved.spec.failure_policy.stragglers.threshold
 
 
 def _rank0_report(p: Pass, resolved: ResolvedJob) -> dict[str, Any]:
