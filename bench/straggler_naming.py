@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,8 @@ def one_run(folder: Path, steps: int, throttled: bool) -> dict[str, Any]:
         "detected_at_step": first,
         "tokens_per_s": summary["tokens_per_s"],
         "wall_s": round(time.monotonic() - started, 1),
+        # The machine is shared: the 1-minute load average at the run's end says how busy it was.
+        "load_1min": round(os.getloadavg()[0], 1),
     }
 
 
