@@ -27,6 +27,8 @@ def copied(value: object, nodes: dict[int, str] = NODES) -> object:
         ("not a list", {"nodeRank": 1}, None),
         ("an entry without steps", [{"nodeRank": 1, "factor": 2.0, "stage": 0}], None),
         ("a node rank outside the placement is dropped", [{**ONE[0], "nodeRank": 9}], []),
+        ("the trainer's node name, matching", [{**ONE[0], "node": "gpu-b"}], [{**ONE[0], "node": "gpu-b"}]),
+        ("a node rank since moved to another node is dropped", [{**ONE[0], "node": "gpu-old"}], []),
         ("a window past spec.training.steps is dropped", [{**ONE[0], "steps": [41, 100]}], []),
         ("too long to be a report", "[" + " " * 5000 + "]", None),
     ],

@@ -37,3 +37,19 @@ def test_the_condition(named: list | None, expected: tuple | None) -> None:
 )
 def test_when_a_slow_node_event_is_due(before: dict | None, named: list | None, due: bool) -> None:
     assert stragglers.event_due(before, stragglers.verdict(named, 1.3)) is due
+
+
+@pytest.mark.parametrize(
+    ("named", "action", "excluded", "expected"),
+    [
+        ([SLOW], "Report", [], {}),
+        ([SLOW], "Replace", [], {"gpu-b": "is slower than its peers (2.57x, stage 0)"}),
+        ([SLOW], "Replace", ["gpu-b"], {}),  # already excluded (replaced): not again
+        ([{**SLOW, "node": "gpu-gone"}], "Replace", [], {}),  # no longer in the gang
+        ([{**SLOW, "node": None}], "Replace", [], {}),  # unnamed: never acted on
+        ([], "Replace", [], {}),
+        (None, "Replace", [], {}),
+    ],
+)
+def test_which_nodes_replace_takes_out(named: list | None, action: str, excluded: list, expected: dict) -> None:
+    assert stragglers.to_replace(named, ["gpu-a", "gpu-b"], excluded, action) == expected

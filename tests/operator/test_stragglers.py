@@ -50,3 +50,75 @@ def test_a_reported_straggler_is_named_in_status_condition_event_and_column(clus
     assert len([e for e in cluster.events() if e["reason"] == "SlowNode"]) == 1
     # Rank 0 names nodes; it never moves a pod.
     assert all(pod["status"]["phase"] == "Running" for pod in cluster.pods())
+
+
+# PP 2 x TP 4 x DP 2 on 4-GPU nodes: four node ranks, each with a peer (its stage in the other replica).
+REPLACE = {
+    "parallelism": {"pipeline": 2, "tensor": 4, "data": 2},
+    "failurePolicy": {"backoffLimit": 2, "stragglers": {"action": "Replace"}},
+}
+
+
+def confirm_deleted(cluster, name: str) -> None:
+    """What a kubelet does for a pod being deleted on a healthy node: confirm it (no kubelet runs here)."""
+    pod = next((p for p in cluster.pods() if p["metadata"]["name"] == name), None)
+    if pod is not None and pod["metadata"].get("deletionTimestamp"):
+        cluster.core.delete_namespaced_pod(name, "research", grace_period_seconds=0)
+
+
+def test_replace_with_a_spare_moves_the_slow_node_rank_to_it_and_excludes_the_node(cluster, operator):
+    cluster.add_nodes(6)
+    cluster.apply(job_doc(**{**REPLACE, "failurePolicy": {**REPLACE["failurePolicy"], "spareNodes": 1}}))
+    status = cluster.start_running(pods=4)
+    (spare,) = status["spareNodes"]
+    placed = {entry["nodeRank"]: entry["node"] for entry in status["placement"]}
+    before = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in cluster.pods()}
+    slow = [{"nodeRank": 1, "node": placed[1], "factor": 2.4, "stage": 0, "steps": [21, 40]}]
+    report(cluster, step="40", stragglers=json.dumps(slow))
+
+    def moved() -> bool:
+        confirm_deleted(cluster, "gpt-1")
+        pods = {pod["metadata"]["name"]: pod for pod in cluster.pods()}
+        new = pods.get("gpt-1")
+        return new is not None and new["metadata"]["uid"] != before["gpt-1"] and new["spec"].get("nodeName") == spare
+
+    wait_for(moved, timeout=60, what="gpt-1 made again on the spare")
+    assert placed[1] in cluster.status()["excludedNodes"]
+    for name in ("gpt-0", "gpt-2", "gpt-3"):  # the pods on the other nodes stay
+        assert next(p for p in cluster.pods() if p["metadata"]["name"] == name)["metadata"]["uid"] == before[name]
+    cluster.bind_all()
+    status = wait_for(
+        lambda: (s := cluster.status()).get("phase") == "Running" and s.get("podsReady") == 4 and s, what="Running"
+    )
+    assert status.get("restarts", 0) == 0
+    assert {e["nodeRank"]: e["node"] for e in status["placement"]} == {**placed, 1: spare}
+    # The slow node is excluded: the free sixth node becomes the next spare, never the slow one.
+    (free,) = {f"gpu-{i:03d}" for i in range(6)} - {*placed.values(), spare}
+    wait_for(lambda: cluster.status().get("spareNodes") == [free], timeout=30, what="a new spare, not the slow node")
+    # The stale report names node rank 1 on its old node: it no longer counts, so nothing moves again.
+    assert cluster.status()["progress"].get("stragglers") in (None, [])
+    assert {e["reason"] for e in cluster.events()} >= {"SpareTaken", "SpareReplaced", "SlowNode"}
+
+
+def test_replace_without_a_spare_restarts_the_gang_without_the_slow_node(cluster, operator):
+    cluster.add_nodes(5)
+    cluster.apply(job_doc(**REPLACE))
+    status = cluster.start_running(pods=4)
+    placed = {entry["nodeRank"]: entry["node"] for entry in status["placement"]}
+    slow = [{"nodeRank": 2, "node": placed[2], "factor": 3.1, "stage": 1, "steps": [1, 20]}]
+    report(cluster, step="20", stragglers=json.dumps(slow))
+    status = wait_for(lambda: (s := cluster.status()).get("restarts") == 1 and s, timeout=60, what="a gang restart")
+    assert status["excludedNodes"] == [placed[2]]
+    restarted = [e for e in cluster.events() if e["reason"] == "SlowNode"]
+    assert restarted and placed[2] in restarted[-1]["message"]
+    old = {pod["metadata"]["uid"] for pod in cluster.pods()}
+
+    def new_gang() -> list | None:
+        for pod in cluster.pods():
+            confirm_deleted(cluster, pod["metadata"]["name"])
+        pods = [pod for pod in cluster.pods() if pod["metadata"]["uid"] not in old]
+        return pods if len(pods) == 4 else None
+
+    # Re-planned on the four other nodes.
+    pods = wait_for(new_gang, timeout=60, what="the new gang's pods")
+    assert placed[2] not in {pod["metadata"]["labels"]["paralleljob.io/node"] for pod in pods}

@@ -15,6 +15,7 @@ not the sum: on a shared host a rank descheduled for a few steps is noise, a slo
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.runtime.pipe import schedule
 
-from paralleljob_contract import stragglers
+from paralleljob_contract import environment, stragglers
 from paralleljob_contract.jobfile import Plan
 
 # The instructions that compute; the others send, receive or all-reduce.
@@ -138,6 +139,15 @@ class StragglerWindow:
     clock: ComputeClock = dataclasses.field(default_factory=lambda: CLOCK)
     # This rank's compute seconds of each step of the current window.
     per_step: list[float] = dataclasses.field(default_factory=list)
+    # Each node rank's node (PARALLELJOB_NODE_NAME), gathered once: a report names the nodes this gang ran on,
+    # so the operator can tell it from a report about the same node rank on another node.
+    node_names: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        names: list[object] = [None] * dist.get_world_size()
+        dist.all_gather_object(names, os.environ.get(environment.NODE_NAME, ""))
+        per_node = self.plan.ranks_per_node
+        self.node_names = [str(names[rank] or "") for rank in range(0, len(names), per_node)]
 
     def after_step(self, step: int) -> dict[str, Any] | None:
         """At a window's last step: the record rank 0 writes (None on the other ranks and between windows)."""
@@ -152,7 +162,7 @@ class StragglerWindow:
             return None
         layout, per_node = self.plan.layout, self.plan.ranks_per_node
         factors = stragglers.node_factors(every, layout, per_node)
-        named = stragglers.name_stragglers(every, layout, per_node, window, self.threshold)
+        named = stragglers.name_stragglers(every, layout, per_node, window, self.threshold, self.node_names)
         slowest = max(factors.items(), key=lambda item: item[1][0], default=None)
         return {
             "event": "stragglers",

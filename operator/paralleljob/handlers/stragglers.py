@@ -49,3 +49,18 @@ def event_due(before: Mapping[str, Any] | None, now: Verdict | None) -> bool:
     if now is None or now.status != "True":
         return False
     return before is None or before.get("status") != "True" or before.get("message") != now.message
+
+
+def to_replace(
+    named: Sequence[Mapping[str, Any]] | None, gang_nodes: Sequence[str], excluded: Sequence[str], action: str
+) -> dict[str, str]:
+    """Under `action: Replace`, the named nodes of the running gang not yet excluded, each with why (the
+    wording of a lost node's reason: "node X <why>"); empty under Report or when none is named."""
+    if action != "Replace" or not named:
+        return {}
+    found = {}
+    for entry in named:
+        node = entry.get("node")
+        if isinstance(node, str) and node in gang_nodes and node not in excluded:
+            found[node] = f"is slower than its peers ({entry.get('factor')}x, stage {entry.get('stage')})"
+    return found

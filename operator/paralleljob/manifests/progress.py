@@ -108,7 +108,9 @@ def status_of(
 
 def stragglers_of(data: Mapping[str, Any], total_steps: int, nodes: Mapping[int, str]) -> list[dict[str, Any]] | None:
     """status.progress.stragglers from rank 0's last window (`nodes`: node rank to node name, from the placement);
-    None when absent or malformed. Entries naming a node rank outside the placement are dropped."""
+    None when absent or malformed. Entries naming a node rank outside the placement are dropped, and so are those
+    whose node (the trainer names the node each rank ran on) is not that node rank's now: a report about a
+    gang before its node rank moved to a spare."""
     text = data.get(channel.STRAGGLERS)
     if not isinstance(text, str) or len(text) > MAX_STRAGGLERS_LENGTH:
         return None
@@ -121,6 +123,8 @@ def stragglers_of(data: Mapping[str, Any], total_steps: int, nodes: Mapping[int,
         rank, steps = entry["nodeRank"], entry["steps"]
         factor = float(entry["factor"])
         if (nodes and rank not in nodes) or not math.isfinite(factor) or max(steps) > total_steps:
+            continue
+        if entry.get("node") and nodes and entry["node"] != nodes[rank]:
             continue
         found = {"nodeRank": rank, "factor": round(factor, 2), "stage": entry["stage"], "steps": steps}
         named.append({**found, **({"node": nodes[rank]} if rank in nodes else {})})

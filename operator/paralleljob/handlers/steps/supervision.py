@@ -223,6 +223,8 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
         p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
     elif found is not None:
         p = dataclasses.replace(p, record=_count_in_place_restarts(p, resolved, found, live))
+    if (slow := _slow_without_spare(p, resolved, live)) is not None:
+        return broken(p, resolved, pods, dataclasses.replace(slow, ready=state.ready))
     verdict = _progress_verdict(p, resolved, started, reported.get("progress"))
     if verdict.hung:
         hung = gang.GangState("broken", state.ready, verdict.message, cause=watchdog.NO_PROGRESS)
@@ -234,6 +236,16 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
         grow = gang.GangState("broken", state.ready, why, cause=GROW_BACK)
         return broken(dataclasses.replace(p, record=live.with_grow_restart()), resolved, pods, grow)
     return Outcome("running", requeue_after=_resync(p, verdict.recheck_in, state.recheck_in))
+
+
+def _slow_without_spare(p: Pass, resolved: ResolvedJob, live: records.AttemptRecord) -> gang.GangState | None:
+    """stragglers.action Replace with no spare left: the gang restarts re-planned without its named nodes."""
+    named = (p.status.get("progress") or {}).get("stragglers")
+    slow = stragglers.to_replace(named, live.nodes, p.excluded, resolved.spec.failure_policy.stragglers.action)
+    if not slow or live.spare_nodes:
+        return None
+    why = "; ".join(f"node {node} {reason}" for node, reason in slow.items())
+    return gang.GangState("broken", 0, why, node=next(iter(slow)), cause=stragglers.NAMED, blamed=tuple(slow))
 
 
 def _threshold(resolved: ResolvedJob) -> float:
