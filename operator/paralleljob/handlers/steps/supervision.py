@@ -223,8 +223,8 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
         p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
     elif found is not None:
         p = dataclasses.replace(p, record=_count_in_place_restarts(p, resolved, found, live))
-    if (slow := _slow_without_spare(p, resolved, live)) is not None:
-        return broken(p, resolved, pods, dataclasses.replace(slow, ready=state.ready))
+    if (slow_gang := _slow_without_spare(p, resolved, live)) is not None:
+        return broken(p, resolved, pods, dataclasses.replace(slow_gang, ready=state.ready))
     verdict = _progress_verdict(p, resolved, started, reported.get("progress"))
     if verdict.hung:
         hung = gang.GangState("broken", state.ready, verdict.message, cause=watchdog.NO_PROGRESS)
