@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from paralleljob_trainer.compute_timing import ComputeClock
+from paralleljob_trainer.compute_timing import ComputeClock, lower_quartile
 
 BLOCKED_SECONDS = 0.3
 
@@ -35,3 +35,10 @@ def test_blocked_outside_compute_and_a_stopped_clock_count_nothing() -> None:
     with clock.blocked():  # a pipeline send, say: never inside a compute instruction
         time.sleep(0.01)
     assert clock.take() == 0.0
+
+
+def test_the_window_figure_is_the_lower_quartile_step() -> None:
+    # 20 steps, three descheduled ones (noise only adds time): the figure stays the rank's own speed.
+    steps = [1.0 + 0.01 * i for i in range(17)] + [9.0, 9.0, 9.0]
+    assert lower_quartile(steps) == 1.04
+    assert lower_quartile([3.0]) == 3.0

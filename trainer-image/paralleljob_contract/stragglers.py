@@ -68,7 +68,7 @@ def name_stragglers(
 ) -> list[Straggler]:
     """The nodes whose ranks computed slower than their peers' median by more than `threshold`, slowest first.
 
-    `compute_seconds[rank]` is that rank's compute time (its median step) over the window `steps` (first, last
+    `compute_seconds[rank]` is that rank's compute time (the trainer: its lower-quartile step) over the window `steps` (first, last
     step). A rank's peers are the ranks of its group (same stage and tensor position, other replicas) on other nodes."""
     named = [
         Straggler(node, ratio, stage, steps[0], steps[1], _name(node_names, node))
