@@ -133,7 +133,11 @@ def trainer_step_time(tp: int, steps: int, timing: bool = True) -> float:
 
 def timing_overhead(steps: int, rounds: int) -> None:
     """--timing: the TP2 trainer with its per-rank compute timing (window 20, the default) against without it,
-    alternating rounds, best of each."""
+    alternating rounds, best of each; and the clock's own cost per step, from the cost of one timed section
+    (measured here) times the sections a rank times per step (4 micro-batches: a forward and a backward each,
+    the optimizer, and 4 TP collectives per block and micro-batch on a stage of 2 blocks)."""
+    section = clock_section_seconds()
+    sections = (BATCH // (MICRO * 2)) * (2 + 4 * MODEL["layers"] // 2) + 1
     runs = [(trainer_step_time(2, steps, False), trainer_step_time(2, steps, True)) for _ in range(rounds)]
     off, on = (min(column) for column in zip(*runs, strict=True))
     print(json.dumps({
@@ -141,7 +145,24 @@ def timing_overhead(steps: int, rounds: int) -> None:
         "timing_on_step_s": round(on, 4),
         "overhead": round(on / off - 1, 4),
         "rounds": [[round(a, 4), round(b, 4)] for a, b in runs],
+        "clock_section_us": round(section * 1e6, 2),
+        "sections_per_step": sections,
+        "clock_share_of_step": round(sections * section / off, 6),
+        "load_1min": round(os.getloadavg()[0], 1),
     }))  # fmt: skip
+
+
+def clock_section_seconds(count: int = 100_000) -> float:
+    """One timed section of the host clock (a compute section holding a blocked one, each counted), in seconds."""
+    from paralleljob_trainer.compute_timing import ComputeClock
+
+    clock = ComputeClock()
+    clock.start(cuda=False)
+    started = time.perf_counter()
+    for _ in range(count // 2):
+        with clock.compute(), clock.blocked():
+            pass
+    return (time.perf_counter() - started) / count
 
 
 def main() -> None:
