@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from paralleljob_trainer.compute_timing import ComputeClock, lower_quartile
+from paralleljob_trainer.compute_timing import ComputeClock, blocking, lower_quartile
 
 BLOCKED_SECONDS = 0.3
 
@@ -42,3 +42,14 @@ def test_the_window_figure_is_the_lower_quartile_step() -> None:
     steps = [1.0 + 0.01 * i for i in range(17)] + [9.0, 9.0, 9.0]
     assert lower_quartile(steps) == 1.04
     assert lower_quartile([3.0]) == 3.0
+
+
+def test_a_wrapped_collective_inside_compute_is_blocked_time() -> None:
+    # What attach does to deepspeed.comm's collectives: clipping's norm all-reduce inside the optimizer step
+    # waits on the replica's other stages, and that wait is not this rank's compute.
+    clock = ComputeClock()
+    clock.start(cuda=False)
+    slow_collective = blocking(lambda: time.sleep(BLOCKED_SECONDS), clock)
+    with clock.compute():
+        slow_collective()
+    assert 0.0 <= clock.take() < BLOCKED_SECONDS

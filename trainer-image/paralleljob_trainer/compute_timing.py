@@ -4,7 +4,9 @@ DeepSpeed's pipeline engine runs a step as a schedule of instructions; `attach` 
 engine (forward pass, backward pass, optimizer step) and leaves out the communicating ones (pipeline send and
 receive, the data-parallel gradient all-reduce, the tied-gradient all-reduce), which block while a slower
 peer catches up. The tensor-parallel collectives run inside forward and backward; `tensor_parallel` wraps each
-in `CLOCK.blocked()`, which takes its time back out. On CPU (gloo, where collectives block the host) the host
+in `CLOCK.blocked()`, which takes its time back out, and `attach` wraps DeepSpeed's own collectives
+(`deepspeed.comm`) the same way: the optimizer step's gradient-norm all-reduce spans the pipeline stages of a
+replica, so a rank whose stage-mate is slow waits there, and that wait must not make it look slow itself. On CPU (gloo, where collectives block the host) the host
 clock measures; on GPU, CUDA events on the current stream, read once per window so no step synchronises.
 
 Each rank keeps its compute seconds of every step; every `window` steps each rank's lower-quartile step is
@@ -18,6 +20,7 @@ name a node at 1.30 to 1.37 (docs/local.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import statistics
 import time
@@ -28,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from deepspeed import comm as deepspeed_comm
 from deepspeed.runtime.pipe import schedule
 
 from paralleljob_contract import environment, stragglers
@@ -104,13 +108,40 @@ class ComputeClock:
 CLOCK = ComputeClock()
 
 
+# DeepSpeed's collectives that can run inside a compute instruction (clipping's norm, overflow checks, the
+# pipeline's partitioned-activation gathers): blocked time when they do.
+DEEPSPEED_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce_scatter_tensor")
+
+
 def attach(engine: Any, clock: ComputeClock = CLOCK) -> None:
-    """Time this engine's compute instructions (an instance-level copy of DeepSpeed's instruction map)."""
+    """Time this engine's compute instructions (an instance-level copy of DeepSpeed's instruction map), with
+    DeepSpeed's collectives counted as blocked."""
+    block_collectives(deepspeed_comm, clock)
     timed = dict(engine._INSTRUCTION_MAP)
     for kind in COMPUTE_INSTRUCTIONS:
         timed[kind] = _timed(timed[kind], clock)
     engine._INSTRUCTION_MAP = timed
     clock.start(cuda=torch.cuda.is_available())
+
+
+def block_collectives(module: Any, clock: ComputeClock = CLOCK, names: tuple[str, ...] = DEEPSPEED_COLLECTIVES) -> None:
+    """Wrap `module`'s collective functions in `clock.blocked()` (once; a no-op outside a compute section)."""
+    for name in names:
+        function = getattr(module, name, None)
+        if function is not None and not getattr(function, "_paralleljob_blocked", False):
+            setattr(module, name, blocking(function, clock))
+
+
+def blocking(function: Callable[..., Any], clock: ComputeClock = CLOCK) -> Callable[..., Any]:
+    """`function` with its time counted as blocked when it runs inside a compute section."""
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with clock.blocked():
+            return function(*args, **kwargs)
+
+    run._paralleljob_blocked = True  # type: ignore[attr-defined]
+    return run
 
 
 def _timed(method: Callable[..., Any], clock: ComputeClock) -> Callable[..., Any]:
