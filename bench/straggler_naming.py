@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,9 @@ def one_run(folder: Path, steps: int, throttled: bool) -> dict[str, Any]:
         "named": sorted(named),
         "factors": [s["factor"] for s in summary["stragglers"]],
         "window_slowest": [w["slowest"] for w in windows],
+        # Each window's gather and comparison, outside every step's time.
+        "compare_s": [round(w["compare_s"], 4) for w in windows],
+        "step_s": round(median_step(output), 4),
         "false_positive": bool(named - ({THROTTLED} if throttled else set())),
         "miss": throttled and THROTTLED not in named,
         "detected_at_step": first,
@@ -63,6 +67,16 @@ def one_run(folder: Path, steps: int, throttled: bool) -> dict[str, Any]:
         # The machine is shared: the 1-minute load average at the run's end says how busy it was.
         "load_1min": round(os.getloadavg()[0], 1),
     }
+
+
+def median_step(output: Path) -> float:
+    """The run's median step time (its step records)."""
+    times = [
+        json.loads(line)["step_time_s"]
+        for line in (output / "metrics.jsonl").read_text().splitlines()
+        if '"event": "step"' in line
+    ]
+    return statistics.median(times)
 
 
 def main() -> None:
