@@ -1,6 +1,7 @@
 """False positives and misses of straggler naming on this machine: the quickstart, throttled and not (issue 36).
 
     flock /tmp/pj-heavy.lock .venv/bin/python bench/straggler_naming.py [--runs 5] [--steps 60]
+    .venv/bin/python bench/straggler_naming.py --scale    # rank 0's comparison and the report at 4,096 nodes
 
 Each run is `paralleljob run examples/quickstart.yaml --gpus-per-node 2` (PP2 x TP2 x DP2 on 4 simulated nodes
 of 2 ranks, so every node has a peer doing identical work on another node); a throttled run adds
@@ -79,11 +80,39 @@ def median_step(output: Path) -> float:
     return statistics.median(times)
 
 
+def scale() -> None:
+    """The comparison rank 0 runs each window, and the progress channel's `stragglers` value, at 4,096 nodes of
+    8 ranks (PP16 x TP8 x DP256), with one node in 97 slow and 60-character node names: the worst report."""
+    from paralleljob_contract import stragglers
+    from paralleljob_contract.layout import Layout
+
+    layout = Layout(pipeline=16, tensor=8, data=256)
+    compute = [1.0] * layout.world_size
+    for node in range(0, 4096, 97):
+        compute[node * 8 : node * 8 + 8] = [3.0] * 8
+    names = [f"{'x' * 50}-node-{i:04d}" for i in range(4096)]
+    started = time.perf_counter()
+    named = stragglers.name_stragglers(compute, layout, 8, (999_981, 1_000_000), 1.3, names)
+    seconds = time.perf_counter() - started
+    print(json.dumps({
+        "nodes": 4096,
+        "ranks": layout.world_size,
+        "named": len(named),
+        "report_bytes": len(stragglers.encode(named)),
+        "comparison_s": round(seconds, 3),
+        "gather_bytes_per_rank": 8 * layout.world_size,
+    }))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs each way (throttled, unthrottled), alternating")
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--scale", action="store_true", help="only the comparison and report at 4,096 nodes")
     arguments = parser.parse_args()
+    if arguments.scale:
+        scale()
+        return
     results = []
     for _ in range(arguments.runs):
         for throttled in (False, True):
