@@ -72,20 +72,22 @@ def take_spares(p: Pass, lost: Mapping[str, str]) -> Outcome | None:
     return Outcome("replacing-node", requeue_after=0.0)
 
 
-def exclude_slow_nodes(p: Pass, resolved: ResolvedJob) -> dict[str, str]:
+def exclude_slow_nodes(p: Pass, resolved: ResolvedJob) -> tuple[Pass, dict[str, str]]:
     """Under stragglers.action Replace, while the gang holds a spare: the named nodes of the gang, added to the
-    job's excluded nodes (record and status) before a spare takes their node rank like a lost node's."""
+    job's excluded nodes (record and status) before a spare takes their node rank like a lost node's; the pass
+    with the record as written, so that the move's own record keeps them."""
     live = p.live
     assert live is not None
     named = (p.status.get("progress") or {}).get("stragglers")
     action = resolved.spec.failure_policy.stragglers.action
     slow = stragglers.to_replace(named, live.nodes, p.excluded, action)
     if not slow or not live.spare_nodes:
-        return {}
+        return p, {}
     excluded = [*p.excluded, *slow]
-    write_record(p, dataclasses.replace(live, excluded_nodes=tuple(excluded)))
+    record = dataclasses.replace(live, excluded_nodes=tuple(excluded))
+    write_record(p, record)
     write_status(p, {"excludedNodes": excluded})
-    return slow
+    return dataclasses.replace(p, record=record), slow
 
 
 def choose(plan: Plan, ranks: Sequence[int], usable: Sequence[SpareNode]) -> dict[int, SpareNode] | None:
