@@ -31,6 +31,9 @@ CASES = {
         "spec.gpusPerNode": DELETE,
         "spec.deepspeed.train_batch_size": 32,
     },
+    # Found by the fuzzing (test_fuzz_specs): nodes without gpusPerNode is still a budget to CEL, so the twin
+    # must ask for the train batch too.
+    "nodes-without-gpus-per-node-or-batch": {"spec.parallelism": {"nodes": 2}, "spec.gpusPerNode": DELETE},
     "budget-sizes-agree": {"spec.parallelism.gpus": 16, "spec.deepspeed.train_batch_size": 32},
     "budget-sizes-disagree": {"spec.parallelism.gpus": 32, "spec.deepspeed.train_batch_size": 32},
     "budget-no-train-batch": {"spec.parallelism": {"gpus": 16}},

@@ -27,7 +27,9 @@ def test_a_reported_straggler_is_named_in_status_condition_event_and_column(clus
     named = [{"nodeRank": 1, "factor": 2.57, "stage": 0, "steps": [21, 40]}]
     report(cluster, step="40", stragglers=json.dumps(named))
 
-    status = wait_for(lambda: cluster.status()["progress"].get("stragglers") and cluster.status(), what="copied")
+    status = wait_for(
+        lambda: (cluster.status().get("progress") or {}).get("stragglers") and cluster.status(), what="copied"
+    )
     assert status["progress"]["stragglers"] == [{**named[0], "node": node}]
     condition = wait_for(
         lambda: next((c for c in cluster.status().get("conditions", []) if c["type"] == "Straggler"), None),

@@ -138,7 +138,10 @@ def _budget_matches_sizes(spec: t.ParallelJobSpec) -> Problem | None:
 
 
 def _budget_needs_train_batch(spec: t.ParallelJobSpec) -> Problem | None:
-    if budget_gpus(spec) is None or ds_int(spec, "train_batch_size") is not None:
+    # A budget is given as soon as gpus or nodes is, as the CEL twin reads it, even when nodes lacks the
+    # gpusPerNode that would make it a GPU count (its own rule says so).
+    given = spec.parallelism.gpus is not None or spec.parallelism.nodes is not None
+    if not given or ds_int(spec, "train_batch_size") is not None:
         return None
     return error(
         "spec.deepspeed.train_batch_size",
