@@ -82,7 +82,9 @@ def test_replace_with_a_spare_moves_the_slow_node_rank_to_it_and_excludes_the_no
         confirm_deleted(cluster, "gpt-1")
         pods = {pod["metadata"]["name"]: pod for pod in cluster.pods()}
         new = pods.get("gpt-1")
-        return new is not None and new["metadata"]["uid"] != before["gpt-1"] and new["spec"].get("nodeName") == spare
+        # Made again, pinned to the spare (bound below, as the scheduler would).
+        pinned_to = (new or {}).get("metadata", {}).get("labels", {}).get("paralleljob.io/node")
+        return new is not None and new["metadata"]["uid"] != before["gpt-1"] and pinned_to == spare
 
     wait_for(moved, timeout=60, what="gpt-1 made again on the spare")
     assert placed[1] in cluster.status()["excludedNodes"]
