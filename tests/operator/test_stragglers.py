@@ -99,8 +99,13 @@ def test_replace_with_a_spare_moves_the_slow_node_rank_to_it_and_excludes_the_no
     # The slow node is excluded: the free sixth node becomes the next spare, never the slow one.
     (free,) = {f"gpu-{i:03d}" for i in range(6)} - {*placed.values(), spare}
     wait_for(lambda: cluster.status().get("spareNodes") == [free], timeout=30, what="a new spare, not the slow node")
-    # The stale report names node rank 1 on its old node: it no longer counts, so nothing moves again.
-    assert cluster.status()["progress"].get("stragglers") in (None, [])
+    # Rank 0 reports again with the old window: it names node rank 1 on its old node, so it no longer counts
+    # (dropped from status) and nothing moves again.
+    moved_pod = next(p for p in cluster.pods() if p["metadata"]["name"] == "gpt-1")["metadata"]["uid"]
+    report(cluster, step="41", stragglers=json.dumps(slow))
+    wait_for(lambda: cluster.status()["progress"]["step"] == 41, what="step 41 copied")
+    assert cluster.status()["progress"].get("stragglers") == []
+    assert next(p for p in cluster.pods() if p["metadata"]["name"] == "gpt-1")["metadata"]["uid"] == moved_pod
     assert {e["reason"] for e in cluster.events()} >= {"SpareTaken", "SpareReplaced", "SlowNode"}
 
 
