@@ -1,6 +1,7 @@
 """CPU step-time ratio: the 3D trainer against the same GPT as a plain DeepSpeed PipelineModule without TP.
 
     .venv/bin/python bench/trainer_overhead.py [--steps 30]
+    .venv/bin/python bench/trainer_overhead.py --timing   # the per-rank compute timing's cost alone
 
 Same model (quickstart size: 4 layers, hidden 128, 4 heads, sequence 128, vocabulary 256, fp32, AdamW,
 clipping 1.0), global batch 16, micro-batch 4, at PP2 x DP2. Three runs:
@@ -24,6 +25,8 @@ import time
 from typing import Any
 
 import trainer_launch
+
+from paralleljob_contract import stragglers
 
 MODEL = {"layers": 4, "hiddenSize": 128, "attentionHeads": 4, "sequenceLength": 128, "vocabSize": 256}
 BATCH, MICRO, WARMUP = 16, 4, 5
@@ -118,12 +121,48 @@ def plain_step_time(steps: int) -> float:
     return float(json.loads(line[len("PLAIN ") :])["step_time_s"])
 
 
-def trainer_step_time(tp: int, steps: int) -> float:
+def trainer_step_time(tp: int, steps: int, timing: bool = True) -> float:
+    """The trainer's median step; `timing` False turns its per-rank compute timing off (straggler window 0)."""
     model = {**MODEL, "precision": "fp32"}
     document = trainer_launch.job_document(
         2, tp, 2, model, steps=steps, batch=BATCH, micro=MICRO, data={"source": "synthetic"}
     )
-    return trainer_launch.median_after_warmup(trainer_launch.run_trainer(document), "step_time_s", WARMUP)
+    env = None if timing else {stragglers.WINDOW_ENV: "0"}
+    return trainer_launch.median_after_warmup(trainer_launch.run_trainer(document, env), "step_time_s", WARMUP)
+
+
+def timing_overhead(steps: int, rounds: int) -> None:
+    """--timing: the TP2 trainer with its per-rank compute timing (window 20, the default) against without it,
+    alternating rounds, best of each; and the clock's own cost per step, from the cost of one timed section
+    (measured here) times the sections a rank times per step (4 micro-batches: a forward and a backward each,
+    the optimizer, and 4 TP collectives per block and micro-batch on a stage of 2 blocks)."""
+    section = clock_section_seconds()
+    sections = (BATCH // (MICRO * 2)) * (2 + 4 * MODEL["layers"] // 2) + 1
+    runs = [(trainer_step_time(2, steps, False), trainer_step_time(2, steps, True)) for _ in range(rounds)]
+    off, on = (min(column) for column in zip(*runs, strict=True))
+    print(json.dumps({
+        "timing_off_step_s": round(off, 4),
+        "timing_on_step_s": round(on, 4),
+        "overhead": round(on / off - 1, 4),
+        "rounds": [[round(a, 4), round(b, 4)] for a, b in runs],
+        "clock_section_us": round(section * 1e6, 2),
+        "sections_per_step": sections,
+        "clock_share_of_step": round(sections * section / off, 6),
+        "load_1min": round(os.getloadavg()[0], 1),
+    }))  # fmt: skip
+
+
+def clock_section_seconds(count: int = 100_000) -> float:
+    """One timed section of the host clock (a compute section holding a blocked one, each counted), in seconds."""
+    from paralleljob_trainer.compute_timing import ComputeClock
+
+    clock = ComputeClock()
+    clock.start(cuda=False)
+    started = time.perf_counter()
+    for _ in range(count // 2):
+        with clock.compute(), clock.blocked():
+            pass
+    return (time.perf_counter() - started) / count
 
 
 def main() -> None:
@@ -131,9 +170,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2, help="alternate the three runs this many times")
     parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--timing", action="store_true", help="only the per-rank compute timing's cost (issue 36)")
     arguments = parser.parse_args()
     if arguments.plain_worker:
         plain_worker(arguments.steps)
+        return
+    if arguments.timing:
+        timing_overhead(arguments.steps, arguments.rounds)
         return
     # Alternating rounds, best of each: other load on a shared machine only ever slows a run down.
     rounds = [

@@ -71,6 +71,7 @@ def test_kubectl_get_pj_shows_the_columns_users_expect() -> None:
         "STEP-S",
         "MODELED-S",
         "VS-MODEL",
+        "STRAGGLERS",
         "MESSAGE",
     ]
 

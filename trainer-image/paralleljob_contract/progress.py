@@ -46,6 +46,9 @@ TFLOPS_PER_GPU = "tflopsPerGpu"
 MFU = "mfu"
 STEP_SECONDS = "stepSeconds"
 MODELED_STEP_SECONDS = "modeledStepSeconds"
+# The nodes the last window of compute times named as stragglers (paralleljob_contract.stragglers.encode: a
+# compact JSON list, "[]" when none), sent at the end of each window.
+STRAGGLERS = "stragglers"
 
 
 def config_map_name(job: str) -> str:

@@ -137,6 +137,8 @@ class ProgressReporter:
         if self.validation_loss is not None:
             progress[channel.VALIDATION_LOSS] = self.validation_loss
         progress.update(efficiency_of(record))
+        if isinstance(record.get("stragglers"), list):
+            progress[channel.STRAGGLERS] = json.dumps(record["stragglers"], separators=(",", ":"))
         return progress
 
     def flush(self) -> None:

@@ -21,6 +21,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn import functional
 
 from paralleljob_trainer import weights
+from paralleljob_trainer.compute_timing import CLOCK
 
 # Set on parameters every tensor-parallel rank holds whole (norms, row-parallel biases, positions, replicated
 # K/V heads, and at TP 1 the embeddings and head).
@@ -74,7 +75,8 @@ def _all_reduce(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     if tp.size == 1:
         return tensor
     tensor = tensor.contiguous().clone()
-    dist.all_reduce(tensor, group=tp.group)
+    with CLOCK.blocked():  # waiting on the TP group is not this rank's compute
+        dist.all_reduce(tensor, group=tp.group)
     return tensor
 
 
@@ -90,7 +92,8 @@ def reduce_from_tensor_parallel(tensor: torch.Tensor, tp: TensorParallel) -> tor
 
 def _gather_sequence(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     parts = [torch.empty_like(tensor) for _ in range(tp.size)]
-    dist.all_gather(parts, tensor.contiguous(), group=tp.group)
+    with CLOCK.blocked():
+        dist.all_gather(parts, tensor.contiguous(), group=tp.group)
     return torch.cat(parts, dim=1)
 
 
@@ -99,7 +102,8 @@ def _reduce_scatter_sequence(tensor: torch.Tensor, tp: TensorParallel) -> torch.
         sequence_first = tensor.transpose(0, 1).contiguous()
         shape = (sequence_first.shape[0] // tp.size, *sequence_first.shape[1:])
         out = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
-        dist.reduce_scatter_tensor(out, sequence_first, group=tp.group)
+        with CLOCK.blocked():
+            dist.reduce_scatter_tensor(out, sequence_first, group=tp.group)
         return out.transpose(0, 1).contiguous()
     # gloo has no reduce-scatter: all-reduce and keep this rank's shard (same numbers, more bytes).
     return _all_reduce(tensor, tp).chunk(tp.size, dim=1)[tp.rank].contiguous()
@@ -185,7 +189,8 @@ def average_over_tensor_parallel(tensors: list[torch.Tensor], tp: TensorParallel
     for dtype in sorted({t.dtype for t in tensors}, key=str):
         same = [t for t in tensors if t.dtype == dtype]
         flat = _flatten_dense_tensors(same)
-        dist.all_reduce(flat, group=tp.group)
+        with CLOCK.blocked():
+            dist.all_reduce(flat, group=tp.group)
         if mean:
             flat.div_(tp.size)
         for tensor, mean in zip(same, _unflatten_dense_tensors(flat, same), strict=True):

@@ -22,13 +22,14 @@ import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import ProcessTopology
 from torch.distributed import distributed_c10d
 
-from paralleljob_contract import efficiency, environment, heartbeat
+from paralleljob_contract import efficiency, environment, heartbeat, stragglers
 from paralleljob_contract.environment import Launch, PodEnvironment
 from paralleljob_contract.jobfile import JobConfig
 from paralleljob_contract.layout import Coord
 from paralleljob_contract.model import training_flops
 from paralleljob_trainer import (
     checkpoint,
+    compute_timing,
     data,
     evaluation,
     export,
@@ -81,6 +82,9 @@ class _Progress:
     # of the run (the summary's); bounded, so a long run keeps a constant memory.
     window: list[float] = dataclasses.field(default_factory=list)
     recent: collections.deque[float] = dataclasses.field(default_factory=lambda: collections.deque(maxlen=1000))
+    # Each rank's compute time, compared every window; the last window's named nodes ride on the next step record.
+    straggler_window: compute_timing.StragglerWindow | None = None
+    stragglers: list[dict[str, Any]] | None = None
 
 
 def init_distributed(env: PodEnvironment) -> None:
@@ -179,6 +183,7 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     launch = Launch.from_environ(os.environ)
     check_plan_matches(topology, job.plan, launch.world_size)
     check_launch_matches(job.plan, launch)
+    threshold, window_steps = stragglers.policy_from_environ(os.environ)
     stream = data.open_stream(
         job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed, _held_out(job)
     )
@@ -200,6 +205,8 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     network_record = network.to_record() if network else None
     # After the groups exist, before step 1: every link of the layout timed (spec.network.preflight).
     network_record = linkcheck.check_at_start(job.plan.layout, job.plan.ranks_per_node, engine.grid, network_record)
+    if window_steps:
+        compute_timing.attach(engine)
     heartbeat.beat()
     hooks = HookCaller(list(options.hooks))
     writer = metrics.MetricsWriter(options.output_dir, dist.get_rank() == 0, hooks)
@@ -216,6 +223,11 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
             progress = dataclasses.replace(progress, start_step=start_step, last_checkpoint_step=chosen.step)
             timings = {"verify_s": verify_seconds, "load_s": time.perf_counter() - started}
             writer.write(_resume_record(chosen, job) | timings, hook_method="on_checkpoint")
+        if window_steps:
+            device = getattr(engine, "device", "cpu")
+            progress.straggler_window = compute_timing.StragglerWindow(
+                job.plan, threshold, window_steps, device, first_step=progress.start_step + 1
+            )
         for step in range(progress.start_step + 1, job.training.steps + 1):
             _train_one_step(job, options, engine, (stream, eval_stream), coords, step, writer, progress)
         _export_final_checkpoint(job, options, writer)
@@ -286,6 +298,7 @@ def _train_one_step(
     loss = float(engine.train_batch(data_iter=batches))
     seconds = time.perf_counter() - started
     heartbeat.beat()  # for the supervisor's progress timeout: this rank's step is done
+    _compare_compute(progress, writer, step)
     tokens = job.train_batch_size * job.model.sequence_length
     progress.first_loss = loss if progress.first_loss is None else progress.first_loss
     progress.last_loss, progress.tokens, progress.seconds = loss, progress.tokens + tokens, progress.seconds + seconds
@@ -301,6 +314,8 @@ def _train_one_step(
         progress.window.clear()
         if progress.network is not None:
             record["network"], progress.network = progress.network, None
+        if progress.stragglers is not None:
+            record["stragglers"], progress.stragglers = progress.stragglers, None
         writer.write(record, hook_method="on_step")
     request = _agreed_request(progress.requests, engine) if options.checkpoint_dir else None
     if options.checkpoint_dir and (_is_checkpoint_step(job, step) or request is not None):
@@ -311,6 +326,15 @@ def _train_one_step(
         record = {"event": "checkpoint", "step": step, "path": str(saved.folder), "bytes": saved.size}
         asked = {"request": request} if request else {}
         writer.write(record | asked | {"save_s": time.perf_counter() - started}, hook_method="on_checkpoint")
+
+
+def _compare_compute(progress: _Progress, writer: metrics.MetricsWriter, step: int) -> None:
+    """At a window's end: every rank's compute seconds gathered, rank 0's verdict written and kept for the
+    progress channel (on the next logged step record)."""
+    found = progress.straggler_window.after_step(step) if progress.straggler_window is not None else None
+    if found is not None:
+        writer.write(found)
+        progress.stragglers = found["stragglers"]
 
 
 def _agreed_request(requests: HookCaller | None, engine: Any) -> str | None:

@@ -91,6 +91,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
         "description": "Measured over modeled step time",
     },
+    {
+        "name": "Stragglers",
+        "type": "string",
+        "jsonPath": ".status.progress.stragglers[*].node",
+        "priority": 1,
+        "description": "Nodes the last window named slower than their peers (spec.failurePolicy.stragglers)",
+    },
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
 ]
 

@@ -34,6 +34,7 @@ from paralleljob.api.sections.status import (
     Phase,
     Progress,
 )
+from paralleljob.api.sections.stragglers import SlowNode, StragglerAction, Stragglers
 from paralleljob.api.sections.template import (
     ENV_KNOWN_PROPERTIES,
     PROJECTED_SOURCES,
@@ -78,6 +79,9 @@ __all__ = [
     "Progress",
     "RawObject",
     "RdmaResource",
+    "SlowNode",
+    "StragglerAction",
+    "Stragglers",
     "TokenDtype",
     "Topology",
     "Training",
@@ -170,6 +174,10 @@ class FailurePolicy:
         default=3,
         minimum=0,
         json_name="inPlaceRestarts",
+    )
+    stragglers: Stragglers = api_field(
+        "Naming (and optionally replacing) a node slower than its peers doing identical work.",
+        default_factory=Stragglers,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from paralleljob import planning
 from paralleljob.api import documents, verdicts
 from paralleljob.api.problems import errors_of
 from paralleljob.api.validation import ResolvedJob
-from paralleljob.local import report, runner
+from paralleljob.local import report, runner, throttle
 from paralleljob.planning import layout_search, plan_text
 
 
@@ -39,6 +40,13 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="continue from the output folder's checkpoints instead of starting afresh"
     )
+    parser.add_argument(
+        "--throttle-node",
+        type=int,
+        metavar="R",
+        help="for tests: hold node rank R to a fraction of its CPU share with a cgroup quota (a real slow node; root)",
+    )
+    parser.add_argument("--throttle-share", type=float, default=1 / 3, help="that fraction (default 1/3)", metavar="F")
     parser.set_defaults(run=run)
 
 
@@ -90,10 +98,18 @@ def run_valid(args: argparse.Namespace, resolved: ResolvedJob, console: Console)
     local = runner.LocalRun(resolved, shape, outcome, output, console, devices)
     try:
         local.prepare(Path(args.job).resolve(), resume=args.resume)
+        local.throttled = make_throttle(args, shape.nodes)
     except OSError as error:
         print(f"{args.job}: cannot write the output folder {output}: {error.strerror or error}")
         return 1
-    summary = local.execute()
+    except throttle.ThrottleError as error:
+        print(f"{args.job}: {error}")
+        return 1
+    try:
+        summary = local.execute()
+    finally:
+        if local.throttled is not None:
+            local.throttled.remove()
     report.print_summary(console, summary)
     report.write_summary(summary, output / "summary.json")
     return 0 if summary.succeeded else 1
@@ -129,3 +145,12 @@ def plan_locally(resolved: ResolvedJob, shape: runner.LocalShape) -> planning.Pl
     nodes = planning.local_cluster_nodes(shape.nodes, shape.gpus_per_node, offers=planning.pod_requests(sized))
     cluster = planning.build_cluster(nodes)
     return planning.plan_job(sized, cluster)
+
+
+def make_throttle(args: argparse.Namespace, nodes: int) -> throttle.Throttle | None:
+    """--throttle-node's cgroup, or None without it."""
+    if args.throttle_node is None:
+        return None
+    made = throttle.make(args.throttle_node, args.throttle_share, nodes, uuid.uuid4().hex[:8])
+    print(f"node rank {made.node_rank} throttled to {made.cores:.2f} CPUs ({made.path})")
+    return made

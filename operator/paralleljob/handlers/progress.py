@@ -35,6 +35,8 @@ class Copied:
 
     written: bool
     in_place_reported: bool = False
+    # The named stragglers changed: the job's pass turns them into its Straggler condition and SlowNode Event.
+    stragglers_changed: bool = False
 
 
 def copy_progress(session: Session, key: ProgressKey) -> Copied:
@@ -48,7 +50,10 @@ def copy_progress(session: Session, key: ProgressKey) -> Copied:
     if found is None or not labels.owned_by(found, uid) or total is None:
         return Copied(False)
     current = job.get("status") or {}
-    changed = {k: v for k, v in progress.status_of(found, total).items() if current.get(k) != v}
+    nodes = {int(p["nodeRank"]): str(p["node"]) for p in current.get("placement") or [] if "nodeRank" in p}
+    changed = {k: v for k, v in progress.status_of(found, total, nodes).items() if current.get(k) != v}
+    named = (changed.get("progress") or {}).get("stragglers")
+    stragglers_changed = named is not None and named != (current.get("progress") or {}).get("stragglers")
     if "progress" in changed:
         # A merge patch merges objects: null the fields this report lacks, so no stale loss stays beside a new step.
         old = current.get("progress") or {}
@@ -56,7 +61,7 @@ def copy_progress(session: Session, key: ProgressKey) -> Copied:
     if changed:
         writes.patch_job_status(session, key.namespace, key.name, changed)
     in_place = (found.get("data") or {}).get(channel.IN_PLACE_RESTARTS)
-    return Copied(bool(changed), in_place_reported=in_place not in (None, "0"))
+    return Copied(bool(changed), in_place not in (None, "0"), stragglers_changed)
 
 
 def _total_steps(job: Mapping[str, Any]) -> int | None:

@@ -248,7 +248,8 @@ def _spare_replacement(p: Pass, pinned: ResolvedJob, pods: Sequence[Mapping[str,
     if live.replacing:
         return replacement.replace_pods(p, pinned, pods)
     lost, _ = supervision.lost_past_grace(p, [*live.nodes, *live.spare_nodes])
-    return replacement.take_spares(p, {**lost, **replacement.vanished_on_lost_nodes(p, pods, lost)})
+    p, slow = replacement.exclude_slow_nodes(p, pinned)  # spec.failurePolicy.stragglers.action Replace
+    return replacement.take_spares(p, {**lost, **replacement.vanished_on_lost_nodes(p, pods, lost), **slow})
 
 
 def _written(p: Pass, decision: Decision | None) -> Outcome:

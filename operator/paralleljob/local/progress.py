@@ -31,6 +31,8 @@ class MetricsTail:
         self.steps: dict[int, dict[str, Any]] = {}
         self.checkpoints: list[int] = []
         self.summary: dict[str, Any] | None = None
+        # The trainer's `stragglers` records, one per window of compute times.
+        self.stragglers: list[dict[str, Any]] = []
 
     def poll(self) -> list[dict[str, Any]]:
         """New complete records since the last call."""
@@ -62,6 +64,8 @@ class MetricsTail:
             self.checkpoints.append(record["step"])
         elif event == "summary":
             self.summary = record
+        elif event == "stragglers":
+            self.stragglers.append(record)
 
     def latest(self) -> dict[str, Any] | None:
         return self.steps[max(self.steps)] if self.steps else None

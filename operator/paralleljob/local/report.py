@@ -43,6 +43,9 @@ class RunSummary:
     mfu: float | None = None
     step_seconds: float | None = None
     modeled_step_seconds: float | None = None
+    # Nodes named slower than their peers in any window: node, nodeRank, factor (the largest), stage,
+    # steps ([first, last] step of the windows that named it), windows (how many named it, of how many).
+    stragglers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -126,6 +129,25 @@ def _plot(curve: list[tuple[int, float]], path: Path, title: str, validation: li
     return path
 
 
+def straggler_summary(windows: list[dict[str, Any]], node_names: list[str]) -> list[dict[str, Any]]:
+    """One entry per node any window of the trainer named (metrics.jsonl's `stragglers` records)."""
+    nodes: dict[int, dict[str, Any]] = {}
+    for window in windows:
+        for named in window.get("stragglers") or []:
+            rank = int(named["nodeRank"])
+            first, last = named["steps"]
+            entry = nodes.setdefault(rank, {"node": _node_name(node_names, rank), "nodeRank": rank, "factor": 0.0})
+            entry["factor"] = max(entry["factor"], float(named["factor"]))
+            entry["stage"] = named["stage"]
+            entry["steps"] = [min(first, entry.get("steps", [first])[0]), last]
+            entry["windows"] = f"{int(entry.get('windows', '0').split('/')[0]) + 1}/{len(windows)}"
+    return sorted(nodes.values(), key=lambda entry: entry["nodeRank"])
+
+
+def _node_name(node_names: list[str], rank: int) -> str:
+    return node_names[rank] if 0 <= rank < len(node_names) else f"node-{rank}"
+
+
 def print_summary(console: Console, summary: RunSummary) -> None:
     status = "[green]succeeded[/]" if summary.succeeded else f"[red]failed[/]: {summary.reason}"
     console.print(f"\n[bold]{summary.job}[/] ({summary.layout}) {status}")
@@ -145,6 +167,13 @@ def print_summary(console: Console, summary: RunSummary) -> None:
     console.print(f"  restarts    {summary.restarts}", highlight=False)
     if summary.last_checkpoint_step is not None:
         console.print(f"  checkpoint  step {summary.last_checkpoint_step}", highlight=False)
+    for slow in summary.stragglers:
+        console.print(
+            f"  straggler   {slow['node']} (node rank {slow['nodeRank']}, stage {slow['stage']}): "
+            f"{slow['factor']:.2f}x its peers' compute, steps {slow['steps'][0]}-{slow['steps'][1]} "
+            f"({slow['windows']} windows)",
+            highlight=False,
+        )
     if summary.loss_curve:
         console.print(f"  loss curve  {summary.loss_curve}", highlight=False)
     console.print(f"  output      {summary.output_dir} (node-R.log, metrics.jsonl, summary.json)", highlight=False)

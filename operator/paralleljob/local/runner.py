@@ -28,9 +28,10 @@ from rich.console import Console
 
 from paralleljob.api.validation import ResolvedJob
 from paralleljob.local import gang as gangs
-from paralleljob.local import progress, report, startup
+from paralleljob.local import progress, report, startup, throttle
 from paralleljob.manifests import env as node_env
 from paralleljob.manifests import nccl
+from paralleljob.manifests import pods as pod_manifests
 from paralleljob.manifests.trainer_config import build_trainer_config, contract_plan
 from paralleljob.planning import Plan
 from paralleljob_contract import environment, launcher, supervisor
@@ -215,6 +216,8 @@ class LocalRun:
     console: Console
     # CUDA_VISIBLE_DEVICES per node rank (see gpu_slices); None runs on the CPU.
     devices: list[str] | None = None
+    # A node held to a fraction of its CPU share (tests of straggler naming), see local.throttle.
+    throttled: throttle.Throttle | None = None
 
     @property
     def checkpoint_dir(self) -> Path | None:
@@ -262,6 +265,7 @@ class LocalRun:
                 checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None,
                 resume_from=str(self.resume_from_dir) if self.resume_from_dir else None,
                 nccl_env=env_nccl,
+                stragglers=pod_manifests.straggler_policy(self.resolved),
             )
             # gloo's own interface variable: the loopback device for a single machine.
             env["GLOO_SOCKET_IFNAME"] = "lo"
@@ -271,17 +275,20 @@ class LocalRun:
             env[environment.TERMINATION_LOG] = str(self.termination_log(rank))
             if devices is not None:
                 env["CUDA_VISIBLE_DEVICES"] = devices[rank]
+            argv = supervisor_argv(
+                self.shape,
+                rank,
+                port,
+                self.resolved.spec.command,
+                in_place_restarts,
+                self.resolved.spec.failure_policy.progress_timeout_seconds,
+            )
+            if self.throttled is not None and self.throttled.node_rank == rank:
+                argv = self.throttled.wrap(argv)
             launches.append(
                 gangs.NodeLaunch(
                     rank,
-                    supervisor_argv(
-                        self.shape,
-                        rank,
-                        port,
-                        self.resolved.spec.command,
-                        in_place_restarts,
-                        self.resolved.spec.failure_policy.progress_timeout_seconds,
-                    ),
+                    argv,
                     env,
                     self.node_log(rank),
                     self.output / f"node-{rank}.pid",
@@ -456,4 +463,5 @@ class LocalRun:
             last_checkpoint_step=tail.checkpoints[-1] if tail.checkpoints else None,
             output_dir=str(self.output),
             loss_curve=str(picture) if picture else None,
+            stragglers=report.straggler_summary(tail.stragglers, [n.node for n in self.plan.nodes]),
         ).with_efficiency(final, latest)

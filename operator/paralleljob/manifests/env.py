@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from paralleljob_contract import stragglers as straggler_channel
 from paralleljob_contract.environment import PodEnvironment
 from paralleljob_contract.jobfile import Plan
 
@@ -27,6 +28,7 @@ def build_node_env(
     resume_from: str | None = None,
     progress_hook: str | None = None,
     nccl_env: Mapping[str, str] | None = None,
+    stragglers: tuple[float, int] | None = None,
 ) -> dict[str, str]:
     """The environment every trainer process of node rank `node_rank` (on node `node_name`) gets.
 
@@ -46,7 +48,13 @@ def build_node_env(
         resume_from=resume_from,
         progress_hook=progress_hook,
     )
-    return {"OMP_NUM_THREADS": "1", **dict(nccl_env or {}), **identity.to_environ()}
+    policy = straggler_env(*stragglers) if stragglers is not None else {}
+    return {"OMP_NUM_THREADS": "1", **dict(nccl_env or {}), **policy, **identity.to_environ()}
+
+
+def straggler_env(threshold: float, window_steps: int) -> dict[str, str]:
+    """spec.failurePolicy.stragglers for the trainer: its threshold and window (0: the timing is off)."""
+    return {straggler_channel.THRESHOLD_ENV: repr(float(threshold)), straggler_channel.WINDOW_ENV: str(window_steps)}
 
 
 def as_env_list(env: Mapping[str, str]) -> list[dict[str, str]]:

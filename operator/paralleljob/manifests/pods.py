@@ -170,6 +170,12 @@ def volumes(resolved: ResolvedJob) -> tuple[list[dict[str, Any]], list[dict[str,
     return pod_volumes, mounts
 
 
+def straggler_policy(resolved: ResolvedJob) -> tuple[float, int]:
+    """spec.failurePolicy.stragglers' threshold and window, as the trainer takes them."""
+    policy = resolved.spec.failure_policy.stragglers
+    return policy.threshold, policy.window_steps
+
+
 def node_env(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> list[dict[str, Any]]:
     """The container env: build_node_env's variables, then the user's spec.template.env (which
     `env_problems` keeps off the operator's names)."""
@@ -185,6 +191,7 @@ def node_env(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> li
         resume_from=RESUME_FROM_DIR if resume_from_folder(resolved) is not None else None,
         progress_hook=PROGRESS_HOOK if node_rank == 0 else None,
         nccl_env=settings.nccl_env,
+        stragglers=straggler_policy(resolved),
     )
     return env.as_env_list(variables) + copy.deepcopy(list(resolved.spec.template.env or []))
 

@@ -18,6 +18,8 @@ from typing import Any
 
 from paralleljob.manifests import labels
 from paralleljob_contract import progress as channel
+from paralleljob_contract import stragglers as straggler_channel
+from paralleljob_contract.errors import ContractError
 
 # The label the operator's watch selects progress ConfigMaps by (the job is found from the object's name).
 PROGRESS_LABEL = "paralleljob.io/progress"
@@ -34,6 +36,8 @@ MAX_IN_PLACE_RESTARTS = 10**6
 MAX_MESSAGE_LENGTH = 512
 # status.progress's ratio of the measured to the modeled step time (computed here, not reported by rank 0).
 STEP_OVER_MODELED = "stepOverModeled"
+# The stragglers value: at most MAX_REPORTED entries of ~80 bytes each.
+MAX_STRAGGLERS_LENGTH = 4096
 REASON = re.compile(r"^[A-Z][A-Za-z]{0,31}$")
 VERDICTS = ("True", "False", "Unknown")
 LAYOUT = re.compile(r"^PP\d{1,5}xTP\d{1,5}xDP\d{1,6}$")
@@ -74,7 +78,9 @@ def _number(data: Mapping[str, Any], key: str, low: float, high: float) -> float
     return value if math.isfinite(value) and low <= value <= high else None
 
 
-def status_of(config_map: Mapping[str, Any], total_steps: int) -> dict[str, Any]:
+def status_of(
+    config_map: Mapping[str, Any], total_steps: int, nodes: Mapping[int, str] | None = None
+) -> dict[str, Any]:
     """`status.progress` and `status.lastCheckpointStep` from a progress ConfigMap, validated: a field rank 0
     wrote wrong is left out; without a valid step there is no progress at all. Steps cannot pass the job's
     spec.training.steps, and totalSteps comes from the spec, not from rank 0."""
@@ -99,6 +105,9 @@ def status_of(config_map: Mapping[str, Any], total_steps: int) -> dict[str, Any]
             progress["updated"] = updated
         progress.update(efficiency_of(data))
         progress |= _resumed_layouts(data)
+        named = stragglers_of(data, total_steps, nodes or {})
+        if named is not None:
+            progress["stragglers"] = named
         found["progress"] = progress
     checkpoint = _count(data, channel.LAST_CHECKPOINT_STEP, total_steps)
     if checkpoint is not None:
@@ -137,6 +146,31 @@ def _resumed_layouts(data: Mapping[str, Any]) -> dict[str, str]:
     if saved is None or resumed is None or not LAYOUT.match(saved) or not LAYOUT.match(resumed):
         return {}
     return {"resumedFromLayout": saved, "resumedAtLayout": resumed}
+
+
+def stragglers_of(data: Mapping[str, Any], total_steps: int, nodes: Mapping[int, str]) -> list[dict[str, Any]] | None:
+    """status.progress.stragglers from rank 0's last window (`nodes`: node rank to node name, from the placement);
+    None when absent or malformed. Entries naming a node rank outside the placement are dropped, and so are those
+    whose node (the trainer names the node each rank ran on) is not that node rank's now: a report about a
+    gang before its node rank moved to a spare."""
+    text = data.get(channel.STRAGGLERS)
+    if not isinstance(text, str) or len(text) > MAX_STRAGGLERS_LENGTH:
+        return None
+    try:
+        entries = straggler_channel.decode(text)
+    except ContractError:
+        return None
+    named = []
+    for entry in entries:
+        rank, steps = entry["nodeRank"], entry["steps"]
+        factor = float(entry["factor"])
+        if (nodes and rank not in nodes) or not math.isfinite(factor) or max(steps) > total_steps:
+            continue
+        if entry.get("node") and nodes and entry["node"] != nodes[rank]:
+            continue
+        found = {"nodeRank": rank, "factor": round(factor, 2), "stage": entry["stage"], "steps": steps}
+        named.append({**found, **({"node": nodes[rank]} if rank in nodes else {})})
+    return named
 
 
 def in_place_restarts_of(config_map: Mapping[str, Any], since: str | None, budget: int) -> int | None:

@@ -8,6 +8,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Literal
 
 from paralleljob.api.fields import RawObject, api_field
+from paralleljob.api.sections.stragglers import SlowNode
 
 if TYPE_CHECKING:
     pass
@@ -80,6 +81,11 @@ class Progress:
     )
     resumed_at_layout: str | None = api_field(
         "Layout this attempt resumed at; it differs from resumedFromLayout when the checkpoint was re-cut.",
+        default=None,
+    )
+    stragglers: list[SlowNode] | None = api_field(
+        "The nodes the last window of compute times named slower than their peers (spec.failurePolicy.stragglers); "
+        "empty when none.",
         default=None,
     )
 

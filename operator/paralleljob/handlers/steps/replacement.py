@@ -18,13 +18,14 @@ supervision restarts the gang into the full size (`grow_when_fits`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob import planning
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import gang
+from paralleljob.handlers import gang, stragglers
 from paralleljob.handlers.nodes import shut_down
 from paralleljob.handlers.passes import Outcome, Pass, deleting_for, is_terminating, write_record, write_status
 from paralleljob.k8s import reads, writes
@@ -69,6 +70,24 @@ def take_spares(p: Pass, lost: Mapping[str, str]) -> Outcome | None:
     write_status(p, {"message": message, "spareNodes": list(record.spare_nodes) or None})
     p.event("Warning", "SpareTaken", message)
     return Outcome("replacing-node", requeue_after=0.0)
+
+
+def exclude_slow_nodes(p: Pass, resolved: ResolvedJob) -> tuple[Pass, dict[str, str]]:
+    """Under stragglers.action Replace, while the gang holds a spare: the named nodes of the gang, added to the
+    job's excluded nodes (record and status) before a spare takes their node rank like a lost node's; the pass
+    with the record as written, so that the move's own record keeps them."""
+    live = p.live
+    assert live is not None
+    named = (p.status.get("progress") or {}).get("stragglers")
+    action = resolved.spec.failure_policy.stragglers.action
+    slow = stragglers.to_replace(named, live.nodes, p.excluded, action)
+    if not slow or not live.spare_nodes:
+        return p, {}
+    excluded = [*p.excluded, *slow]
+    record = dataclasses.replace(live, excluded_nodes=tuple(excluded))
+    write_record(p, record)
+    write_status(p, {"excludedNodes": excluded})
+    return dataclasses.replace(p, record=record), slow
 
 
 def choose(plan: Plan, ranks: Sequence[int], usable: Sequence[SpareNode]) -> dict[int, SpareNode] | None:
@@ -234,7 +253,7 @@ def top_up(p: Pass, resolved: ResolvedJob, cluster: Cluster, held: Sequence[Rese
             live.gpus_per_node,
             order,
             wanted,
-            taken=live.spare_nodes,  # type: ignore[arg-type]
+            taken=(*live.spare_nodes, *p.excluded),  # excluded nodes (a replaced straggler) are no spares
         )
         if raw is not None
         else ()

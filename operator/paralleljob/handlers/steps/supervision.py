@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import conditions, gang, start_failures, step_promise, watchdog
+from paralleljob.handlers import conditions, gang, start_failures, step_promise, stragglers, watchdog
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.passes import (
     Outcome,
@@ -219,14 +219,22 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
     message = f"all {state.ready} pods running"
     cond = _network_conditions(p, p.condition("Ready", "True", "AllPodsRunning", message), network)
     cond = _step_promise(p, cond, reported.get("progress") or {}, policy.slower_than_modeled_factor)
+    slow = stragglers.verdict((p.status.get("progress") or {}).get("stragglers"), _threshold(resolved))
+    if slow is not None:
+        cond = p.condition(stragglers.CONDITION, slow.status, slow.reason, slow.message, base=cond)
     patch = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
     before = conditions.find(p.status.get("conditions"), "NetworkVerified")
+    slow_before = conditions.find(p.status.get("conditions"), stragglers.CONDITION)
     if write_status(p, {**patch, "startTime": started}):
         _network_event(p, cond, before)
+    if stragglers.event_due(slow_before, slow):
+        p.event("Warning", stragglers.NAMED, slow.message if slow else "")
     if first_seen:
         p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
     elif found is not None:
         p = dataclasses.replace(p, record=_count_in_place_restarts(p, resolved, found, live))
+    if (slow_gang := _slow_without_spare(p, resolved, live)) is not None:
+        return broken(p, resolved, pods, dataclasses.replace(slow_gang, ready=state.ready))
     verdict = _progress_verdict(p, resolved, started, reported.get("progress"))
     if verdict.hung:
         hung = gang.GangState("broken", state.ready, verdict.message, cause=watchdog.NO_PROGRESS)
@@ -238,6 +246,20 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
         grow = gang.GangState("broken", state.ready, why, cause=GROW_BACK)
         return broken(dataclasses.replace(p, record=live.with_grow_restart()), resolved, pods, grow)
     return Outcome("running", requeue_after=_resync(p, verdict.recheck_in, state.recheck_in))
+
+
+def _slow_without_spare(p: Pass, resolved: ResolvedJob, live: records.AttemptRecord) -> gang.GangState | None:
+    """stragglers.action Replace with no spare left: the gang restarts re-planned without its named nodes."""
+    named = (p.status.get("progress") or {}).get("stragglers")
+    slow = stragglers.to_replace(named, live.nodes, p.excluded, resolved.spec.failure_policy.stragglers.action)
+    if not slow or live.spare_nodes:
+        return None
+    why = "; ".join(f"node {node} {reason}" for node, reason in slow.items())
+    return gang.GangState("broken", 0, why, node=next(iter(slow)), cause=stragglers.NAMED, blamed=tuple(slow))
+
+
+def _threshold(resolved: ResolvedJob) -> float:
+    return resolved.spec.failure_policy.stragglers.threshold
 
 
 def _rank0_report(p: Pass, resolved: ResolvedJob) -> dict[str, Any]:
