@@ -1,7 +1,7 @@
 """Failover with leader election: how long no operator acts when the leader stops, and how fast a leader that
 lost its Lease stops.
 
-    .venv/bin/python bench/leader_failover.py [--lease-seconds 15] [--repeat 2]
+    .venv/bin/python -m bench.leader_failover [--lease-seconds 15] [--repeat 2]
 
 Each round starts `paralleljob operator --leader-elect` (the chart's Lease flags, with the chart's RBAC, through
 the fault proxy) on the operator tests' upstream control plane (tests/operator/server.py; one for every round,
@@ -22,12 +22,9 @@ import argparse
 import contextlib
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kubernetes
 

@@ -1,7 +1,7 @@
 """Rank 0's progress hook under a slow API server: how long a training step waits in `on_step` while each
 progress patch takes a second (it should not wait at all), and how many patches 20 reports cost.
 
-    .venv/bin/python bench/progress_hook.py [--latency 1.0] [--steps 20]
+    .venv/bin/python -m bench.progress_hook [--latency 1.0] [--steps 20]
 
 The API server is the upstream one of the operator tests (tests/operator/server.py: etcd and kube-apiserver),
 slowed by its fault proxy, which holds each patch of a ConfigMap `--latency` seconds before it forwards it. The
@@ -18,8 +18,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kubernetes
 

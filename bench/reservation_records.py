@@ -1,7 +1,7 @@
 """Reservations from the jobs' attempt records at 10,000 jobs: what reading them costs each admission, and what
 keeping them in memory would cost instead (a label-selected informer of the `-config` ConfigMaps).
 
-    .venv/bin/python bench/reservation_records.py [--jobs 10000] [--page-size 500] [--repeat 5]
+    .venv/bin/python -m bench.reservation_records [--jobs 10000] [--page-size 500] [--repeat 5]
 
 Every admission reads the records that reserve nodes (`reads.list_reserving_config_maps`: the ConfigMaps
 labelled paralleljob.io/reserving=true, cluster-wide, in pages) and turns them into reservations
@@ -39,8 +39,6 @@ import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paralleljob.handlers import reconcile
 from paralleljob.k8s import session as k8s_session

@@ -1,6 +1,6 @@
 """The in-pod supervisors' re-formation time at scale: N simulated node agents, no torch, one failed rank.
 
-    .venv/bin/python bench/supervisor_rendezvous.py [--nodes 256] [--ranks-per-node 8] [--rounds 3]
+    .venv/bin/python -m bench.supervisor_rendezvous [--nodes 256] [--ranks-per-node 8] [--rounds 3]
 
 Node rank 0's coordinator (`paralleljob_contract.coordinator.Coordinator`) serves on a loopback port, and N
 supervisors (`Supervisor`, the pods' own loop, each in a thread of this process) talk to it over HTTP as pods
@@ -17,12 +17,8 @@ import argparse
 import signal
 import socket
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer-image"))
 
 from paralleljob_contract import coordinator, supervisor
 

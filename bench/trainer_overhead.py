@@ -1,6 +1,6 @@
 """CPU step-time ratio: the 3D trainer against the same GPT as a plain DeepSpeed PipelineModule without TP.
 
-    .venv/bin/python bench/trainer_overhead.py [--steps 30]
+    .venv/bin/python -m bench.trainer_overhead [--steps 30]
 
 Same model (quickstart size: 4 layers, hidden 128, 4 heads, sequence 128, vocabulary 256, fp32, AdamW,
 clipping 1.0), global batch 16, micro-batch 4, at PP2 x DP2. Three runs:
@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-import trainer_launch
+from bench import common
 
 MODEL = {"layers": 4, "hiddenSize": 128, "attentionHeads": 4, "sequenceLength": 128, "vocabSize": 256}
 BATCH, MICRO, WARMUP = 16, 4, 5
@@ -113,17 +113,15 @@ def plain_worker(steps: int) -> None:
 
 
 def plain_step_time(steps: int) -> float:
-    output = trainer_launch.torchrun(4, [__file__, "--plain-worker", "--steps", str(steps)])
+    output = common.torchrun(4, [__file__, "--plain-worker", "--steps", str(steps)])
     line = next(line for line in output.splitlines() if line.startswith("PLAIN "))
     return float(json.loads(line[len("PLAIN ") :])["step_time_s"])
 
 
 def trainer_step_time(tp: int, steps: int) -> float:
     model = {**MODEL, "precision": "fp32"}
-    document = trainer_launch.job_document(
-        2, tp, 2, model, steps=steps, batch=BATCH, micro=MICRO, data={"source": "synthetic"}
-    )
-    return trainer_launch.median_after_warmup(trainer_launch.run_trainer(document), "step_time_s", WARMUP)
+    document = common.job_document(2, tp, 2, model, steps=steps, batch=BATCH, micro=MICRO, data={"source": "synthetic"})
+    return common.median_after_warmup(common.run_trainer(document), "step_time_s", WARMUP)
 
 
 def main() -> None:
