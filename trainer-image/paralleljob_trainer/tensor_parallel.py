@@ -57,24 +57,25 @@ class _CopyToTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_reduce(grad, ctx.tp), None
+        return all_reduce(grad, ctx.tp), None
 
 
 class _ReduceFromTensorParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
-        return _all_reduce(tensor, tp)
+        return all_reduce(tensor, tp)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
 
 
-def _all_reduce(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+def all_reduce(tensor: torch.Tensor, tp: TensorParallel, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
+    """`op` (a sum unless told) of `tensor` over the TP group, in a new tensor: autograd may still need the input."""
     if tp.size == 1:
         return tensor
     tensor = tensor.contiguous().clone()
-    dist.all_reduce(tensor, group=tp.group)
+    dist.all_reduce(tensor, op=op, group=tp.group)
     return tensor
 
 
@@ -102,7 +103,7 @@ def _reduce_scatter_sequence(tensor: torch.Tensor, tp: TensorParallel) -> torch.
         dist.reduce_scatter_tensor(out, sequence_first, group=tp.group)
         return out.transpose(0, 1).contiguous()
     # gloo has no reduce-scatter: all-reduce and keep this rank's shard (same numbers, more bytes).
-    return _all_reduce(tensor, tp).chunk(tp.size, dim=1)[tp.rank].contiguous()
+    return all_reduce(tensor, tp).chunk(tp.size, dim=1)[tp.rank].contiguous()
 
 
 class _GatherFromSequence(torch.autograd.Function):
