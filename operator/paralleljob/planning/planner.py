@@ -27,6 +27,8 @@ class PlanningOptions:
     """Knobs of the planner; the defaults are what the operator and the CLI use."""
 
     cost_model: CostModel = dataclasses.field(default_factory=CostModel)
+    # The pods' GPU count when the caller fixes it rather than spec.gpusPerNode (`paralleljob run`'s slots).
+    ranks_per_node: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,13 +58,18 @@ class _Miss:
 
 def plan_job(job: ResolvedJob, cluster: Cluster, options: PlanningOptions | None = None) -> Plan | Unschedulable:
     """Place `job` on `cluster`: a Plan, or an Unschedulable that says what is missing."""
-    ctx = _context(job, cluster, options or PlanningOptions())
+    options = options or PlanningOptions()
+    ctx = _context(job, cluster, options)
     spec = job.spec
     screened, tally = eligibility.screen(cluster.nodes, spec.template.node_selector, spec.template.tolerations)
     screened, short = eligibility.with_resources(screened, pod_requests(job))
     tally = tally.merged(short)
     groups = eligibility.by_product(screened, spec.topology.allow_mixed_gpu_products)
-    candidates = ranks_per_node_candidates(job, cluster.nodes, ctx.nvlink_label)
+    candidates = (
+        [options.ranks_per_node]
+        if options.ranks_per_node
+        else ranks_per_node_candidates(job, cluster.nodes, ctx.nvlink_label)
+    )
     memory = estimates.memory_per_gpu(ctx.work)
     plans: list[Plan] = []
     misses: list[_Miss] = []
@@ -93,7 +100,8 @@ def spares_for(
 ) -> tuple[SpareNode, ...]:
     """Up to `count` more hot spares, chosen as at planning, for a job on `nodes` (node rank order) whose spare
     was used or lost; `taken`: its spares. None while one of `nodes` is missing (its replacement comes first)."""
-    ctx = _context(job, cluster, options or PlanningOptions())
+    options = options or PlanningOptions()
+    ctx = _context(job, cluster, options)
     by_name = {node.name: node for node in cluster.nodes}
     placed = [by_name[name] for name in nodes if name in by_name]
     if count <= 0 or not placed or len(placed) < len(nodes):
