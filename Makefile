@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # DeepSpeed's shared-memory comm op is compiled once at install time instead of at every first run.
 DEEPSPEED_INSTALL := DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install --no-build-isolation deepspeed==0.19.8
 
-.PHONY: quickstart test lint setup setup-dev tools kwok cluster-demo images images-operator images-test
+.PHONY: quickstart test check lint setup setup-dev tools kwok cluster-demo images images-operator images-test
 
 quickstart: $(VENV)/.stamp-run
 	$(BIN)/paralleljob run examples/quickstart.yaml --output runs/quickstart
@@ -31,6 +31,12 @@ images:
 
 images-operator:
 	bash scripts/build-images.sh
+
+# The contributor's fast gate (README.md, "Contributing"): lint, types and every test that needs neither the control
+# plane nor a multi-process run (those are tests/operator, tests/upstream, tests/images and the tests marked `slow`).
+check: $(VENV)/.stamp-dev lint
+	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow and not trainer_image" \
+		--ignore=tests/operator --ignore=tests/upstream --ignore=tests/images
 
 images-test: $(VENV)/.stamp-dev tools images
 	$(BIN)/pytest -m trainer_image

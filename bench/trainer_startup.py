@@ -95,7 +95,7 @@ def plain_worker(steps: int) -> None:
 def trainer_worker(teardown: bool) -> None:
     """Runs under torchrun: the trainer's own entry point, its phases wrapped to be timed."""
     marks = Marks()
-    from paralleljob_contract import supervisor
+    from paralleljob_contract import ranks
     from paralleljob_trainer import cli, optimization, training
 
     marks.mark("imported")
@@ -118,7 +118,7 @@ def trainer_worker(teardown: bool) -> None:
     code = cli.main([])
     if teardown:
         sys.exit(code)
-    supervisor.exit_without_teardown(code)
+    ranks.exit_without_teardown(code)
 
 
 def _time_calls(module: Any, name: str, after: Any) -> None:

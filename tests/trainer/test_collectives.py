@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from paralleljob_contract.jobfile import parse_job_config
@@ -13,6 +14,7 @@ from tests.trainer import harness
 from tests.trainer.collective_workers import average_replicated_gradients, resume_from_own_folder, run_on_ranks
 
 
+@pytest.mark.slow  # a gang of processes: the training runs' lane, and not `make check`
 def test_ranks_resume_from_the_checkpoint_rank_0_lists_even_when_their_folder_differs(tmp_path: Path) -> None:
     folder = tmp_path / "rank-0" / "global_step6"
     folder.mkdir(parents=True)
@@ -33,6 +35,7 @@ def test_ranks_resume_from_the_checkpoint_rank_0_lists_even_when_their_folder_di
         assert "global_step6" in message and "manifest.json differs or is missing on rank 1" in message
 
 
+@pytest.mark.slow
 def test_replicated_gradients_are_averaged_over_tensor_parallel_before_the_data_parallel_reduction() -> None:
     results = run_on_ranks(average_replicated_gradients, 2)
 
