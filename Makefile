@@ -36,7 +36,7 @@ images-operator:
 # plane nor a multi-process run (those are tests/operator, tests/upstream, tests/images and the tests marked `slow`).
 check: $(VENV)/.stamp-dev lint
 	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow and not trainer_image" \
-		--ignore=tests/operator --ignore=tests/upstream --ignore=tests/images
+		--ignore-glob='tests/operator/*' --ignore-glob='tests/upstream/*' --ignore-glob='tests/images/*'
 
 images-test: $(VENV)/.stamp-dev tools images
 	$(BIN)/pytest -m trainer_image
