@@ -44,7 +44,8 @@ images-test: $(VENV)/.stamp-dev tools images
 lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy operator/paralleljob/api operator/paralleljob/planning trainer-image/paralleljob_contract
+	$(BIN)/mypy operator/paralleljob/api operator/paralleljob/planning operator/paralleljob/k8s operator/paralleljob/manifests \
+		operator/paralleljob/local operator/paralleljob/commands operator/paralleljob/defaults.py trainer-image/paralleljob_contract
 	$(BIN)/lint-imports
 
 setup: $(VENV)/.stamp-run

@@ -359,6 +359,6 @@ def run(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness or None,
         # kopf's default identity is user@host, and the user is looked up in /etc/passwd, where the image's
         # numeric user (65532, as runAsNonRoot wants it) has no entry: the lookup fails and the operator exits.
-        identity=f"paralleljob@{socket.gethostname()}",
+        identity=f"paralleljob@{socket.gethostname()}",  # type: ignore[arg-type]  # kopf does not export its Identity NewType
     )
     return 0
