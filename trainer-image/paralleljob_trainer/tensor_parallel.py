@@ -189,8 +189,8 @@ def average_over_tensor_parallel(tensors: list[torch.Tensor], tp: TensorParallel
         dist.all_reduce(flat, group=tp.group)
         if mean:
             flat.div_(tp.size)
-        for tensor, mean in zip(same, _unflatten_dense_tensors(flat, same), strict=True):
-            tensor.copy_(mean)
+        for tensor, reduced in zip(same, _unflatten_dense_tensors(flat, same), strict=True):
+            tensor.copy_(reduced)
 
 
 def column_shard(
