@@ -12,7 +12,7 @@ all-reduces, while norms and their activations shrink by TP. Each rank draws onl
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -47,6 +47,8 @@ class TensorParallel:
 
 
 SINGLE = TensorParallel(rank=0, size=1)
+# A tensor or a parameter: marking it keeps its type.
+TensorT = TypeVar("TensorT", bound=torch.Tensor)
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
@@ -81,12 +83,12 @@ def all_reduce(tensor: torch.Tensor, tp: TensorParallel, op: Any = dist.ReduceOp
 
 def copy_to_tensor_parallel(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     """Enter a parallel region: every rank sees the same input; gradients from all ranks are summed."""
-    return _CopyToTensorParallel.apply(tensor, tp)
+    return _CopyToTensorParallel.apply(tensor, tp)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
 
 
 def reduce_from_tensor_parallel(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     """Leave a parallel region: partial results of all ranks are summed."""
-    return _ReduceFromTensorParallel.apply(tensor, tp)
+    return _ReduceFromTensorParallel.apply(tensor, tp)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
 
 
 def _gather_sequence(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
@@ -132,7 +134,7 @@ def enter_parallel_region(tensor: torch.Tensor, tp: TensorParallel) -> torch.Ten
     """In front of column-parallel work: copy-to-TP, or under sequence parallelism all-gather the sequence
     (its backward reduce-scatters the summed input gradient)."""
     if tp.sequence_parallel and tp.size > 1:
-        return _GatherFromSequence.apply(tensor, tp)
+        return _GatherFromSequence.apply(tensor, tp)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
     return copy_to_tensor_parallel(tensor, tp)
 
 
@@ -140,17 +142,17 @@ def leave_parallel_region(tensor: torch.Tensor, tp: TensorParallel) -> torch.Ten
     """Behind row-parallel work: sum the partial results, or under sequence parallelism reduce-scatter them
     to this rank's sequence shard (its backward all-gathers the gradient)."""
     if tp.sequence_parallel and tp.size > 1:
-        return _ReduceScatterToSequence.apply(tensor, tp)
+        return _ReduceScatterToSequence.apply(tensor, tp)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
     return reduce_from_tensor_parallel(tensor, tp)
 
 
-def mark_sharded(parameter: torch.Tensor) -> torch.Tensor:
+def mark_sharded(parameter: TensorT) -> TensorT:
     """Count this shard in the gradient norm on every tensor-parallel rank (see `mark_replicated`)."""
     parameter.model_parallel = True  # type: ignore[attr-defined]
     return parameter
 
 
-def mark_replicated(parameter: torch.Tensor, tp: TensorParallel, sequence_partial: bool = True) -> torch.Tensor:
+def mark_replicated(parameter: TensorT, tp: TensorParallel, sequence_partial: bool = True) -> TensorT:
     """Count a parameter that every tensor-parallel rank holds whole exactly once in the gradient norm.
 
     DeepSpeed's `clip_grad_norm_` counts a gradient when the rank is rank 0 of the whole model-parallel slice
