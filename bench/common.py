@@ -23,10 +23,10 @@ from paralleljob.api import ResolvedJob, validate_document
 from paralleljob.manifests import labels, records
 from paralleljob.planning import synth
 from paralleljob_contract.layout import Layout
+from testcluster.api import Api
+from testcluster.product import Product
 from tests.operator.conftest import job_doc
 from tests.trainer import harness
-from tests.upstream.conftest import Api
-from tests.upstream.product import Product
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ labelled paralleljob.io/reserving=true, cluster-wide, in pages) and turns them i
 (`records.reservations_of`), under the admission lock, so that what another operator wrote just before is in
 it. The ConfigMap measured is the one the operator writes: a 16-node job (4x4x4 on 4-GPU nodes, the operator
 tests' job) admitted by a real admission pass on the operator tests' upstream control plane
-(tests/operator/server.py), as the API server returns it, then copied `--jobs` times under other names,
+(testcluster/server.py), as the API server returns it, then copied `--jobs` times under other names,
 namespaces, uids and nodes, all of them live (the worst case: every job of the cluster reserving).
 
 Prints:
@@ -43,7 +43,7 @@ from typing import Any
 from paralleljob.handlers import reconcile
 from paralleljob.k8s import session as k8s_session
 from paralleljob.manifests import labels, records
-from tests.operator import server as upstream
+from testcluster import server as upstream
 from tests.operator.conftest import Cluster, fresh_view, job_doc
 
 NODES_PER_JOB = 16

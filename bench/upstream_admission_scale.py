@@ -45,11 +45,11 @@ from paralleljob.k8s import session as k8s_session
 from paralleljob.manifests import records
 from paralleljob.planning.inventory import ClusterBuilder
 from paralleljob.planning.usage import UsageIndex
-from tests.operator import server as upstream
+from testcluster import controlplane
+from testcluster import server as upstream
+from testcluster.api import Api
+from testcluster.proxy import FaultProxy
 from tests.operator.conftest import Operator, job_doc, wait_for
-from tests.upstream import controlplane
-from tests.upstream.conftest import Api
-from tests.upstream.proxy import FaultProxy
 
 REPO = Path(__file__).resolve().parents[1]
 

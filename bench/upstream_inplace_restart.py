@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from bench.common import product_steps, wait_for
-from tests.upstream.product import Product
+from testcluster.product import Product
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from bench import common, kwok
 from paralleljob.k8s import timestamps
+from testcluster import controlplane
+from testcluster.api import Api
+from testcluster.cluster import wait_for
 from tests.operator.conftest import Operator, job_doc
-from tests.upstream import controlplane
-from tests.upstream.cluster import wait_for
-from tests.upstream.conftest import Api
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -26,9 +26,9 @@ import psutil
 import requests
 
 from bench import common, kwok
+from testcluster import controlplane
+from testcluster.api import Api
 from tests.operator.conftest import Operator, job_doc
-from tests.upstream import controlplane
-from tests.upstream.conftest import Api
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -30,8 +30,8 @@ from typing import Any
 import yaml
 
 from bench.common import product_steps, wait_for
-from tests.upstream.conftest import RELEASE_NAMESPACE
-from tests.upstream.product import Product
+from testcluster.api import RELEASE_NAMESPACE
+from testcluster.product import Product
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.upstream import controlplane
+from testcluster import controlplane
 
 # Each claim of the tests binds one of these; the kubelet gives a claim a folder of its own by its name.
 VOLUMES = 8
@@ -108,7 +108,7 @@ def up(folder: Path, nodes: int = 2, gpus_per_node: int = 4) -> Cluster:
         (folder / "nodes.json").write_text(json.dumps(definitions, indent=1))
         with (folder / "logs" / "kubelet.log").open("ab") as log:
             kubelet = subprocess.Popen(
-                [sys.executable, "-m", "tests.upstream.kubelet", str(folder)],
+                [sys.executable, "-m", "testcluster.kubelet", str(folder)],
                 cwd=controlplane.REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from tests.upstream.controlplane import REPO
+from testcluster.controlplane import REPO
 
 JOB = "quickstart"
 TOTAL_STEPS, CHECKPOINT_EVERY = 24, 8

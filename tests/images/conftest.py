@@ -1,5 +1,5 @@
-"""Fixtures for the image tests: the images `make images` built (the local store, tests/upstream/images.py), and
-commands run inside them the way the test cluster's kubelet runs a container (tests/upstream/sandbox.py): the
+"""Fixtures for the image tests: the images `make images` built (the local store, testcluster/images.py), and
+commands run inside them the way the test cluster's kubelet runs a container (testcluster/sandbox.py): the
 image's root filesystem under an overlay of the test's own, read-only unless asked, as the image's user unless
 told otherwise, with the chart's emptyDirs as the only writable folders.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.upstream import containers, controlplane, images
-from tests.upstream import sandbox as sandbox_program
+from testcluster import containers, controlplane, images
+from testcluster import sandbox as sandbox_program
 
 REPO = controlplane.REPO
 VERSION = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.MULTILINE)[1]  # type: ignore[index]

@@ -1,4 +1,4 @@
-"""Fixtures for operator tests: the upstream control plane (tests/operator/server.py: kube-apiserver, etcd and
+"""Fixtures for operator tests: the upstream control plane (testcluster/server.py: kube-apiserver, etcd and
 kube-controller-manager, one per test worker, shared by its tests one after another and reset between them),
 the operator as a `paralleljob operator` process talking to it through the fault proxy as the ServiceAccount
 the chart renders, with the chart's RBAC from `helm template` applied, a kubernetes client (the admin's,
@@ -27,10 +27,10 @@ import yaml
 from paralleljob.handlers import reconcile
 from paralleljob.handlers.nodes import NodeWatch
 from paralleljob.planning.usage import UsageIndex
+from testcluster import server as upstream
+from testcluster.server import UpstreamServer
 from tests.chart.conftest import RELEASE_NAMESPACE, render
 from tests.manifests.conftest import JOB_YAML
-from tests.operator import server as upstream
-from tests.operator.server import UpstreamServer
 
 OPERATOR_AGENTS = ("kopf", "paralleljob-operator")  # kopf's own requests, and paralleljob.k8s's
 
@@ -373,7 +373,7 @@ def gpus_oversubscribed(server: Any, gpus_per_node: int = 4) -> list[str]:
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamServer]:
-    """The worker's upstream control plane, started on first use (tests/operator/server.py)."""
+    """The worker's upstream control plane, started on first use (testcluster/server.py)."""
     yield from upstream.started(tmp_path_factory.mktemp("operator-control-plane"))
 
 

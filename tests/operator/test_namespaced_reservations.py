@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from testcluster.server import UpstreamServer
 from tests.chart.conftest import only, render
 from tests.operator.conftest import (
     OPERATOR_AGENTS,
@@ -19,7 +20,6 @@ from tests.operator.conftest import (
     job_doc,
     wait_for,
 )
-from tests.operator.server import UpstreamServer
 
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
 

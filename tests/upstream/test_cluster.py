@@ -3,7 +3,7 @@ GPU nodes with the real API server, runs a pod with the projected ServiceAccount
 admission added, reports its exit and termination message, honours graceful deletion, and a node that stops
 heartbeating is marked NotReady and tainted by the real node-lifecycle controller, and Ready again when it resumes.
 A killed container takes every process it started with it, and a pod's volumes never hide the repository and the
-Python environment its command runs from (tests/upstream/sandbox.py).
+Python environment its command runs from (testcluster/sandbox.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.upstream import cluster as upstream_cluster
-from tests.upstream import controlplane
-from tests.upstream.conftest import REPO, Api
+from testcluster import cluster as upstream_cluster
+from testcluster import controlplane
+from testcluster.api import REPO, Api
 
 SCRIPT = REPO / "scripts" / "local_cluster.py"
 PODS = "/api/v1/namespaces/default/pods"

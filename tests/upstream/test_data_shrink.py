@@ -26,11 +26,11 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
+from testcluster.api import RELEASE_NAMESPACE, REPO
+from testcluster.product import Product
+from testcluster.quickstart import JOB
 from tests.trainer import harness
 from tests.trainer.reference import train_reference
-from tests.upstream.conftest import RELEASE_NAMESPACE, REPO
-from tests.upstream.product import Product
-from tests.upstream.quickstart import JOB
 from tests.upstream.test_whole_product import OPERATOR_IMAGE, require_image, wait_for
 
 pytestmark = pytest.mark.slow

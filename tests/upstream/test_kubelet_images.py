@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.upstream import cluster as upstream_cluster
-from tests.upstream.conftest import Api
+from testcluster import cluster as upstream_cluster
+from testcluster.api import Api
 from tests.upstream.test_cluster import PODS, wait_for_pod
 from tests.upstream.test_whole_product import OPERATOR_IMAGE, require_image
 

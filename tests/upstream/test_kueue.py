@@ -1,4 +1,4 @@
-"""ParallelJobs queued through the real Kueue controller (tests/upstream/kueue.py) on the upstream control plane,
+"""ParallelJobs queued through the real Kueue controller (testcluster/kueue.py) on the upstream control plane,
 with the chart installed by `helm install --set kueue.enabled=true` as docs/install.md tells a user: the
 operator runs in a pod as the chart's ServiceAccount, and its pods run the bundled trainer (one rank each, to
 keep CI's time) under the process kubelet.
@@ -22,12 +22,12 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
+from testcluster import cluster as upstream_cluster
+from testcluster import controlplane, kueue
+from testcluster.api import CHART, RELEASE, RELEASE_NAMESPACE
+from testcluster.product import Product
+from testcluster.quickstart import LOSS_TOLERANCE, cluster_quickstart, losses
 from tests.trainer.reference import train_reference
-from tests.upstream import cluster as upstream_cluster
-from tests.upstream import controlplane, kueue
-from tests.upstream.conftest import CHART, RELEASE, RELEASE_NAMESPACE
-from tests.upstream.product import Product
-from tests.upstream.quickstart import LOSS_TOLERANCE, cluster_quickstart, losses
 
 pytestmark = pytest.mark.slow
 CLAIM = "checkpoints"

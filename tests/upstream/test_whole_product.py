@@ -30,12 +30,12 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
+from testcluster import cluster as upstream_cluster
+from testcluster import images
+from testcluster.api import RELEASE, RELEASE_NAMESPACE, REPO, Api
+from testcluster.product import Product
+from testcluster.quickstart import CHECKPOINT_EVERY, JOB, LOSS_TOLERANCE, TOTAL_STEPS, checkpoint_saved, losses
 from tests.trainer.reference import train_reference
-from tests.upstream import cluster as upstream_cluster
-from tests.upstream import images
-from tests.upstream.conftest import RELEASE, RELEASE_NAMESPACE, REPO, Api
-from tests.upstream.product import Product
-from tests.upstream.quickstart import CHECKPOINT_EVERY, JOB, LOSS_TOLERANCE, TOTAL_STEPS, checkpoint_saved, losses
 
 pytestmark = pytest.mark.slow
 EXAMPLE = REPO / "examples" / "quickstart-on-a-cluster.yaml"
