@@ -25,7 +25,7 @@ from paralleljob.planning import synth
 from paralleljob_contract.layout import Layout
 from testcluster.api import Api
 from testcluster.product import Product
-from tests.operator.conftest import job_doc
+from tests.operator.helpers import job_doc
 from tests.trainer import harness
 
 REPO = Path(__file__).resolve().parents[1]

@@ -30,8 +30,8 @@ import kubernetes
 
 from testcluster import server as upstream
 from testcluster.server import UpstreamServer
-from tests.chart.conftest import RELEASE_NAMESPACE
-from tests.operator.conftest import Cluster, Operator, install_operator_rbac, job_doc, wait_for
+from tests.chart.helpers import RELEASE_NAMESPACE
+from tests.operator.helpers import Cluster, Operator, install_operator_rbac, job_doc, wait_for
 from tests.operator.test_leader_election import TWO_NODES, OtherHolder, chart_leader_election_args, chart_lease_name
 
 

@@ -49,7 +49,7 @@ from testcluster import controlplane
 from testcluster import server as upstream
 from testcluster.api import Api
 from testcluster.proxy import FaultProxy
-from tests.operator.conftest import Operator, job_doc, wait_for
+from tests.operator.helpers import Operator, job_doc, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 

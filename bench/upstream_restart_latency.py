@@ -30,7 +30,7 @@ from paralleljob.k8s import timestamps
 from testcluster import controlplane
 from testcluster.api import Api
 from testcluster.cluster import wait_for
-from tests.operator.conftest import Operator, job_doc
+from tests.operator.helpers import Operator, job_doc
 
 REPO = Path(__file__).resolve().parents[1]
 

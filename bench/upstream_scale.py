@@ -28,7 +28,7 @@ import requests
 from bench import common, kwok
 from testcluster import controlplane
 from testcluster.api import Api
-from tests.operator.conftest import Operator, job_doc
+from tests.operator.helpers import Operator, job_doc
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.operator.conftest import generations_overlapping, job_doc, wait_for
+from tests.operator.helpers import generations_overlapping, job_doc, wait_for
 
 
 def env_of(pod):

@@ -14,8 +14,8 @@ import urllib.request
 import kubernetes
 import pytest
 
-from tests.chart.conftest import RELEASE_NAMESPACE, only, render
-from tests.operator.conftest import Operator, install_operator_rbac, job_doc, operator_requests, wait_for
+from tests.chart.helpers import RELEASE_NAMESPACE, only, render
+from tests.operator.helpers import Operator, install_operator_rbac, job_doc, operator_requests, wait_for
 
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
 LEASE_SECONDS = "6"  # short, for the test; still above what this loaded machine needs to renew in time

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from testcluster.server import UpstreamServer
-from tests.chart.conftest import only, render
-from tests.operator.conftest import (
+from tests.chart.helpers import only, render
+from tests.operator.helpers import (
     OPERATOR_AGENTS,
     Cluster,
     Operator,

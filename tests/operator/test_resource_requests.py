@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from testcluster.server import UpstreamServer
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.helpers import job_doc, wait_for
 
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}  # on 4-GPU nodes
 

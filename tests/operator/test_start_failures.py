@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from testcluster.server import UpstreamServer
-from tests.operator.conftest import Operator, job_doc, wait_for
+from tests.operator.helpers import Operator, job_doc, wait_for
 
 AN_HOUR = 3600.0
 TIMEOUT = 4

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from testcluster import controlplane
 from testcluster.api import Api
-from tests.operator.conftest import Operator
+from tests.operator.helpers import Operator
 
 
 def test_a_leader_logs_its_election_once_not_every_renewal(
