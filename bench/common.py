@@ -12,7 +12,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from paralleljob.api import ResolvedJob, validate_document
 from paralleljob.manifests import labels, records
 from paralleljob.planning import synth
 from paralleljob_contract.layout import Layout
+from testcluster import polling
 from testcluster.api import Api
 from testcluster.product import Product
 from tests.operator.helpers import job_doc
@@ -254,9 +254,5 @@ def product_steps(product: Product) -> list[dict[str, Any]]:
 
 
 def wait_for(what: str, predicate: Any, timeout: float = 600.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
+    """`testcluster.polling.wait_for` with the benches' order of arguments and their 10-minute default."""
+    return polling.wait_for(predicate, timeout, what)

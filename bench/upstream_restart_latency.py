@@ -29,7 +29,7 @@ from bench import common, kwok
 from paralleljob.k8s import timestamps
 from testcluster import controlplane
 from testcluster.api import Api
-from testcluster.cluster import wait_for
+from testcluster.polling import wait_for
 from tests.operator.helpers import Operator, job_doc
 
 REPO = Path(__file__).resolve().parents[1]

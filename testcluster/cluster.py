@@ -13,7 +13,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -130,12 +129,3 @@ def down(folder: Path) -> None:
 def attach(folder: Path) -> Cluster:
     """The cluster that `up` started in `folder` (from another process)."""
     return Cluster(controlplane.State.load(folder.resolve()))
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")

@@ -18,6 +18,7 @@ import yaml
 from paralleljob.handlers import reconcile
 from paralleljob.handlers.nodes import NodeWatch
 from paralleljob.planning.usage import UsageIndex
+from testcluster import polling
 from testcluster import server as upstream
 from testcluster.server import UpstreamServer
 from tests.chart.helpers import RELEASE_NAMESPACE, render
@@ -214,17 +215,8 @@ def made_here(listing: Any) -> list[str]:
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-        except kubernetes.client.ApiException as error:
-            last = error
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+    """`testcluster.polling.wait_for`, an API error counting as not yet (the object may not exist yet)."""
+    return polling.wait_for(predicate, timeout, what, tolerate=(kubernetes.client.ApiException,))
 
 
 def operator_requests(server: UpstreamServer) -> list[tuple[str, str, str, str]]:

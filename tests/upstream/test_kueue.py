@@ -22,8 +22,7 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
-from testcluster import cluster as upstream_cluster
-from testcluster import controlplane, kueue
+from testcluster import controlplane, kueue, polling
 from testcluster.api import CHART, RELEASE, RELEASE_NAMESPACE
 from testcluster.product import Product
 from testcluster.quickstart import LOSS_TOLERANCE, cluster_quickstart, losses
@@ -165,7 +164,7 @@ def pods(product: Product, namespace: str, job: str) -> list[dict[str, Any]]:
 
 def wait_for(product: Product, what: str, condition_met: Any, timeout: float = 240) -> Any:
     try:
-        return upstream_cluster.wait_for(condition_met, timeout, what)
+        return polling.wait_for(condition_met, timeout, what)
     except TimeoutError as error:
         kueue_log = (product.cluster.folder / "logs" / "kueue.log").read_text(errors="replace")[-3000:]
         seen = product.kubectl("get", "pj,workloads,clusterqueues,pods", "-A", "-o", "wide")

@@ -30,8 +30,7 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
-from testcluster import cluster as upstream_cluster
-from testcluster import images
+from testcluster import images, polling
 from testcluster.api import RELEASE, RELEASE_NAMESPACE, REPO, Api
 from testcluster.product import Product
 from testcluster.quickstart import CHECKPOINT_EVERY, JOB, LOSS_TOLERANCE, TOTAL_STEPS, checkpoint_saved, losses
@@ -87,7 +86,7 @@ def product(tmp_path: Path) -> Iterator[Product]:
 
 def wait_for(what: str, condition: Any, product: Product, timeout: float) -> Any:
     try:
-        return upstream_cluster.wait_for(condition, timeout, what)
+        return polling.wait_for(condition, timeout, what)
     except TimeoutError as error:
         pytest.fail(f"{error}; {product.what_was_seen()}")
 
