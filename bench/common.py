@@ -7,7 +7,6 @@ benchmarks and tests run the trainer the same way. kwok, which plays the fake no
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from bench import kwok
 from paralleljob.api import ResolvedJob, validate_document
 from paralleljob.manifests import labels, records
 from paralleljob.planning import synth
+from paralleljob_contract import metrics
 from paralleljob_contract.layout import Layout
 from testcluster import polling
 from testcluster.api import Api
@@ -239,18 +239,8 @@ def best_and_median(samples: list[float]) -> str:
 
 
 def product_steps(product: Product) -> list[dict[str, Any]]:
-    path = product.checkpoints() / "metrics" / "metrics.jsonl"
-    if not path.exists():
-        return []
-    found = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("event") == "step":
-            found.append(record)
-    return found
+    """Rank 0's step records of the product's run, from its metrics.jsonl on the checkpoint volume."""
+    return metrics.read_records(product.checkpoints() / "metrics" / metrics.FILE, "step")
 
 
 def wait_for(what: str, predicate: Any, timeout: float = 600.0) -> Any:

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
+from paralleljob_contract import metrics as metrics_file
 from testcluster.api import RELEASE_NAMESPACE, REPO
 from testcluster.product import Product
 from testcluster.quickstart import JOB
@@ -55,8 +56,7 @@ def runs(metrics: Path) -> list[dict[str, Any]]:
     """Each gang's part of a metrics.jsonl (a `resume` record opens the next): the step it resumed from and its
     losses by step."""
     found: list[dict[str, Any]] = [{"resumed": None, "losses": {}}]
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line)
+    for record in metrics_file.read_records(metrics):
         if record.get("event") == "resume":
             found.append({"resumed": int(record["step"]), "losses": {}})
         elif record.get("event") == "step":
