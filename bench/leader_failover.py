@@ -31,8 +31,17 @@ import kubernetes
 from testcluster import server as upstream
 from testcluster.server import UpstreamServer
 from tests.chart.helpers import RELEASE_NAMESPACE
-from tests.operator.helpers import Cluster, Operator, install_operator_rbac, job_doc, wait_for
-from tests.operator.test_leader_election import TWO_NODES, OtherHolder, chart_leader_election_args, chart_lease_name
+from tests.operator.helpers import (
+    TWO_NODES,
+    Cluster,
+    Operator,
+    OtherHolder,
+    chart_leader_election_args,
+    chart_lease_name,
+    install_operator_rbac,
+    job_doc,
+    wait_for,
+)
 
 
 def lease_holder(cluster: Cluster) -> str:

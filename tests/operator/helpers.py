@@ -4,9 +4,11 @@ never from a conftest.
 
 from __future__ import annotations
 
+import datetime
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,7 +23,7 @@ from paralleljob.planning.usage import UsageIndex
 from testcluster import polling
 from testcluster import server as upstream
 from testcluster.server import UpstreamServer
-from tests.chart.helpers import RELEASE_NAMESPACE, render
+from tests.chart.helpers import RELEASE_NAMESPACE, only, render
 from tests.manifests.helpers import JOB_YAML
 
 OPERATOR_AGENTS = ("kopf", "paralleljob-operator")  # kopf's own requests, and paralleljob.k8s's
@@ -352,3 +354,80 @@ def gpus_oversubscribed(server: Any, gpus_per_node: int = 4) -> list[str]:
         if used > gpus_per_node:
             found.append(f"{node}: {used} GPUs requested after {change.kind} {key}")
     return found
+
+
+def restarted(cluster, attempt, pods=16):
+    found = cluster.pods()
+    attempts = {p["metadata"]["labels"]["paralleljob.io/attempt"] for p in found}
+    return len(found) == pods and attempts == {str(attempt)} and cluster.status().get("restarts") == attempt
+
+
+TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
+
+
+def chart_leader_election_args() -> list[str]:
+    """The leader-election flags of the chart's Deployment (its Lease, in the release namespace)."""
+    args = only(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    return [a for a in args if a.startswith(("--leader-elect", "--leader-election-"))]
+
+
+def chart_lease_name() -> str:
+    (flag,) = (a for a in chart_leader_election_args() if a.startswith("--leader-election-lease="))
+    return flag.split("=", 1)[1]
+
+
+class OtherHolder:
+    """Another operator's replica holding a Lease and renewing it every half second."""
+
+    def __init__(self, cluster, namespace: str, name: str, identity: str, annotations: dict | None = None) -> None:
+        self.api = kubernetes.client.CoordinationV1Api(cluster.client)
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.metadata = {"name": name, "labels": {"paralleljob.io/operator-lease": "true"}, "annotations": annotations}
+        self._stop = threading.Event()
+
+    def spec(self) -> dict:
+        now = micro_time()
+        return {"holderIdentity": self.identity, "leaseDurationSeconds": 3, "acquireTime": now, "renewTime": now}
+
+    def take(self) -> OtherHolder:
+        """Create the Lease, or take it over from whoever holds it (retrying while their renewals conflict)."""
+        for _ in range(50):
+            try:
+                lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            except kubernetes.client.ApiException as error:
+                if error.status != 404:
+                    raise
+                self.api.create_namespaced_lease(self.namespace, {"metadata": self.metadata, "spec": self.spec()})
+                break
+            lease.spec = self.spec()
+            if self._replaced(lease):
+                break
+        else:
+            raise AssertionError(f"could not take the Lease {self.name}")
+        threading.Thread(target=self._renew, daemon=True).start()
+        return self
+
+    def _replaced(self, lease) -> bool:
+        try:
+            self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+        except kubernetes.client.ApiException as error:
+            if error.status != 409:
+                raise
+            return False
+        return True
+
+    def _renew(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                lease = self.api.read_namespaced_lease(self.name, self.namespace)
+                lease.spec.holder_identity, lease.spec.renew_time = self.identity, micro_time()
+                self._replaced(lease)
+            except Exception:  # the test cluster stopping at the end of the test
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+
+
+def micro_time() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

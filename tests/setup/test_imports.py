@@ -1,4 +1,5 @@
-"""Shared test code lives in helper modules: no module imports a conftest (pytest loads those itself), and the
+"""Shared test code lives in helper modules: no module imports a conftest (pytest loads those itself) or a test
+module, and the
 test cluster is the testcluster package, never tests.upstream or tests.operator.server."""
 
 from __future__ import annotations
@@ -38,4 +39,12 @@ def test_the_package_imports_nothing_from_tests() -> None:
         for p in (REPO / "testcluster").rglob("*.py")
         if any(m == "tests" or m.startswith("tests.") for m in imported_modules(p))
     }
+    assert importing == set()
+
+
+def test_no_module_imports_a_test_module() -> None:
+    def is_test_module(name: str) -> bool:
+        return name.startswith("tests.") and name.rsplit(".", 1)[-1].startswith("test_")
+
+    importing = {str(p.relative_to(REPO)) for p in python_files() if any(map(is_test_module, imported_modules(p)))}
     assert importing == set()

@@ -21,9 +21,9 @@ import pytest
 from testcluster import cluster as upstream_cluster
 from testcluster import controlplane, polling
 from testcluster.api import REPO, Api
+from tests.upstream.helpers import PODS, wait_for_pod
 
 SCRIPT = REPO / "scripts" / "local_cluster.py"
-PODS = "/api/v1/namespaces/default/pods"
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +58,6 @@ def node_view(api: Api, name: str) -> tuple[str, set[str]]:
 def pod(name: str, script: str, **spec: Any) -> dict[str, Any]:
     container = {"name": "main", "image": "python", "command": [sys.executable, "-c", script]}
     return {"metadata": {"name": name}, "spec": {"restartPolicy": "Never", "containers": [container], **spec}}
-
-
-def wait_for_pod(api: Api, name: str, condition: Any, timeout: float = 60) -> dict[str, Any]:
-    def seen() -> dict[str, Any] | None:
-        response = api.send("GET", f"{PODS}/{name}")
-        return response.json() if response.ok and condition(response.json()) else None
-
-    return dict(polling.wait_for(seen, timeout, f"pod {name}"))
 
 
 def test_the_nodes_are_ready_gpu_nodes(api: Api) -> None:

@@ -32,7 +32,7 @@ from testcluster.product import Product
 from testcluster.quickstart import JOB
 from tests.trainer import harness
 from tests.trainer.reference import train_reference
-from tests.upstream.test_whole_product import OPERATOR_IMAGE, require_image, wait_for
+from tests.upstream.helpers import OPERATOR_IMAGE, require_image, wait_for
 
 pytestmark = pytest.mark.slow
 STEPS, CHECKPOINT_EVERY = 20, 4

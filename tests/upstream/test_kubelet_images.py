@@ -15,8 +15,7 @@ import pytest
 
 from testcluster import cluster as upstream_cluster
 from testcluster.api import Api
-from tests.upstream.test_cluster import PODS, wait_for_pod
-from tests.upstream.test_whole_product import OPERATOR_IMAGE, require_image
+from tests.upstream.helpers import OPERATOR_IMAGE, PODS, require_image, wait_for_pod
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from testcluster.api import REPO
 from testcluster.product import Product
 from testcluster.quickstart import CHECKPOINT_EVERY, JOB, LOSS_TOLERANCE, losses
 from tests.trainer.reference import train_reference
-from tests.upstream.test_whole_product import OPERATOR_IMAGE, ran_from_image, require_image, wait_for
+from tests.upstream.helpers import OPERATOR_IMAGE, ran_from_image, require_image, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.trainer_image]
 TRAINER_IMAGE = "ghcr.io/paralleljob/trainer:0.1.0-cpu"
