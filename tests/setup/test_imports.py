@@ -1,6 +1,5 @@
 """Shared test code lives in helper modules: no module imports a conftest (pytest loads those itself) or a test
-module, and the
-test cluster is the testcluster package, never tests.upstream or tests.operator.server."""
+module, and the test cluster is the testcluster package, never tests.upstream or tests.operator.server."""
 
 from __future__ import annotations
 
