@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # DeepSpeed's shared-memory comm op is compiled once at install time instead of at every first run.
 DEEPSPEED_INSTALL := DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install --no-build-isolation deepspeed==0.19.8
 
-.PHONY: quickstart test lint setup setup-dev tools kwok cluster-demo images images-operator images-test
+.PHONY: quickstart test check lint setup setup-dev tools kwok cluster-demo images images-operator images-test
 
 quickstart: $(VENV)/.stamp-run
 	$(BIN)/paralleljob run examples/quickstart.yaml --output runs/quickstart
@@ -32,13 +32,21 @@ images:
 images-operator:
 	bash scripts/build-images.sh
 
+# The contributor's fast gate (README.md, "Contributing"): lint, types and every test that needs neither the control
+# plane nor a multi-process run (those are tests/operator, tests/upstream, tests/images and the tests marked `slow`).
+check: $(VENV)/.stamp-dev lint
+	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow and not trainer_image" \
+		--ignore-glob='tests/operator/*' --ignore-glob='tests/upstream/*' --ignore-glob='tests/images/*'
+
 images-test: $(VENV)/.stamp-dev tools images
 	$(BIN)/pytest -m trainer_image
 
 lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy operator/paralleljob/api operator/paralleljob/planning trainer-image/paralleljob_contract
+	$(BIN)/mypy operator/paralleljob/api operator/paralleljob/planning operator/paralleljob/k8s operator/paralleljob/manifests \
+		operator/paralleljob/local operator/paralleljob/commands operator/paralleljob/defaults.py trainer-image/paralleljob_contract \
+		trainer-image/paralleljob_trainer
 	$(BIN)/lint-imports
 
 setup: $(VENV)/.stamp-run

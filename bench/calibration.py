@@ -1,6 +1,6 @@
 """The planner's step-time model against published large training runs, and what `plan --auto` picks for them.
 
-    .venv/bin/python bench/calibration.py [--runs bloom,mt-nlg,...]
+    .venv/bin/python -m bench.calibration [--runs bloom,mt-nlg,...]
 
 For each run: the model shape, GPUs, layout, micro-batch and global batch its authors published, planned
 on a synthetic cluster of 8-GPU nodes of the product they used (32 nodes per leaf switch, 16 leaves per

@@ -1,6 +1,6 @@
 """`paralleljob data prepare` against the tokenizers library's own `encode_batch`, and its peak memory by corpus size.
 
-    .venv/bin/python bench/data_prepare.py [--sizes-gb 0.5 4] [--workers N] [--keep]
+    .venv/bin/python -m bench.data_prepare [--sizes-gb 0.5 4] [--workers N] [--keep]
 
 For each size, a JSON Lines corpus of that many bytes is generated under /tmp (this repository's Python sources,
 one document per file, repeated), and a BPE tokenizer (vocabulary 512, `scripts/train_tokenizer.py`) is trained

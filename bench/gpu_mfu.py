@@ -1,6 +1,6 @@
 """Tokens/s and MFU of the 3D trainer on one GPU, for a GPT or a Llama of about 1B parameters in bf16.
 
-    .venv/bin/python bench/gpu_mfu.py [--model gpt-1b|llama-1b] [--steps 30] [--micro-batch 8] [--peak-tflops T]
+    .venv/bin/python -m bench.gpu_mfu [--model gpt-1b|llama-1b] [--steps 30] [--micro-batch 8] [--peak-tflops T]
 
 llama-1b is Llama 3.2 1B's shape: 16 layers, hidden 2048, 32 heads, 8 kv heads, FFN 8192, rope theta 500000,
 tied embeddings, vocabulary 128256, sequence 4096 (1.24B parameters); micro-batch 4 unless given.
@@ -16,8 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
-import trainer_launch
-
+from bench import common
 from paralleljob_contract import environment, jobfile
 from paralleljob_contract.model import parameter_count
 
@@ -62,20 +61,20 @@ def main() -> None:
         raise SystemExit("gpu_mfu.py needs a CUDA GPU")
     model, default_micro = MODELS[arguments.model]
     micro = arguments.micro_batch or default_micro
-    document = trainer_launch.job_document(
+    document = common.job_document(
         1, 1, 1, model, steps=arguments.steps, batch=micro, micro=micro, data={"source": "synthetic"}
     )
     env = {environment.PEAK_TFLOPS: str(arguments.peak_tflops)} if arguments.peak_tflops else {}
-    records = trainer_launch.run_trainer(document, env)
+    records = common.run_trainer(document, env)
     size = parameter_count(jobfile.parse_job_config(document).model.shape)
     print(json.dumps({
         "model": arguments.model,
         "gpu": torch.cuda.get_device_name(),
         "parameters": size,
         "micro_batch": micro,
-        "tokens_per_s": round(trainer_launch.median_after_warmup(records, "tokens_per_s", WARMUP), 1),
-        "step_time_s": round(trainer_launch.median_after_warmup(records, "step_time_s", WARMUP), 4),
-        "mfu": trainer_launch.median_after_warmup(records, "mfu", WARMUP),
+        "tokens_per_s": round(common.median_after_warmup(records, "tokens_per_s", WARMUP), 1),
+        "step_time_s": round(common.median_after_warmup(records, "step_time_s", WARMUP), 4),
+        "mfu": common.median_after_warmup(records, "mfu", WARMUP),
     }))  # fmt: skip
 
 

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.upstream import controlplane
-from tests.upstream.conftest import Api
+from testcluster import controlplane
+from testcluster.api import Api
 
 REPO = Path(__file__).resolve().parents[1]
 BINARY = REPO / ".tools" / "bin" / "kwok"

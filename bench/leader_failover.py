@@ -1,10 +1,10 @@
 """Failover with leader election: how long no operator acts when the leader stops, and how fast a leader that
 lost its Lease stops.
 
-    .venv/bin/python bench/leader_failover.py [--lease-seconds 15] [--repeat 2]
+    .venv/bin/python -m bench.leader_failover [--lease-seconds 15] [--repeat 2]
 
 Each round starts `paralleljob operator --leader-elect` (the chart's Lease flags, with the chart's RBAC, through
-the fault proxy) on the operator tests' upstream control plane (tests/operator/server.py; one for every round,
+the fault proxy) on the operator tests' upstream control plane (testcluster/server.py; one for every round,
 reset between rounds as between tests) while another holder renews the Lease every 0.5 s, creates a 2-node job,
 and then:
 1. takeover: the holder stops renewing; measured from its last renewal to the moment the Lease names the
@@ -22,20 +22,26 @@ import argparse
 import contextlib
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import kubernetes
 
-from tests.chart.conftest import RELEASE_NAMESPACE
-from tests.operator import server as upstream
-from tests.operator.conftest import Cluster, Operator, install_operator_rbac, job_doc, wait_for
-from tests.operator.server import UpstreamServer
-from tests.operator.test_leader_election import TWO_NODES, OtherHolder, chart_leader_election_args, chart_lease_name
+from testcluster import server as upstream
+from testcluster.server import UpstreamServer
+from tests.chart.helpers import RELEASE_NAMESPACE
+from tests.operator.helpers import (
+    TWO_NODES,
+    Cluster,
+    Operator,
+    OtherHolder,
+    chart_leader_election_args,
+    chart_lease_name,
+    install_operator_rbac,
+    job_doc,
+    wait_for,
+)
 
 
 def lease_holder(cluster: Cluster) -> str:

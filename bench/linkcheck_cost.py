@@ -1,7 +1,7 @@
 """The link check's own cost (spec.network.preflight): measured on four simulated nodes in network namespaces,
 and modeled at 1,024 and 4,096 nodes.
 
-    sudo .venv/bin/python bench/linkcheck_cost.py [--rounds 3]   (root: it makes network namespaces)
+    sudo .venv/bin/python -m bench.linkcheck_cost [--rounds 3]   (root: it makes network namespaces)
 
 Measured: PP2 x DP2, one rank per node, gloo over veth pairs on one bridge (tests/netns.py), healthy and with
 node 3's link slowed by `tc` to a tenth; prints the check's wall time on rank 0 (`costSeconds`, which includes
@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 MIB = 1 << 20
 ALPHA = 10e-6  # seconds per message step on InfiniBand/RoCE

@@ -1,6 +1,6 @@
 """A killed rank to its next step, in place, against the same run's cold start: `paralleljob run` of the quickstart.
 
-    .venv/bin/python bench/local_inplace_restart.py [--kill-at 24] [--rank 5] [--output DIR] [--hang SECONDS]
+    .venv/bin/python -m bench.local_inplace_restart [--kill-at 24] [--rank 5] [--output DIR] [--hang SECONDS]
 
 Runs `paralleljob run examples/quickstart.yaml` (8 ranks, 2 simulated nodes, fp32 on gloo) and reads
 metrics.jsonl every 20 ms. Cold start: from starting `paralleljob run` to rank 0's first step record. Then,

@@ -1,6 +1,6 @@
 """The per-job training metrics at 1,000 jobs: the operator's memory for them and the time of a scrape.
 
-    .venv/bin/python bench/metrics_scale.py [--jobs 1000] [--scrapes 20]
+    .venv/bin/python -m bench.metrics_scale [--jobs 1000] [--scrapes 20]
 
 In process, with the operator's own collector (`paralleljob.handlers.job_metrics`) behind prometheus_client's HTTP
 server, as the operator serves /metrics: `--jobs` job objects shaped like a running job's (status with progress,
@@ -16,17 +16,13 @@ import argparse
 import gc
 import socket
 import statistics
-import sys
 import time
 import tracemalloc
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import prometheus_client
 import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paralleljob.handlers.job_metrics import JobMetrics
 

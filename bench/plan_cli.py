@@ -1,7 +1,7 @@
 """Wall time of `paralleljob plan --cluster` on a 10,000-node NodeList, as JSON and as YAML, against
 `paralleljob validate` of the same job; and of `paralleljob plan --auto --gpus 1024` on the JSON file.
 
-    .venv/bin/python bench/plan_cli.py [--nodes 10000] [--repeat 3] [--pad-kb 0]
+    .venv/bin/python -m bench.plan_cli [--nodes 10000] [--repeat 3] [--pad-kb 0]
 
 Each command's figures are the best wall time and the best CPU time (user + system) of --repeat runs of the command as a user runs it (a new Python process:
 imports, reading, validating, planning, printing JSON). The cluster is `cluster synth` with 8-GPU A100 nodes,

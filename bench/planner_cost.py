@@ -1,6 +1,6 @@
 """Modeled communication per step, planned vs naive (free nodes in name order), on fragmented clusters.
 
-    .venv/bin/python bench/planner_cost.py [--seeds 5]
+    .venv/bin/python -m bench.planner_cost [--seeds 5]
 
 For each busy fraction and seed: a synthetic cluster of 256 8-GPU A100 nodes, 32 nodes per leaf and 4 leaves
 per block, with that fraction of nodes busy; plans examples/gpt-13b-fragmented.yaml (16 nodes) and a 64-node
@@ -13,9 +13,9 @@ import argparse
 import pathlib
 import statistics
 
-import planner_jobs
 import yaml
 
+from bench import common
 from paralleljob import planning
 from paralleljob.api import validate_document
 from paralleljob.planning import synth
@@ -31,7 +31,7 @@ def main() -> None:
     assert example is not None
     jobs = {
         "gpt-13b (16 nodes)": example,
-        "gpt-175b 8x8x8 (64 nodes)": planner_jobs.gpt_175b_job("gpt-175b-512", 8, 8, 8, micro_batches=192),
+        "gpt-175b 8x8x8 (64 nodes)": common.gpt_175b_job("gpt-175b-512", 8, 8, 8, micro_batches=192),
     }
     print(f"{'job':<28}{'busy':>6}{'planned s':>11}{'naive s':>10}{'naive/planned':>15}")
     for label, job in jobs.items():

@@ -1,6 +1,6 @@
 """Planning time of a 128-node job on synthetic clusters of 1,000 / 10,000 / 100,000 nodes.
 
-    .venv/bin/python bench/planner_scale.py [--sizes 1000,10000,100000] [--repeat 5] [--requests] [--spares N]
+    .venv/bin/python -m bench.planner_scale [--sizes 1000,10000,100000] [--repeat 5] [--requests] [--spares N]
 
 Prints, per cluster size: the time to load the NodeList from YAML (yaml C loader), to build the planner's
 Cluster from the dicts (parsing), and to plan (plan_job, excluding parsing; best of --repeat), and the ratio of
@@ -20,9 +20,9 @@ import argparse
 import dataclasses
 import time
 
-import planner_jobs
 import yaml
 
+from bench import common
 from paralleljob import planning
 from paralleljob.planning import synth
 
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--requests", action="store_true", help="count CPU, memory and rdma/ib requests too")
     parser.add_argument("--spares", type=int, default=0, help="also plan with spec.failurePolicy.spareNodes N")
     args = parser.parse_args()
-    job = planner_jobs.gpt_175b_job("bench-128-nodes", 8, 8, 16, micro_batches=64)
+    job = common.gpt_175b_job("bench-128-nodes", 8, 8, 16, micro_batches=64)
     if args.requests:
         template = dataclasses.replace(job.spec.template, resources={"requests": JOB_REQUESTS})
         spec = dataclasses.replace(job.spec, template=template)

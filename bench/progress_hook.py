@@ -1,9 +1,9 @@
 """Rank 0's progress hook under a slow API server: how long a training step waits in `on_step` while each
 progress patch takes a second (it should not wait at all), and how many patches 20 reports cost.
 
-    .venv/bin/python bench/progress_hook.py [--latency 1.0] [--steps 20]
+    .venv/bin/python -m bench.progress_hook [--latency 1.0] [--steps 20]
 
-The API server is the upstream one of the operator tests (tests/operator/server.py: etcd and kube-apiserver),
+The API server is the upstream one of the operator tests (testcluster/server.py: etcd and kube-apiserver),
 slowed by its fault proxy, which holds each patch of a ConfigMap `--latency` seconds before it forwards it. The
 hook reports to the job's progress ConfigMap with the token of the job's progress account, through the proxy,
 as rank 0 does in a pod. Figures are recorded in docs/operator.md.
@@ -19,15 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import kubernetes
 
 from paralleljob.manifests import labels, progress
 from paralleljob.manifests import rbac as progress_rbac
 from paralleljob_trainer import k8s_status
-from tests.operator import server as upstream
-from tests.operator.conftest import Cluster, job_doc
+from testcluster import server as upstream
+from tests.operator.helpers import Cluster, job_doc
 
 
 def measure(latency: float, steps: int) -> dict[str, float]:

@@ -1,14 +1,14 @@
 """Reservations from the jobs' attempt records at 10,000 jobs: what reading them costs each admission, and what
 keeping them in memory would cost instead (a label-selected informer of the `-config` ConfigMaps).
 
-    .venv/bin/python bench/reservation_records.py [--jobs 10000] [--page-size 500] [--repeat 5]
+    .venv/bin/python -m bench.reservation_records [--jobs 10000] [--page-size 500] [--repeat 5]
 
 Every admission reads the records that reserve nodes (`reads.list_reserving_config_maps`: the ConfigMaps
 labelled paralleljob.io/reserving=true, cluster-wide, in pages) and turns them into reservations
 (`records.reservations_of`), under the admission lock, so that what another operator wrote just before is in
 it. The ConfigMap measured is the one the operator writes: a 16-node job (4x4x4 on 4-GPU nodes, the operator
 tests' job) admitted by a real admission pass on the operator tests' upstream control plane
-(tests/operator/server.py), as the API server returns it, then copied `--jobs` times under other names,
+(testcluster/server.py), as the API server returns it, then copied `--jobs` times under other names,
 namespaces, uids and nodes, all of them live (the worst case: every job of the cluster reserving).
 
 Prints:
@@ -40,13 +40,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from paralleljob.handlers import reconcile
 from paralleljob.k8s import session as k8s_session
 from paralleljob.manifests import labels, records
-from tests.operator import server as upstream
-from tests.operator.conftest import Cluster, fresh_view, job_doc
+from testcluster import server as upstream
+from tests.operator.helpers import Cluster, fresh_view, job_doc
 
 NODES_PER_JOB = 16
 

@@ -1,6 +1,6 @@
 """A lost node with a hot spare against a full gang restart, on the upstream control plane (tests/upstream).
 
-    .venv/bin/python bench/spare_replacement.py [--repeat 3]
+    .venv/bin/python -m bench.spare_replacement [--repeat 3]
 
 A 4-node job (2x4x2 on 4-GPU nodes) runs on a cluster of 6 nodes, once with spec.failurePolicy.spareNodes 1 and
 once without. Each round deletes the Node of node rank 2 and measures the wall time from that DELETE until the
@@ -26,15 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench import common, kwok
+from testcluster import controlplane
+from testcluster.api import Api
+from testcluster.polling import wait_for
+from tests.operator.helpers import Operator, job_doc
 
-from bench import kwok  # noqa: E402
-from bench.upstream_scale import node, write_checkpoint_claim  # noqa: E402
-from tests.operator.conftest import Operator, job_doc  # noqa: E402
-from tests.upstream import controlplane  # noqa: E402
-from tests.upstream.cluster import wait_for  # noqa: E402
-from tests.upstream.conftest import Api  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 NAMESPACE = "research"
 JOBS = f"/apis/paralleljob.io/v1alpha1/namespaces/{NAMESPACE}/paralleljobs"
@@ -72,7 +70,7 @@ def _running(api: Api, job: str) -> bool:
 
 def one_round(api: Api, fakes: kwok.Kwok, job: str, spares: int, first_node: int) -> tuple[float, float]:
     """Seconds from the node's deletion to the gang bound again, and to the job Running again."""
-    kwok.write_nodes(api, [node(i, 4) for i in range(first_node, first_node + 6)], fakes)
+    kwok.write_nodes(api, [common.node(i, 4) for i in range(first_node, first_node + 6)], fakes)
     policy = {"backoffLimit": 3, "spareNodes": spares}
     api.ok(api.send("POST", JOBS, job_doc(job, parallelism=LAYOUT, failurePolicy=policy)))
     pods = run_gang(api, job)
@@ -112,7 +110,7 @@ def main() -> int:
         kubectl = [str(controlplane.binary("kubectl")), "--kubeconfig", str(state.kubeconfig)]
         subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds")], check=True, capture_output=True)
         api.ok(api.send("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}))
-        write_checkpoint_claim(api, NAMESPACE)
+        common.write_checkpoint_claim(api, NAMESPACE)
         fakes = kubelets.enter_context(kwok.Kwok(state, workdir / "kwok.log"))
         args_ = ("--force-delete-after", "1", "--not-ready-grace", "0")
         operator = Operator(None, workdir / "operator.log", state.kubeconfig, args_).start()  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """False positives and misses of straggler naming on this machine: the quickstart, throttled and not (issue 36).
 
-    flock /tmp/pj-heavy.lock .venv/bin/python bench/straggler_naming.py [--runs 5] [--steps 60]
-    .venv/bin/python bench/straggler_naming.py --scale    # rank 0's comparison and the report at 4,096 nodes
+    .venv/bin/python -m bench.straggler_naming [--runs 5] [--steps 60]
+    .venv/bin/python -m bench.straggler_naming --scale    # rank 0's comparison and the report at 4,096 nodes
 
 Each run is `paralleljob run examples/quickstart.yaml --gpus-per-node 2` (PP2 x TP2 x DP2 on 4 simulated nodes
 of 2 ranks, so every node has a peer doing identical work on another node); a throttled run adds

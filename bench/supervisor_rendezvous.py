@@ -1,6 +1,6 @@
 """The in-pod supervisors' re-formation time at scale: N simulated node agents, no torch, one failed rank.
 
-    .venv/bin/python bench/supervisor_rendezvous.py [--nodes 256] [--ranks-per-node 8] [--rounds 3]
+    .venv/bin/python -m bench.supervisor_rendezvous [--nodes 256] [--ranks-per-node 8] [--rounds 3]
 
 Node rank 0's coordinator (`paralleljob_contract.coordinator.Coordinator`) serves on a loopback port, and N
 supervisors (`Supervisor`, the pods' own loop, each in a thread of this process) talk to it over HTTP as pods
@@ -17,14 +17,10 @@ import argparse
 import signal
 import socket
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer-image"))
-
-from paralleljob_contract import coordinator, supervisor
+from paralleljob_contract import coordinator, environment, ranks, supervisor
 
 
 class StandInRank:
@@ -45,14 +41,14 @@ class StandInRank:
 class Node:
     """One simulated pod: a Supervisor whose ranks are stand-ins, with the time each generation started."""
 
-    def __init__(self, spec: supervisor.NodeSpec, port: int) -> None:
+    def __init__(self, spec: ranks.NodeSpec, port: int) -> None:
         self.started: dict[int, float] = {}
         client = coordinator.CoordinatorClient("127.0.0.1", port, spec.node_rank)
         self.supervisor = supervisor.Supervisor(spec, client, self.start_rank, {})
         self.thread = threading.Thread(target=self.supervisor.run, daemon=True)
 
-    def start_rank(self, environ: dict[str, str]) -> supervisor.Rank:
-        self.started.setdefault(int(environ[supervisor.IN_PLACE_RESTARTS]), time.monotonic())
+    def start_rank(self, environ: dict[str, str]) -> ranks.Rank:
+        self.started.setdefault(int(environ[environment.IN_PLACE_RESTARTS]), time.monotonic())
         return StandInRank()
 
 
@@ -66,7 +62,7 @@ def measure(nodes: int, ranks_per_node: int, rounds: int) -> list[float]:
     port = free_port()
     state = coordinator.GangState(nodes=nodes, in_place_restarts=rounds)
     server = coordinator.Coordinator(state, "127.0.0.1", port)
-    fleet = [Node(supervisor.NodeSpec(nodes, rank, ranks_per_node, "127.0.0.1", port), port) for rank in range(nodes)]
+    fleet = [Node(ranks.NodeSpec(nodes, rank, ranks_per_node, "127.0.0.1", port), port) for rank in range(nodes)]
     for node in fleet:
         node.thread.start()
     figures = []

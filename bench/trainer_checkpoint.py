@@ -1,6 +1,6 @@
 """Checkpoint save and resume time and size on CPU: the quickstart's model and a GPT of about 100M parameters.
 
-    .venv/bin/python bench/trainer_checkpoint.py [--only quickstart|100m] [--folder DIR]
+    .venv/bin/python -m bench.trainer_checkpoint [--only quickstart|100m] [--folder DIR]
 
 Each case trains 2 steps saving at both (fp32, AdamW: weights plus two moments per parameter), then resumes
 from step 2 and trains one more. Prints, from the trainer's own metrics lines: the checkpoint's size, the
@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import trainer_launch
-from trainer_launch import harness
+from bench import common
+from tests.trainer import harness
 
 QUICKSTART = {"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "sequenceLength": 64, "vocabSize": 256}
 GPT_100M = {"layers": 12, "hiddenSize": 768, "attentionHeads": 12, "sequenceLength": 128, "vocabSize": 12288}
@@ -32,7 +32,7 @@ CASES: dict[str, tuple[dict[str, Any], tuple[int, int, int], int, int]] = {
 
 def _document(case: str, steps: int) -> dict[str, Any]:
     model, (pp, tp, dp), batch, micro = CASES[case]
-    document = trainer_launch.job_document(
+    document = common.job_document(
         pp, tp, dp, {**model, "precision": "fp32"}, steps=steps, batch=batch, micro=micro, data={"source": "synthetic"}
     )
     document["spec"]["checkpoint"] = {"intervalSteps": 1}

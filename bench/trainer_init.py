@@ -1,6 +1,6 @@
 """Start-up time and peak host memory of building one 70B-shaped Llama layer on TP rank 0 of 8, on CPU.
 
-    .venv/bin/python bench/trainer_init.py [--rounds 2]
+    .venv/bin/python -m bench.trainer_init [--rounds 2]
 
 Two ways, each in a fresh interpreter (so peak RSS is the build's alone, plus the torch import measured
 first): `full-then-slice`, what the trainer did before per-shard initialisation (generate every weight

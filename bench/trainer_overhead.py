@@ -1,7 +1,7 @@
 """CPU step-time ratio: the 3D trainer against the same GPT as a plain DeepSpeed PipelineModule without TP.
 
-    .venv/bin/python bench/trainer_overhead.py [--steps 30]
-    .venv/bin/python bench/trainer_overhead.py --timing   # the per-rank compute timing's cost alone
+    .venv/bin/python -m bench.trainer_overhead [--steps 30]
+    .venv/bin/python -m bench.trainer_overhead --timing   # the per-rank compute timing's cost alone
 
 Same model (quickstart size: 4 layers, hidden 128, 4 heads, sequence 128, vocabulary 256, fp32, AdamW,
 clipping 1.0), global batch 16, micro-batch 4, at PP2 x DP2. Three runs:
@@ -24,8 +24,7 @@ import sys
 import time
 from typing import Any
 
-import trainer_launch
-
+from bench import common
 from paralleljob_contract import stragglers
 
 MODEL = {"layers": 4, "hiddenSize": 128, "attentionHeads": 4, "sequenceLength": 128, "vocabSize": 256}
@@ -116,7 +115,7 @@ def plain_worker(steps: int) -> None:
 
 
 def plain_step_time(steps: int) -> float:
-    output = trainer_launch.torchrun(4, [__file__, "--plain-worker", "--steps", str(steps)])
+    output = common.torchrun(4, [__file__, "--plain-worker", "--steps", str(steps)])
     line = next(line for line in output.splitlines() if line.startswith("PLAIN "))
     return float(json.loads(line[len("PLAIN ") :])["step_time_s"])
 
@@ -124,11 +123,9 @@ def plain_step_time(steps: int) -> float:
 def trainer_step_time(tp: int, steps: int, timing: bool = True) -> float:
     """The trainer's median step; `timing` False turns its per-rank compute timing off (straggler window 0)."""
     model = {**MODEL, "precision": "fp32"}
-    document = trainer_launch.job_document(
-        2, tp, 2, model, steps=steps, batch=BATCH, micro=MICRO, data={"source": "synthetic"}
-    )
+    document = common.job_document(2, tp, 2, model, steps=steps, batch=BATCH, micro=MICRO, data={"source": "synthetic"})
     env = None if timing else {stragglers.WINDOW_ENV: "0"}
-    return trainer_launch.median_after_warmup(trainer_launch.run_trainer(document, env), "step_time_s", WARMUP)
+    return common.median_after_warmup(common.run_trainer(document, env), "step_time_s", WARMUP)
 
 
 def timing_overhead(steps: int, rounds: int) -> None:

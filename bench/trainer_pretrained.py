@@ -1,6 +1,6 @@
 """Peak host memory of TP rank 0 of 8 loading its shard of one 70B-shaped Llama layer from a Hugging Face folder.
 
-    .venv/bin/python bench/trainer_pretrained.py [--rounds 2] [--dtype bf16|fp32]
+    .venv/bin/python -m bench.trainer_pretrained [--rounds 2] [--dtype bf16|fp32]
 
 The folder is one `model.safetensors` holding layer 0 of Llama 2/3 70B (hidden 8192, 64 heads, 8 kv heads, FFN
 28672; 0.86 billion parameters, 1.6 GiB in bf16), written sparse (a header, then a hole: nothing but the header

@@ -1,6 +1,6 @@
 """Resume time at another pipeline x tensor layout against a resume at the layout saved at, on CPU.
 
-    .venv/bin/python bench/trainer_relayout.py [--zero 0|1] [--rounds 2] [--folder DIR]
+    .venv/bin/python -m bench.trainer_relayout [--zero 0|1] [--rounds 2] [--folder DIR]
 
 A GPT of about 40M parameters (8 layers, hidden 512, vocabulary 16384; fp32, AdamW) trains 2 steps at
 PP2 x TP2 x DP1 saving at step 2; then each target layout resumes from that checkpoint (read-only, as
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import trainer_launch
-from trainer_launch import harness
+from bench import common
+from tests.trainer import harness
 
 MODEL = {"layers": 8, "hiddenSize": 512, "attentionHeads": 8, "sequenceLength": 128, "vocabSize": 16384}
 SAVED = (2, 2, 1)
@@ -29,7 +29,7 @@ TARGETS = [(2, 2, 1), (1, 4, 1), (4, 1, 1)]
 
 def _document(layout: tuple[int, int, int], steps: int, zero: int) -> dict[str, Any]:
     pp, tp, dp = layout
-    document = trainer_launch.job_document(
+    document = common.job_document(
         pp, tp, dp, {**MODEL, "precision": "fp32"}, steps=steps, batch=4, micro=1, data={"source": "synthetic"}
     )
     document["spec"]["checkpoint"] = {"intervalSteps": 2}

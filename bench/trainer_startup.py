@@ -1,6 +1,6 @@
 """Start-up and exit of the 3D trainer against a plain DeepSpeed PipelineModule on the same layout, per phase.
 
-    .venv/bin/python bench/trainer_startup.py [--steps 12] [--rounds 1]
+    .venv/bin/python -m bench.trainer_startup [--steps 12] [--rounds 1]
 
 Both run 8 ranks under one torchrun at pipeline 2 x tensor 2 x data 2 with the quickstart's GPT (4 layers,
 hidden 64, 4 heads, sequence 64, vocabulary 256, fp32), micro-batch 4, 4 micro-batches per step, AdamW:
@@ -95,7 +95,7 @@ def plain_worker(steps: int) -> None:
 def trainer_worker(teardown: bool) -> None:
     """Runs under torchrun: the trainer's own entry point, its phases wrapped to be timed."""
     marks = Marks()
-    from paralleljob_contract import supervisor
+    from paralleljob_contract import ranks
     from paralleljob_trainer import cli, optimization, training
 
     marks.mark("imported")
@@ -118,7 +118,7 @@ def trainer_worker(teardown: bool) -> None:
     code = cli.main([])
     if teardown:
         sys.exit(code)
-    supervisor.exit_without_teardown(code)
+    ranks.exit_without_teardown(code)
 
 
 def _time_calls(module: Any, name: str, after: Any) -> None:
@@ -150,11 +150,11 @@ def phases(marks: dict[str, float], launched: float, ended: float) -> dict[str, 
 
 
 def run_one(kind: str, steps: int) -> dict[str, float]:
-    import trainer_launch
+    from bench import common  # here, not at the top: the workers this file also runs as need none of it
+    from tests.trainer import harness
 
-    harness = trainer_launch.harness
     with tempfile.TemporaryDirectory() as folder:
-        document = trainer_launch.job_document(
+        document = common.job_document(
             PP, TP, DP, {**MODEL, "precision": "fp32"}, steps=steps, batch=BATCH, micro=MICRO,
             data={"source": "synthetic"},
         )  # fmt: skip

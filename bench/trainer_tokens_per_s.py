@@ -1,6 +1,6 @@
 """Tokens/s of the quickstart-size GPT under the 3D trainer on this machine's CPUs (PP2 x TP2 x DP2, 8 ranks).
 
-    .venv/bin/python bench/trainer_tokens_per_s.py [--steps 30]
+    .venv/bin/python -m bench.trainer_tokens_per_s [--steps 30]
 
 Model: 4 layers, hidden 128, 4 heads, sequence 128, byte vocabulary (256), fp32, AdamW; global batch 16,
 micro-batch 4 (2 micro-batches per DP rank and step); data: bytes of the standard library's json package.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-import trainer_launch
+from bench import common
 
 QUICKSTART = {
     "layers": 4,
@@ -29,14 +29,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     steps = parser.parse_args().steps
-    data = {"source": "text", "path": trainer_launch.stdlib_corpus()}
-    document = trainer_launch.job_document(2, 2, 2, QUICKSTART, steps=steps, batch=16, micro=4, data=data)
-    records = trainer_launch.run_trainer(document)
+    data = {"source": "text", "path": common.stdlib_corpus()}
+    document = common.job_document(2, 2, 2, QUICKSTART, steps=steps, batch=16, micro=4, data=data)
+    records = common.run_trainer(document)
     steps_logged = [r for r in records if r.get("event") == "step"]
     result = {
         "layout": "PP2xTP2xDP2",
-        "step_time_s": round(trainer_launch.median_after_warmup(records, "step_time_s", WARMUP), 4),
-        "tokens_per_s": round(trainer_launch.median_after_warmup(records, "tokens_per_s", WARMUP), 1),
+        "step_time_s": round(common.median_after_warmup(records, "step_time_s", WARMUP), 4),
+        "tokens_per_s": round(common.median_after_warmup(records, "tokens_per_s", WARMUP), 1),
         "first_loss": round(steps_logged[0]["loss"], 4),
         "last_loss": round(steps_logged[-1]["loss"], 4),
     }

@@ -3,7 +3,7 @@ admission pass with a warm usage index, and the memory of `paralleljob operator`
 cluster. The same cluster, jobs and job as bench/admission_scale.py (which measures the planning inside a pass
 in process, without a server), served by the real kube-apiserver and etcd.
 
-    .venv/bin/python bench/upstream_admission_scale.py [--nodes 10000] [--pods-per-node 5] [--pending 100]
+    .venv/bin/python -m bench.upstream_admission_scale [--nodes 10000] [--pods-per-node 5] [--pending 100]
 
 The bench writes the Nodes and the pods (bound with `spec.nodeName`, four CPU-only DaemonSet-like pods per node
 and a GPU pod holding all 8 GPUs on every other node), 32 requests in flight, and kwok (`make kwok`,
@@ -37,31 +37,21 @@ from typing import Any
 
 import requests
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench import common, kwok
+from paralleljob.handlers import reconcile
+from paralleljob.handlers.nodes import NodeWatch
+from paralleljob.k8s import reads
+from paralleljob.k8s import session as k8s_session
+from paralleljob.manifests import records
+from paralleljob.planning.inventory import ClusterBuilder
+from paralleljob.planning.usage import UsageIndex
+from testcluster import controlplane
+from testcluster import server as upstream
+from testcluster.api import Api
+from testcluster.proxy import FaultProxy
+from tests.operator.helpers import Operator, job_doc, wait_for
 
-from bench import kwok  # noqa: E402
-from bench.admission_scale import (  # noqa: E402
-    JOB,
-    JOB_DEEPSPEED,
-    PLACED,
-    best_and_median,
-    other_jobs,
-    placed_record,
-    synth_objects,
-)
-from paralleljob.handlers import reconcile  # noqa: E402
-from paralleljob.handlers.nodes import NodeWatch  # noqa: E402
-from paralleljob.k8s import reads  # noqa: E402
-from paralleljob.k8s import session as k8s_session  # noqa: E402
-from paralleljob.manifests import records  # noqa: E402
-from paralleljob.planning.inventory import ClusterBuilder  # noqa: E402
-from paralleljob.planning.usage import UsageIndex  # noqa: E402
-from tests.operator import server as upstream  # noqa: E402
-from tests.operator.conftest import Operator, job_doc, wait_for  # noqa: E402
-from tests.upstream import controlplane  # noqa: E402
-from tests.upstream.conftest import Api  # noqa: E402
-from tests.upstream.proxy import FaultProxy  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 JOBS = "/apis/paralleljob.io/v1alpha1/namespaces/{}/paralleljobs"
 
@@ -102,7 +92,7 @@ def admission(api: Api, session: k8s_session.Session, view: reconcile.NodeView, 
     wall, cpu, round_wall = [], [], []
     for attempt in range(repeat):
         name = f"gpt-{attempt}"
-        api.create(JOBS.format("research"), job_doc(name, **JOB, deepspeed=JOB_DEEPSPEED))
+        api.create(JOBS.format("research"), job_doc(name, **common.ADMISSION_JOB, deepspeed=common.ADMISSION_DEEPSPEED))
         started = time.perf_counter()
         held = frozenset(records.reservations_of(reads.list_reserving_config_maps(session), bound=view.usage.bound))
         round_wall.append(time.perf_counter() - started)
@@ -113,9 +103,9 @@ def admission(api: Api, session: k8s_session.Session, view: reconcile.NodeView, 
         cpu.append(time.thread_time() - started_cpu)
         assert outcome.step == "admitted", outcome
     print(
-        f"1. whole admission pass over HTTPS: CPU of the pass's thread {best_and_median(cpu)}; wall "
-        f"{best_and_median(wall)}; the round's own read of every job's reservations (once per round): wall "
-        f"{best_and_median(round_wall)}",
+        f"1. whole admission pass over HTTPS: CPU of the pass's thread {common.best_and_median(cpu)}; wall "
+        f"{common.best_and_median(wall)}; the round's own read of every job's reservations (once per round): wall "
+        f"{common.best_and_median(round_wall)}",
         flush=True,
     )
 
@@ -176,7 +166,7 @@ def main() -> int:
         "at 10,000 nodes beside 50,000 pods); the node grace is 5/4 of it",
     )
     args = parser.parse_args()
-    node_dicts, pods = synth_objects(args.nodes, args.pods_per_node)
+    node_dicts, pods = common.synth_objects(args.nodes, args.pods_per_node)
     print(f"cluster: {len(node_dicts)} nodes, {len(pods)} pods", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="upstream-admission-"))
     # With the namespace controller that the operator tests leave out: the bench deletes its job namespaces
@@ -188,14 +178,14 @@ def main() -> int:
         api.session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=64))
         with kwok.Kwok(state, workdir / "kwok.log", args.lease_seconds) as fakes:
             write_cluster(api, node_dicts, pods, fakes)
-            jobs = other_jobs(args.pending)
+            jobs = common.other_jobs(args.pending)
             placed = 0
             for job in jobs:
                 created = api.create(JOBS.format("queue"), job)
                 if created["metadata"]["name"].startswith("placed-"):
-                    api.create("/api/v1/namespaces/queue/configmaps", placed_record(node_dicts, created, placed))
+                    api.create("/api/v1/namespaces/queue/configmaps", common.placed_record(node_dicts, created, placed))
                     placed += 1
-            assert placed == PLACED
+            assert placed == common.PLACED
             session = k8s_session.connect(str(state.kubeconfig))
             view = warm_view(session, api)
             admission(api, session, view, args.repeat)

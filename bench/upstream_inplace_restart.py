@@ -1,6 +1,6 @@
 """A killed rank to the next step on the upstream control plane, 4 nodes: in place, then a full gang restart.
 
-    .venv/bin/python bench/upstream_inplace_restart.py [--kill-at 8]
+    .venv/bin/python -m bench.upstream_inplace_restart [--kill-at 8]
 
 The whole product as tests/upstream/test_whole_product.py installs it (`helm install` of the chart, the operator
 from its image: `make images-operator` first), on a test cluster of 4 nodes: the quickstart (2x2x2, 2 ranks per
@@ -20,45 +20,19 @@ import json
 import os
 import re
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import product_steps, wait_for
+from testcluster.product import Product
 
-from tests.upstream.product import Product  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 JOB = "quickstart"
 GOAL_SECONDS = 15.0
-
-
-def steps(product: Product) -> list[dict[str, Any]]:
-    path = product.checkpoints() / "metrics" / "metrics.jsonl"
-    if not path.exists():
-        return []
-    found = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("event") == "step":
-            found.append(record)
-    return found
-
-
-def wait_for(what: str, predicate: Any, timeout: float = 600.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def rank_pid(product: Product, pod: str, rank: int) -> int | None:
@@ -82,19 +56,21 @@ def measure(folder: Path, kill_at: int) -> dict[str, float]:
         (folder / "job.yaml").write_text(yaml.safe_dump(job))
         product.kubectl("apply", "-f", str(REPO / "examples" / "quickstart-volumes.yaml"))
         product.kubectl("apply", "-f", str(folder / "job.yaml"))
-        wait_for(f"step {kill_at}", lambda: any(r["step"] >= kill_at for r in steps(product)))
+        wait_for(f"step {kill_at}", lambda: any(r["step"] >= kill_at for r in product_steps(product)))
         os.kill(wait_for("rank 3's pid", lambda: rank_pid(product, f"{JOB}-1", 3), 120), signal.SIGKILL)
         killed = time.monotonic()
-        wait_for("generation 1's first step", lambda: any(r.get("in_place_restarts") == 1 for r in steps(product)))
+        wait_for(
+            "generation 1's first step", lambda: any(r.get("in_place_restarts") == 1 for r in product_steps(product))
+        )
         in_place = time.monotonic() - killed
-        seen = len(steps(product))
-        wait_for("two more steps", lambda: len(steps(product)) >= seen + 2)
-        seen = len(steps(product))
+        seen = len(product_steps(product))
+        wait_for("two more steps", lambda: len(product_steps(product)) >= seen + 2)
+        seen = len(product_steps(product))
         product.cluster.fault("kill-container", namespace="default", pod=f"{JOB}-1")
         killed = time.monotonic()
         wait_for(
             "the next attempt's first step",
-            lambda: any(r.get("in_place_restarts") == 0 for r in steps(product)[seen:]),
+            lambda: any(r.get("in_place_restarts") == 0 for r in product_steps(product)[seen:]),
         )
         gang = time.monotonic() - killed
         status = json.loads(product.kubectl("get", "pj", JOB, "-o", "json"))["status"]

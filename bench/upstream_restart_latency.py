@@ -1,7 +1,7 @@
 """Failed rank -> every pod of its gang deleted, while 100 other jobs wait for admission, on the upstream
 control plane (tests/upstream).
 
-    .venv/bin/python bench/upstream_restart_latency.py [--pending 100] [--repeat 3]
+    .venv/bin/python -m bench.upstream_restart_latency [--pending 100] [--repeat 3]
 
 A 16-node job (4x4x4 on 4-GPU nodes) runs on all 16 nodes; `--pending` more 16-node jobs wait, unschedulable.
 The real scheduler binds the gang's pods and kwok (`make kwok`, bench/kwok.py) plays the nodes' kubelets: it keeps
@@ -25,16 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench import common, kwok
+from paralleljob.k8s import timestamps
+from testcluster import controlplane
+from testcluster.api import Api
+from testcluster.polling import wait_for
+from tests.operator.helpers import Operator, job_doc
 
-from bench import kwok  # noqa: E402
-from bench.upstream_scale import write_checkpoint_claim, write_nodes  # noqa: E402
-from paralleljob.k8s import timestamps  # noqa: E402
-from tests.operator.conftest import Operator, job_doc  # noqa: E402
-from tests.upstream import controlplane  # noqa: E402
-from tests.upstream.cluster import wait_for  # noqa: E402
-from tests.upstream.conftest import Api  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 NAMESPACE = "research"
 JOBS = f"/apis/paralleljob.io/v1alpha1/namespaces/{NAMESPACE}/paralleljobs"
@@ -79,8 +77,8 @@ def main() -> int:
         subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds")], check=True, capture_output=True)
         api.ok(api.send("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}))
         fakes = kubelets.enter_context(kwok.Kwok(state, workdir / "kwok.log"))
-        write_nodes(api, 16, fakes, gpus=4)
-        write_checkpoint_claim(api, NAMESPACE)
+        common.write_nodes(api, 16, fakes, gpus=4)
+        common.write_checkpoint_claim(api, NAMESPACE)
         operator = Operator(None, workdir / "operator.log", state.kubeconfig).start()  # type: ignore[arg-type]
         api.ok(api.send("POST", JOBS, job_doc(failurePolicy={"backoffLimit": args.repeat + 1})))
         # The gang is placed before the others are created, so that it is the one that runs.

@@ -2,7 +2,7 @@
 its pods written, for jobs of N 8-GPU node ranks (PP 4 x TP 8 x DP N/4) on a cluster of exactly N nodes, and
 the operator's CPU time and peak RSS over it.
 
-    .venv/bin/python bench/upstream_scale.py [--sizes 16 128 1024 4096]
+    .venv/bin/python -m bench.upstream_scale [--sizes 16 128 1024 4096]
 
 The bench writes the Nodes (8 GPUs each) and kwok (`make kwok`, bench/kwok.py) keeps them as their kubelets
 would: Ready, 40 s Leases renewed every 10 s, the pods bound to them Running. The controller-manager runs whole,
@@ -25,51 +25,12 @@ from pathlib import Path
 import psutil
 import requests
 
+from bench import common, kwok
+from testcluster import controlplane
+from testcluster.api import Api
+from tests.operator.helpers import Operator, job_doc
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench import kwok  # noqa: E402
-from tests.operator.conftest import Operator, job_doc  # noqa: E402
-from tests.upstream import controlplane  # noqa: E402
-from tests.upstream.conftest import Api  # noqa: E402
-
-GPUS = 8
-
-
-def node(i: int, gpus: int = GPUS) -> dict:
-    name = f"gpu-{i:05d}"
-    resources = {"nvidia.com/gpu": str(gpus), "cpu": "192", "memory": "2Ti", "pods": "110"}
-    return kwok.fake_node(
-        {
-            "metadata": {
-                "name": name,
-                "labels": {"kubernetes.io/hostname": name, "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-            },
-            "status": {"capacity": resources, "allocatable": resources},
-        }
-    )
-
-
-def write_nodes(api: Api, count: int, fakes: kwok.Kwok, gpus: int = GPUS) -> float:
-    """`count` nodes for kwok, each Ready and untainted on return; the seconds that took."""
-    return kwok.write_nodes(api, [node(i, gpus) for i in range(count)], fakes, threads=16)
-
-
-def write_checkpoint_claim(api: Api, namespace: str) -> None:
-    """The jobs' checkpoint claim `ckpt`, bound to a volume: the scheduler leaves a pod whose claim is missing or
-    unbound Pending."""
-    volume = {
-        "metadata": {"name": f"ckpt-{namespace}"},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-                 "hostPath": {"path": "/tmp/ckpt"}},
-    }  # fmt: skip
-    api.ok(api.send("POST", "/api/v1/persistentvolumes", volume))
-    claim = {
-        "metadata": {"name": "ckpt"},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": f"ckpt-{namespace}",
-                 "resources": {"requests": {"storage": "1Gi"}}},
-    }  # fmt: skip
-    api.ok(api.send("POST", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", claim))
 
 
 def pod_count(api: Api, namespace: str) -> int:
@@ -89,19 +50,19 @@ def measure(nodes: int, workdir: Path, lease_seconds: int = kwok.LEASE_SECONDS) 
             check=True, capture_output=True, timeout=120,
         )  # fmt: skip
         with kwok.Kwok(state, workdir / "kwok.log", lease_seconds) as fakes:
-            write_nodes(api, nodes, fakes)
+            common.write_nodes(api, nodes, fakes)
             operator = Operator(None, workdir / "operator.log", state.kubeconfig).start()  # type: ignore[arg-type]
             process = psutil.Process(operator.process.pid)  # type: ignore[union-attr]
             time.sleep(5)  # let kopf list the nodes before the clock starts
             cpu_before = sum(process.cpu_times()[:2])
             doc = job_doc(
-                parallelism={"pipeline": 4, "tensor": GPUS, "data": nodes // 4},
+                parallelism={"pipeline": 4, "tensor": common.GPUS, "data": nodes // 4},
                 deepspeed={"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 16},
-                gpusPerNode=GPUS,
+                gpusPerNode=common.GPUS,
             )
             namespace = doc["metadata"]["namespace"]
             api.ok(api.send("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}}))
-            write_checkpoint_claim(api, namespace)
+            common.write_checkpoint_claim(api, namespace)
             started = time.perf_counter()
             api.ok(api.send("POST", f"/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs", doc))
             peak = 0

@@ -1,6 +1,6 @@
 """A lost node with a hot spare, to the next training step, on the upstream control plane with the trainer.
 
-    .venv/bin/python bench/upstream_spare_node.py [--kill-at 8] [--not-ready-grace 2] [--then out-of-service]
+    .venv/bin/python -m bench.upstream_spare_node [--kill-at 8] [--not-ready-grace 2] [--then out-of-service]
 
 The whole product as tests/upstream/test_whole_product.py installs it (`helm install`, the operator from its image:
 `make images-operator` first), on a test cluster of 4 nodes, one of them cordoned with the operator's pod on it:
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,14 +29,15 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import product_steps, wait_for
+from testcluster.api import RELEASE_NAMESPACE
+from testcluster.product import Product
 
-from bench.upstream_inplace_restart import JOB, steps, wait_for  # noqa: E402
-from tests.upstream.conftest import RELEASE_NAMESPACE  # noqa: E402
-from tests.upstream.product import Product  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 GOAL_SECONDS = 30.0
+
+JOB = "quickstart"
 
 
 def pods(product: Product) -> dict[str, dict[str, Any]]:
@@ -70,11 +70,11 @@ def measure(folder: Path, kill_at: int, grace: float, then: str) -> dict[str, An
         (folder / "job.yaml").write_text(yaml.safe_dump(job))
         product.kubectl("apply", "-f", str(REPO / "examples" / "quickstart-volumes.yaml"))
         product.kubectl("apply", "-f", str(folder / "job.yaml"))
-        wait_for(f"step {kill_at}", lambda: any(r["step"] >= kill_at for r in steps(product)))
+        wait_for(f"step {kill_at}", lambda: any(r["step"] >= kill_at for r in product_steps(product)))
         before = {name: (p["metadata"]["uid"], p["spec"]["nodeName"]) for name, p in pods(product).items()}
         spare = json.loads(product.kubectl("get", "pj", JOB, "-o", "json"))["status"].get("spareNodes")
         lost = before[f"{JOB}-1"][1]
-        seen = len(steps(product))
+        seen = len(product_steps(product))
         product.cluster.fault("kill-node", node=lost)
         killed = time.monotonic()
         marks: dict[str, float] = {}
@@ -95,7 +95,7 @@ def measure(folder: Path, kill_at: int, grace: float, then: str) -> dict[str, An
             running = [p for p in current.values() if (p.get("status") or {}).get("phase") == "Running"]
             if "replaced" in marks and "running" not in marks and len(running) == len(before):
                 marks["running"] = now
-            return len(steps(product)) > seen and steps(product)[-1]["step"] > 0 and "replaced" in marks
+            return len(product_steps(product)) > seen and product_steps(product)[-1]["step"] > 0 and "replaced" in marks
 
         wait_for("the next step after the lost node", progressed, 600)
         marks["next_step"] = time.monotonic() - killed

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the pinned Kueue controller into .tools/bin/kueue-controller (gitignored). The version is tools/kueue/go.mod's
 # (tools/README.md says how to change it). Its CRDs are the same module's config/components/crd/bases, which the
-# build leaves in Go's module cache; the tests find them with `go list -m` (tests/upstream/kueue.py).
+# build leaves in Go's module cache; the tests find them with `go list -m` (testcluster/kueue.py).
 #
 # Built once per version: a stamp names the go.mod/go.sum hashes, this script's and the Go version, so a second run
 # is a no-op. The first build takes several minutes on 2 cores and reuses the module and build caches that

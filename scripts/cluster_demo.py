@@ -23,7 +23,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.upstream.product import Product  # noqa: E402
+from testcluster.product import Product  # noqa: E402
 
 
 def main() -> int:

@@ -9,19 +9,7 @@ import yaml
 
 from paralleljob.api import policy, validate_document
 from paralleljob.api import types as t
-
-BASE = """
-apiVersion: paralleljob.io/v1alpha1
-kind: ParallelJob
-metadata: {name: gpt, namespace: research}
-spec:
-  parallelism: {pipeline: 2, tensor: 2, data: 2}
-  gpusPerNode: 4
-  model: {layers: 4, hiddenSize: 256, attentionHeads: 8, sequenceLength: 128, vocabSize: 512}
-  training: {steps: 10}
-  checkpoint:
-    volume: {persistentVolumeClaim: {claimName: ckpt}}
-"""
+from tests.api.helpers import BASE
 
 
 def spec_with(template: str = "{}", network: str = "{}", checkpoint_volume: str | None = None) -> t.ParallelJobSpec:

@@ -19,8 +19,8 @@ import yaml
 
 from paralleljob.api import crd, policy, validate_document
 from paralleljob.api import types as t
-from tests.api.test_policy import BASE
-from tests.chart.conftest import RELEASE, render
+from tests.api.helpers import BASE
+from tests.chart.helpers import RELEASE, render
 
 ENABLED = {"policy": {"validatingAdmissionPolicy": {"enabled": True}}}
 WIDENED = {

@@ -7,7 +7,7 @@ import tomllib
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, NON_DEFAULT_VALUES, REPO, run_helm
+from tests.chart.helpers import CHART, NON_DEFAULT_VALUES, REPO, run_helm
 
 
 def package_version() -> str:

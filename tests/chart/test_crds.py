@@ -9,7 +9,7 @@ import sys
 
 import yaml
 
-from tests.chart.conftest import REPO, render
+from tests.chart.helpers import REPO, render
 
 SOURCE = REPO / "crds" / "paralleljob.io_paralleljobs.yaml"
 SYNC_SCRIPT = REPO / "scripts" / "sync_chart_crds.py"

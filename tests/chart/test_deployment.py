@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, NON_DEFAULT_VALUES, RELEASE_NAMESPACE, RenderError, only, render
+from tests.chart.helpers import CHART, NON_DEFAULT_VALUES, RELEASE_NAMESPACE, RenderError, only, render
 
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chart.conftest import REPO
+from tests.chart.helpers import REPO
 
 OPERATOR_DOCKERFILE = REPO / "Dockerfile"
 TRAINER_DOCKERFILE = REPO / "trainer-image" / "Dockerfile"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.chart.conftest import REPO, tool
+from tests.chart.helpers import REPO, tool
 
 
 def kubectl_with_plugin(*args: str) -> subprocess.CompletedProcess[str]:

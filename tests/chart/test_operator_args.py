@@ -9,7 +9,7 @@ from paralleljob import cli
 from paralleljob.api import policy
 from paralleljob.commands import operator as operator_command
 from paralleljob.manifests import security
-from tests.chart.conftest import NON_DEFAULT_VALUES, only, render
+from tests.chart.helpers import NON_DEFAULT_VALUES, only, render
 
 WITHOUT_NCCL_DEFAULTS = {**NON_DEFAULT_VALUES, "jobDefaults": {**NON_DEFAULT_VALUES["jobDefaults"], "ncclEnv": {}}}
 

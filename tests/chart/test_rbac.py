@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.chart.conftest import NON_DEFAULT_VALUES, RELEASE_NAMESPACE, only, render
+from tests.chart.helpers import NON_DEFAULT_VALUES, RELEASE_NAMESPACE, only, render
 
 RBAC_KINDS = {"ClusterRole", "Role"}
 CASES = {"all-namespaces": {}, "listed-namespaces": NON_DEFAULT_VALUES}

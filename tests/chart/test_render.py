@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.chart.conftest import NON_DEFAULT_VALUES, render
+from tests.chart.helpers import NON_DEFAULT_VALUES, render
 
 # Chart.yaml's kubeVersion floor, and the kubectl the tools script installs.
 KUBERNETES_VERSIONS = ["1.29.0", "1.34.0"]

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, NON_DEFAULT_VALUES, RenderError, render
+from tests.chart.helpers import CHART, NON_DEFAULT_VALUES, RenderError, render
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())

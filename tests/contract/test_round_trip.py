@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 
 from paralleljob import planning
 from paralleljob.api import ResolvedJob, validate_document
-from paralleljob.commands.run import choose_locally, plan_locally
-from paralleljob.local.runner import choose_shape
+from paralleljob.local.shape import choose_locally, choose_shape, plan_locally
 from paralleljob.manifests import children, configmap
 from paralleljob_contract import dataset, environment, jobfile
 from paralleljob_contract.environment import Launch, PodEnvironment

@@ -16,7 +16,9 @@ import sys
 import pytest
 
 from paralleljob_contract import launcher
-from paralleljob_contract.supervisor import EXIT_NO_PROGRESS, EXIT_PEER, GangState
+from paralleljob_contract.coordinator import GangState
+from paralleljob_contract.ranks import EXIT_PEER
+from paralleljob_contract.supervisor import EXIT_NO_PROGRESS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -1,30 +1,19 @@
-"""Fixtures for the image tests: the images `make images` built (the local store, tests/upstream/images.py), and
-commands run inside them the way the test cluster's kubelet runs a container (tests/upstream/sandbox.py): the
+"""Fixtures for the image tests: the images `make images` built (the local store, testcluster/images.py), and
+commands run inside them the way the test cluster's kubelet runs a container (testcluster/sandbox.py): the
 image's root filesystem under an overlay of the test's own, read-only unless asked, as the image's user unless
 told otherwise, with the chart's emptyDirs as the only writable folders.
 
-An image that was not built fails its tests with the command that builds it; it never skips them.
+Fixtures only; what the tests share besides them is tests.images.helpers.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import re
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.upstream import containers, controlplane, images
-from tests.upstream import sandbox as sandbox_program
-
-REPO = controlplane.REPO
-VERSION = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.MULTILINE)[1]  # type: ignore[index]
-OPERATOR = f"ghcr.io/paralleljob/operator:{VERSION}"
-TRAINER_CPU = f"ghcr.io/paralleljob/trainer:{VERSION}-cpu"
-BUILD_HINT = {OPERATOR: "make images-operator", TRAINER_CPU: "make images"}
+from testcluster import images
+from tests.images.helpers import OPERATOR, TRAINER_CPU, InImage, built
 
 
 @pytest.fixture(scope="session")
@@ -36,64 +25,6 @@ def store() -> Iterator[images.Store]:
         made.close()
 
 
-def built(store: images.Store, reference: str) -> images.Image:
-    image = store.find(reference)
-    if image is None:
-        pytest.fail(f"{reference} is not in {store.folder}/store: run `{BUILD_HINT[reference]}`", pytrace=False)
-    return image
-
-
-@dataclasses.dataclass
-class InImage:
-    """Runs commands in one image as the kubelet would run its container."""
-
-    image: images.Image
-    folder: Path
-
-    def run(
-        self,
-        command: list[str],
-        writable: tuple[str, ...] = (),
-        uid: int | None = None,
-        read_only_root: bool = True,
-        timeout: float = 300,
-    ) -> subprocess.CompletedProcess[str]:
-        """`command` in a fresh root over the image; `writable` folders are empty folders of their own (emptyDirs)."""
-        run = self.folder / f"run-{len(list(self.folder.glob('run-*')))}"
-        run.mkdir()
-        mounts = []
-        for index, target in enumerate(writable):
-            source = run / f"empty-{index}"
-            source.mkdir(parents=True)
-            source.chmod(0o1777)
-            mounts.append({"source": str(source), "target": target})
-        image_uid, image_gid = self.image.user_ids()
-        who = containers.Identity(uid if uid is not None else image_uid or 0, image_gid or 0, (image_gid or 0,))
-        spec = {
-            "root": str(run / "root"),
-            "hostname": "image-test",
-            "image": {"rootfs": str(self.image.rootfs), "upper": str(run / "upper"), "work": str(run / "work")},
-            "readOnlyRoot": read_only_root,
-            "user": dataclasses.asdict(who),
-            "mounts": mounts,
-            "workingDir": self.image.working_dir or "/",
-            "command": command,
-            "env": {"PATH": containers.DEFAULT_PATH, "HOME": "/", **self.image.env},
-        }
-        (run / "sandbox.json").write_text(json.dumps(spec))
-        return subprocess.run(
-            sandbox_program.argv(run / "sandbox.json"),
-            cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False,
-        )  # fmt: skip
-
-    def output(self, command: list[str], **options: object) -> str:
-        done = self.run(command, **options)  # type: ignore[arg-type]
-        assert done.returncode == 0, (
-            f"{command} in {self.image.reference}: {done.returncode}\n{done.stdout}{done.stderr}"
-        )
-        return done.stdout
-
-
 @pytest.fixture(scope="session")
 def operator_image(store: images.Store, tmp_path_factory: pytest.TempPathFactory) -> InImage:
     return InImage(built(store, OPERATOR), tmp_path_factory.mktemp("operator-image"))
@@ -102,22 +33,3 @@ def operator_image(store: images.Store, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="session")
 def trainer_image(store: images.Store, tmp_path_factory: pytest.TempPathFactory) -> InImage:
     return InImage(built(store, TRAINER_CPU), tmp_path_factory.mktemp("trainer-image"))
-
-
-def locked(*locks: Path) -> dict[str, str]:
-    """name -> version of every distribution pinned in the lock files, names normalised as pip freeze does."""
-    pins: dict[str, str] = {}
-    for lock in locks:
-        for name, version in re.findall(r"^([A-Za-z0-9_.-]+)==([^\s;\\]+)", lock.read_text(), flags=re.MULTILINE):
-            pins[normalise(name)] = version
-    return pins
-
-
-def normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def frozen(text: str) -> dict[str, str]:
-    """`pip list --format=freeze`'s output as name -> version."""
-    pairs = [line.split("==", 1) for line in text.splitlines() if "==" in line]
-    return {normalise(name): version for name, version in pairs}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import yaml
 
-from tests.images.conftest import REPO, VERSION, InImage, frozen, locked
+from tests.images.helpers import REPO, VERSION, InImage, frozen, locked
 
 CHART_VALUES = REPO / "charts" / "paralleljob-operator" / "values.yaml"
 # Compilers, linkers and build drivers: a final image that carries one was built in the wrong stage.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.images.conftest import REPO, VERSION, InImage, frozen, locked
+from tests.images.helpers import REPO, VERSION, InImage, frozen, locked
 
 pytestmark = pytest.mark.trainer_image
 # The emptyDirs the operator gives a trainer pod on a read-only root (operator/paralleljob/manifests/security.py).

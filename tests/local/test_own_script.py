@@ -12,8 +12,7 @@ import yaml
 
 from paralleljob import planning
 from paralleljob.api import validate_document
-from paralleljob.commands.run import plan_locally
-from paralleljob.local.runner import choose_shape
+from paralleljob.local.shape import choose_shape, plan_locally
 from paralleljob.manifests.trainer_config import contract_plan
 from tests.local.terminal import run_without_the_venv
 

@@ -1,61 +1,15 @@
-"""Builders for manifest tests: a job from YAML a user could write, a planner's Plan, node dicts."""
+"""Builders for manifest tests: a job from YAML a user could write, a planner's Plan, node dicts.
+
+Fixtures only; what the tests share besides them is tests.manifests.helpers.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import pytest
-import yaml
 
-from paralleljob.api import ResolvedJob, validate_document
-from paralleljob.planning import Estimates, NodePlan, PlacementCost, Plan
-from paralleljob_contract.layout import Layout
-
-JOB_YAML = """
-apiVersion: paralleljob.io/v1alpha1
-kind: ParallelJob
-metadata: {name: gpt, namespace: research}
-spec:
-  parallelism: {pipeline: 2, tensor: 4, data: 2}
-  gpusPerNode: 4
-  model: {layers: 8, hiddenSize: 256, attentionHeads: 8, sequenceLength: 128, vocabSize: 512}
-  deepspeed: {train_micro_batch_size_per_gpu: 2, gradient_accumulation_steps: 8}
-  training: {steps: 100}
-  checkpoint:
-    volume: {persistentVolumeClaim: {claimName: ckpt}}
-    intervalSteps: 10
-"""
-
-
-def resolve(text: str = JOB_YAML, **spec_patch: Any) -> ResolvedJob:
-    """Validate a job document (optionally with top-level spec keys replaced) and return it resolved."""
-    doc = yaml.safe_load(text)
-    doc["spec"].update(spec_patch)
-    result = validate_document(doc)
-    assert result.resolved is not None, [p.render() for p in result.problems]
-    return result.resolved
-
-
-def make_plan(
-    nodes: int = 4, gpus: int = 4, layout: tuple[int, int, int] = (2, 4, 2), names: Sequence[str] = ()
-) -> Plan:
-    """A planner's Plan, node rank r on `names[r]` (default `node-r`), pipe,data,model order, no estimates."""
-    sizes = Layout(*layout)
-    entries = []
-    for rank in range(nodes):
-        ranks = tuple(range(rank * gpus, (rank + 1) * gpus))
-        name = names[rank] if names else f"node-{rank}"
-        entries.append(NodePlan(rank, name, gpus, ranks, tuple(sizes.coord(r) for r in ranks)))
-    nothing = Estimates(0.0, {}, None, 0.1, {}, 0.0, 0.0, 0.0, {})
-    return Plan(sizes, gpus, tuple(entries), nothing, PlacementCost(0.0, {}, {}), None)
-
-
-def make_node(
-    name: str, labels: dict[str, str] | None = None, allocatable: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """A Node dict with labels and allocatable resources."""
-    return {"metadata": {"name": name, "labels": labels or {}}, "status": {"allocatable": allocatable or {}}}
+from paralleljob.api import ResolvedJob
+from paralleljob.planning import Plan
+from tests.manifests.helpers import make_plan, resolve
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from paralleljob.manifests import children, configmap, labels, trainer_config
 from paralleljob.manifests import pods as pod_manifests
-from tests.manifests.conftest import make_node, make_plan, resolve
+from tests.manifests.helpers import make_node, make_plan, resolve
 
 OWNER = {"metadata": {"name": "gpt", "namespace": "research", "uid": "u-1"}}
 IB_NODES = [make_node(f"node-{i}", {}, {"nvidia.com/gpu": "4", "rdma/ib": "1"}) for i in range(4)]

@@ -9,7 +9,7 @@ import pytest
 
 from paralleljob.manifests import children
 from paralleljob.planning import Plan
-from tests.manifests.conftest import make_plan, resolve
+from tests.manifests.helpers import make_plan, resolve
 
 OWNER = {"metadata": {"name": "gpt", "namespace": "research", "uid": "u-1"}}
 # 4,096 nodes x 8 GPUs: PP 16 x TP 8 x DP 256 = 32,768 ranks.

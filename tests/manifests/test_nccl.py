@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from paralleljob.manifests import nccl
-from tests.manifests.conftest import make_node
+from tests.manifests.helpers import make_node
 
 IB = make_node("a", allocatable={"rdma/hca_shared_devices_a": "1"})
 EFA = make_node("b", allocatable={"vpc.amazonaws.com/efa": "4"})

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from paralleljob.manifests import children, labels, security
-from tests.manifests.conftest import make_node, make_plan, resolve
+from tests.manifests.helpers import make_node, make_plan, resolve
 
 OWNER = {"metadata": {"name": "gpt", "namespace": "research", "uid": "u-1"}}
 IB_NODES = [make_node(f"node-{i}", {}, {"nvidia.com/gpu": "4", "rdma/ib": "1"}) for i in range(4)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from paralleljob.manifests import workload as wl
-from tests.manifests.conftest import resolve
+from tests.manifests.helpers import resolve
 
 JOB = {"metadata": {"name": "gpt", "namespace": "research", "uid": "u1", "labels": {wl.QUEUE_LABEL: "team-a"}}}
 

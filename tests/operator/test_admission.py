@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-from tests.operator.conftest import gpus_oversubscribed, job_doc, wait_for
+from tests.operator.helpers import gpus_oversubscribed, job_doc, wait_for
 
 
 def test_job_that_does_not_fit_waits_with_the_reason_and_starts_when_nodes_arrive(cluster, operator):

@@ -16,8 +16,8 @@ import pytest
 from paralleljob.commands import operator as operator_command
 from paralleljob.k8s import admission_lock
 from paralleljob.k8s import session as k8s_session
-from tests.operator.conftest import install_operator_rbac
-from tests.operator.server import UpstreamServer
+from testcluster.server import UpstreamServer
+from tests.operator.helpers import install_operator_rbac
 
 AN_HOUR = 3600.0
 

@@ -3,7 +3,7 @@ rule, a Warning Event, and nothing created for them, while the cluster has room 
 
 from __future__ import annotations
 
-from tests.operator.conftest import job_doc, made_here, wait_for
+from tests.operator.helpers import job_doc, made_here, wait_for
 
 ESCALATIONS = {
     "host-path-root": (

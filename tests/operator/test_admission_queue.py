@@ -17,7 +17,7 @@ from paralleljob.handlers import reconcile
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order
 from paralleljob.k8s import session as k8s_session
 from paralleljob.planning.inventory import Reservation
-from tests.operator.conftest import (
+from tests.operator.helpers import (
     Cluster,
     Operator,
     fresh_view,

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from paralleljob.manifests import rbac as progress_rbac
-from tests.chart.conftest import RELEASE_NAMESPACE, REPO, only, render
-from tests.operator.conftest import Cluster, Operator, install_operator_rbac, operator_calls, wait_for
-from tests.operator.server import UpstreamServer
-from tests.upstream import controlplane
+from testcluster import controlplane
+from testcluster.server import UpstreamServer
+from tests.chart.helpers import RELEASE_NAMESPACE, REPO, only, render
+from tests.operator.helpers import Cluster, Operator, install_operator_rbac, operator_calls, wait_for
 
 JOB_NAMESPACE = "research"
 JOB = "quickstart"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 
-from tests.operator.conftest import generations_overlapping, gpus_oversubscribed, job_doc, wait_for
-from tests.upstream import controlplane
+from testcluster import controlplane
+from tests.operator.helpers import generations_overlapping, gpus_oversubscribed, job_doc, wait_for
 
 # How long etcd stays down: the 30 s, longer than a lease renewal (the operator's leadership included)
 # and than the client's own retries, so every watch and write of the operator fails at least once.

@@ -3,7 +3,7 @@ condition and an Event, once per attempt, and the job ends Failed at its backoff
 
 from __future__ import annotations
 
-from tests.operator.conftest import finish_operator_passes, job_doc, operator_calls, wait_for
+from tests.operator.helpers import finish_operator_passes, job_doc, operator_calls, wait_for
 
 INVALID = 'Pod "gpt-0" is invalid: spec.volumes[4].persistentVolumeClaim.claimName: Required value'
 

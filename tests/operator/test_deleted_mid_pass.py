@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.operator.conftest import Operator, job_doc, made_here, wait_for
+from tests.operator.helpers import Operator, job_doc, made_here, wait_for
 
 # Said at debug level by the pass that finds the job gone (paralleljob.handlers.reconcile).
 ENDED_QUIETLY = "was deleted during the pass"

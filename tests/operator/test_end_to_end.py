@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.operator.conftest import generations_overlapping, job_doc, wait_for
+from tests.operator.helpers import generations_overlapping, job_doc, restarted, wait_for
 
 
 def env_of(pod):
@@ -110,12 +110,6 @@ def test_failed_pod_restarts_the_gang_and_backoff_limit_fails_the_job(cluster, o
     wait_for(lambda: "Failed" in {e["reason"] for e in cluster.events()}, what="the Failed Event")
     assert generations_overlapping(apiserver) == []
     assert apiserver.force_deleted == []
-
-
-def restarted(cluster, attempt, pods=16):
-    found = cluster.pods()
-    attempts = {p["metadata"]["labels"]["paralleljob.io/attempt"] for p in found}
-    return len(found) == pods and attempts == {str(attempt)} and cluster.status().get("restarts") == attempt
 
 
 def evict(cluster, pod):

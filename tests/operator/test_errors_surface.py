@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.helpers import job_doc, wait_for
 
 
 def reconciled(cluster):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from paralleljob.k8s import timestamps
 from paralleljob.manifests import labels
 from paralleljob_contract import progress as channel
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.helpers import job_doc, wait_for
 
 
 def test_an_in_place_restart_reported_just_before_a_pod_is_lost_is_counted(cluster, operator):

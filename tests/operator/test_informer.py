@@ -7,7 +7,7 @@ import threading
 
 from paralleljob.k8s import informer, session
 from paralleljob.planning.usage import NodeUsage, UsageIndex
-from tests.operator.conftest import Cluster, wait_for
+from tests.operator.helpers import Cluster, wait_for
 
 
 def gpu_pod(name: str, node: str | None, gpus: int = 4) -> dict:

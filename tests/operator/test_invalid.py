@@ -8,7 +8,7 @@ from __future__ import annotations
 import kubernetes
 import pytest
 
-from tests.operator.conftest import finish_operator_passes, job_doc, made_here, operator_requests, wait_for
+from tests.operator.helpers import finish_operator_passes, job_doc, made_here, operator_requests, wait_for
 
 ZERO_2_WITH_PIPELINE = {
     "deepspeed": {

@@ -23,7 +23,7 @@ import kubernetes
 
 from paralleljob.handlers import reconcile
 from paralleljob.k8s import session as k8s_session
-from tests.operator.conftest import (
+from tests.operator.helpers import (
     fresh_view,
     generations_overlapping,
     gpus_oversubscribed,

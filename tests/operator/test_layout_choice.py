@@ -3,8 +3,7 @@ LayoutChosen condition and an Event, and a gang restart re-places that layout wi
 
 from __future__ import annotations
 
-from tests.operator.conftest import job_doc, wait_for
-from tests.operator.test_end_to_end import restarted
+from tests.operator.helpers import job_doc, restarted, wait_for
 
 
 def budget_job() -> dict:

@@ -5,32 +5,28 @@ holder takes the Lease it exits at once."""
 
 from __future__ import annotations
 
-import datetime
 import socket
-import threading
 import time
 import urllib.request
 
 import kubernetes
 import pytest
 
-from tests.chart.conftest import RELEASE_NAMESPACE, only, render
-from tests.operator.conftest import Operator, install_operator_rbac, job_doc, operator_requests, wait_for
+from tests.chart.helpers import RELEASE_NAMESPACE
+from tests.operator.helpers import (
+    TWO_NODES,
+    Operator,
+    OtherHolder,
+    chart_leader_election_args,
+    chart_lease_name,
+    install_operator_rbac,
+    job_doc,
+    operator_requests,
+    wait_for,
+)
 
-TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
 LEASE_SECONDS = "6"  # short, for the test; still above what this loaded machine needs to renew in time
 WRITES = ("create", "patch", "update", "delete")
-
-
-def chart_leader_election_args() -> list[str]:
-    """The leader-election flags of the chart's Deployment (its Lease, in the release namespace)."""
-    args = only(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    return [a for a in args if a.startswith(("--leader-elect", "--leader-election-"))]
-
-
-def chart_lease_name() -> str:
-    (flag,) = (a for a in chart_leader_election_args() if a.startswith("--leader-election-lease="))
-    return flag.split("=", 1)[1]
 
 
 def free_port() -> int:
@@ -51,63 +47,6 @@ def operator_args():
 def healthy() -> bool:
     with urllib.request.urlopen(f"http://127.0.0.1:{HEALTH_PORT}/healthz", timeout=5) as reply:
         return reply.status == 200
-
-
-def micro_time() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-class OtherHolder:
-    """Another operator's replica holding a Lease and renewing it every half second."""
-
-    def __init__(self, cluster, namespace: str, name: str, identity: str, annotations: dict | None = None) -> None:
-        self.api = kubernetes.client.CoordinationV1Api(cluster.client)
-        self.namespace, self.name, self.identity = namespace, name, identity
-        self.metadata = {"name": name, "labels": {"paralleljob.io/operator-lease": "true"}, "annotations": annotations}
-        self._stop = threading.Event()
-
-    def spec(self) -> dict:
-        now = micro_time()
-        return {"holderIdentity": self.identity, "leaseDurationSeconds": 3, "acquireTime": now, "renewTime": now}
-
-    def take(self) -> OtherHolder:
-        """Create the Lease, or take it over from whoever holds it (retrying while their renewals conflict)."""
-        for _ in range(50):
-            try:
-                lease = self.api.read_namespaced_lease(self.name, self.namespace)
-            except kubernetes.client.ApiException as error:
-                if error.status != 404:
-                    raise
-                self.api.create_namespaced_lease(self.namespace, {"metadata": self.metadata, "spec": self.spec()})
-                break
-            lease.spec = self.spec()
-            if self._replaced(lease):
-                break
-        else:
-            raise AssertionError(f"could not take the Lease {self.name}")
-        threading.Thread(target=self._renew, daemon=True).start()
-        return self
-
-    def _replaced(self, lease) -> bool:
-        try:
-            self.api.replace_namespaced_lease(self.name, self.namespace, lease)
-        except kubernetes.client.ApiException as error:
-            if error.status != 409:
-                raise
-            return False
-        return True
-
-    def _renew(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                lease = self.api.read_namespaced_lease(self.name, self.namespace)
-                lease.spec.holder_identity, lease.spec.renew_time = self.identity, micro_time()
-                self._replaced(lease)
-            except Exception:  # the test cluster stopping at the end of the test
-                return
-
-    def release(self) -> None:
-        self._stop.set()
 
 
 def operator_writes(apiserver) -> list[tuple[str, str, str, str]]:

@@ -13,7 +13,7 @@ import json
 import kubernetes
 import pytest
 
-from tests.operator.conftest import Operator, job_doc, wait_for
+from tests.operator.helpers import Operator, job_doc, wait_for
 
 
 @pytest.fixture

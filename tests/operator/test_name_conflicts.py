@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import kubernetes
 
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.helpers import job_doc, wait_for
 
 FOREIGN = {"team": "someone-else"}
 # Two nodes of 4 GPUs: small, so that the test stays quick.

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.chart.conftest import only, render
-from tests.operator.conftest import (
+from testcluster.server import UpstreamServer
+from tests.chart.helpers import only, render
+from tests.operator.helpers import (
     OPERATOR_AGENTS,
     Cluster,
     Operator,
@@ -19,7 +20,6 @@ from tests.operator.conftest import (
     job_doc,
     wait_for,
 )
-from tests.operator.server import UpstreamServer
 
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from paralleljob.manifests import labels
 from paralleljob_trainer import k8s_status, nccl_log
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.helpers import job_doc, wait_for
 
 # What the trainer writes to /dev/termination-log on a node without RDMA devices (paralleljob_trainer.preflight).
 NO_RDMA_DEVICE = (

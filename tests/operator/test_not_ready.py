@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.helpers import job_doc, wait_for
 
 ONE_NODE = {"parallelism": {"pipeline": 1, "tensor": 4, "data": 1}, "gpusPerNode": 4}
 

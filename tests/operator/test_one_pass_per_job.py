@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import kubernetes
 
-from tests.operator.conftest import OPERATOR_AGENTS, finish_operator_passes, job_doc, wait_for
+from tests.operator.helpers import OPERATOR_AGENTS, finish_operator_passes, job_doc, wait_for
 
 # An admission policy refusal (the chart allows no PriorityClass by default) that also puts the job first in
 # every admission round it is offered to.

@@ -13,7 +13,7 @@ import pytest
 from paralleljob import cli
 from paralleljob.k8s import informer, reads, session, writes
 from paralleljob.planning import usage
-from tests.operator.conftest import Operator, job_doc, wait_for
+from tests.operator.helpers import Operator, job_doc, wait_for
 
 
 def free_port() -> int:

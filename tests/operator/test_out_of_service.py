@@ -11,7 +11,7 @@ import contextlib
 import kubernetes
 import pytest
 
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.helpers import job_doc, wait_for
 
 OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
 FOUR_NODES_ONE_SPARE = {

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from paralleljob.api import crd
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.helpers import job_doc, wait_for
 
 KUBECTL = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
 

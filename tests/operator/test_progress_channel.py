@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from paralleljob.handlers import progress
 from paralleljob.k8s import session as k8s_session
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.helpers import job_doc, wait_for
 
 TWO_NODES = {"parallelism": {"pipeline": 2, "tensor": 4, "data": 1}}
 

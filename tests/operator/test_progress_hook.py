@@ -16,7 +16,7 @@ import requests
 from paralleljob.manifests import labels, progress
 from paralleljob.manifests import rbac as progress_rbac
 from paralleljob_trainer import hooks, k8s_status
-from tests.operator.conftest import job_doc
+from tests.operator.helpers import job_doc
 
 
 class FakeClock:

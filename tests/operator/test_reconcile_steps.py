@@ -14,7 +14,7 @@ from paralleljob.api import validate_document
 from paralleljob.handlers.observed import INVALID_NOTE
 from paralleljob.handlers.steps import admission, conflicts, creation, draining, finished, invalid, supervision
 from paralleljob.manifests import configmap, labels
-from tests.api.test_policy import BASE
+from tests.api.helpers import BASE
 
 
 def pod(name: str, node: str = "n0", *, terminating: bool = False) -> dict[str, Any]:

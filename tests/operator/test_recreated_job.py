@@ -3,7 +3,7 @@ which the garbage collector removes some time after the delete (asynchronously, 
 
 from __future__ import annotations
 
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.helpers import job_doc, wait_for
 
 
 def owner_uid(obj):

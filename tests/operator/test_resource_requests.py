@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.operator.conftest import job_doc, wait_for
-from tests.operator.server import UpstreamServer
+from testcluster.server import UpstreamServer
+from tests.operator.helpers import job_doc, wait_for
 
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}  # on 4-GPU nodes
 

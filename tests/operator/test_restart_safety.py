@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from paralleljob.k8s import writes
-from tests.operator.conftest import job_doc, operator_calls, wait_for
+from tests.operator.helpers import job_doc, operator_calls, wait_for
 
 
 def pod_creates(apiserver):

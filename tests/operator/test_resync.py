@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.operator.conftest import Operator, job_doc, wait_for
+from tests.operator.helpers import Operator, job_doc, wait_for
 
 
 @pytest.fixture

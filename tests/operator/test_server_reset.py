@@ -1,4 +1,4 @@
-"""The reset between two operator tests (tests/operator/server.py) leaves the next test's namespace alone. Tests
+"""The reset between two operator tests (testcluster/server.py) leaves the next test's namespace alone. Tests
 create their namespaces again by the same names at once, so nothing still deleting an old one by name may touch
 what the new one holds. The controller-manager's namespace controller did: it takes a namespace's deletion up five
 seconds after it sees it, by name, and if that finds the namespace of a later test being reset, it goes on
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import kubernetes
 
-from tests.operator.server import UpstreamServer
+from testcluster.server import UpstreamServer
 
 NAMESPACE = "research"
 

@@ -9,7 +9,7 @@ import pytest
 
 from paralleljob.handlers import gang
 from paralleljob_contract.network import SLOW_LINK, NetworkFailure, slow_link_message
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.helpers import job_doc, wait_for
 
 SLOW = NetworkFailure("NetworkVerified", SLOW_LINK, slow_link_message(["gpu-009"], "data gpu-001-gpu-009 0.02 GB/s"))
 PAIR = NetworkFailure("NetworkVerified", SLOW_LINK, slow_link_message(["gpu-002", "gpu-003"], "pipeline ..."))

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.operator.conftest import Operator, job_doc, wait_for
-from tests.operator.server import UpstreamServer
+from testcluster.server import UpstreamServer
+from tests.operator.helpers import Operator, job_doc, wait_for
 
 AN_HOUR = 3600.0
 TIMEOUT = 4

@@ -9,7 +9,7 @@ import datetime
 
 import pytest
 
-from tests.operator.conftest import Operator, finish_operator_passes, install_operator_rbac, job_doc, wait_for
+from tests.operator.helpers import Operator, finish_operator_passes, install_operator_rbac, job_doc, wait_for
 
 TWO_NODES = {"pipeline": 2, "tensor": 4, "data": 1}
 VERDICTS = ("Admitted", "Placed", "Unschedulable")

@@ -8,7 +8,7 @@ import pytest
 
 from paralleljob.handlers import watchdog
 from paralleljob.k8s import timestamps
-from tests.operator.conftest import job_doc, wait_for
+from tests.operator.helpers import job_doc, wait_for
 
 NOW = datetime.datetime(2026, 1, 31, 12, 0, 0, tzinfo=datetime.UTC)
 

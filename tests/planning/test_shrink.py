@@ -8,7 +8,7 @@ import pytest
 from paralleljob.manifests import trainer_config
 from paralleljob.planning import shrink
 from paralleljob.planning.layout_space import Budget
-from tests.manifests.conftest import make_plan
+from tests.manifests.helpers import make_plan
 from tests.planning import clusters
 
 

@@ -82,6 +82,20 @@ def average_replicated_gradients() -> dict[str, dict[str, Any]]:
     return {name: _average_replicated_gradients(tp, bf16) for name, bf16 in (("fp32", False), ("bf16", True))}
 
 
+def average_two_dtypes() -> dict[str, list[float]]:
+    """`average_over_tensor_parallel` over float32 and float64 tensors of rank-dependent values, as mean and sum."""
+    from paralleljob_trainer import tensor_parallel
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tp = tensor_parallel.TensorParallel(rank=rank, size=world, group=dist.new_group(list(range(world))))
+    found: dict[str, list[float]] = {}
+    for mean in (True, False):
+        tensors = [torch.full((3,), float(rank + 1)), torch.full((2,), float(rank + 1), dtype=torch.float64)]
+        tensor_parallel.average_over_tensor_parallel(tensors, tp, mean=mean)
+        found["mean" if mean else "sum"] = [value for tensor in tensors for value in tensor.tolist()]
+    return found
+
+
 def _average_replicated_gradients(tp: Any, bf16: bool) -> dict[str, Any]:
     """One replicated and one sharded parameter with rank-dependent gradients, through the ReduceGrads wrapper."""
     from deepspeed.runtime.pipe.schedule import ReduceGrads

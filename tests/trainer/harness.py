@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from paralleljob_contract import environment, jobfile, launcher
+from paralleljob_contract import environment, jobfile, launcher, metrics
 from paralleljob_contract.layout import AXES, AxisOrder, Layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -297,11 +297,7 @@ class PrivateTmpfs:
 
 
 def records(output: Path, event: str) -> list[dict[str, Any]]:
-    path = output / "metrics.jsonl"
-    if not path.exists():
-        return []
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [line for line in lines if line.get("event") == event]
+    return metrics.read_records(output / metrics.FILE, event)
 
 
 def steps_by_number(output: Path) -> dict[int, dict[str, Any]]:

@@ -15,7 +15,7 @@ ENDING_RANK = textwrap.dedent(
     """
     import atexit, sys, threading, time
     from pathlib import Path
-    from paralleljob_contract.supervisor import exit_without_teardown
+    from paralleljob_contract.ranks import exit_without_teardown
 
     folder = Path(sys.argv[1])
     atexit.register(lambda: (folder / "atexit").write_text("ran"))

@@ -73,6 +73,7 @@ def test_export_refuses_a_checkpoint_whose_file_does_not_match_its_checksum(tmp_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # a gang of processes: the training runs' lane, and not `make check`
 @pytest.mark.parametrize("tensor", [2, 4])
 def test_vocab_parallel_loss_and_gradients_equal_the_replicated_ones(tensor: int) -> None:
     # 300 tokens padded to 512: at TP 4 rank 2 holds 44 real rows and rank 3 padding only.

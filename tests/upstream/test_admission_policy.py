@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from testcluster.api import CHART, RELEASE, RELEASE_NAMESPACE, Api, Tool
 from tests.chart import test_admission_policy as offline
-from tests.upstream.conftest import CHART, RELEASE, RELEASE_NAMESPACE, Api, Tool
 
 JOBS = "/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs"
 POLICY = f"{RELEASE}-paralleljob-operator-jobs"

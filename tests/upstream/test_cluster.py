@@ -3,7 +3,7 @@ GPU nodes with the real API server, runs a pod with the projected ServiceAccount
 admission added, reports its exit and termination message, honours graceful deletion, and a node that stops
 heartbeating is marked NotReady and tainted by the real node-lifecycle controller, and Ready again when it resumes.
 A killed container takes every process it started with it, and a pod's volumes never hide the repository and the
-Python environment its command runs from (tests/upstream/sandbox.py).
+Python environment its command runs from (testcluster/sandbox.py).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.upstream import cluster as upstream_cluster
-from tests.upstream import controlplane
-from tests.upstream.conftest import REPO, Api
+from testcluster import cluster as upstream_cluster
+from testcluster import controlplane, polling
+from testcluster.api import REPO, Api
+from tests.upstream.helpers import PODS, wait_for_pod
 
 SCRIPT = REPO / "scripts" / "local_cluster.py"
-PODS = "/api/v1/namespaces/default/pods"
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +58,6 @@ def node_view(api: Api, name: str) -> tuple[str, set[str]]:
 def pod(name: str, script: str, **spec: Any) -> dict[str, Any]:
     container = {"name": "main", "image": "python", "command": [sys.executable, "-c", script]}
     return {"metadata": {"name": name}, "spec": {"restartPolicy": "Never", "containers": [container], **spec}}
-
-
-def wait_for_pod(api: Api, name: str, condition: Any, timeout: float = 60) -> dict[str, Any]:
-    def seen() -> dict[str, Any] | None:
-        response = api.send("GET", f"{PODS}/{name}")
-        return response.json() if response.ok and condition(response.json()) else None
-
-    return dict(upstream_cluster.wait_for(seen, timeout, f"pod {name}"))
 
 
 def test_the_nodes_are_ready_gpu_nodes(api: Api) -> None:
@@ -113,19 +105,19 @@ def test_a_deleted_pod_gets_sigterm_and_goes_when_its_process_exits(api: Api, sm
         return (folders[0] / "container.log").read_text() if folders else ""
 
     # Running is reported once the process starts; its handler is in place once it says so.
-    upstream_cluster.wait_for(lambda: "ready" in log(), 60, "the handler installed")
+    polling.wait_for(lambda: "ready" in log(), 60, "the handler installed")
     api.ok(api.send("DELETE", f"{PODS}/sleeper"))
-    upstream_cluster.wait_for(lambda: api.send("GET", f"{PODS}/sleeper").status_code == 404, 30, "the pod to go")
+    polling.wait_for(lambda: api.send("GET", f"{PODS}/sleeper").status_code == 404, 30, "the pod to go")
     assert "SIGTERM" in log()
 
 
 def test_a_silent_node_goes_not_ready_and_tainted_and_comes_back(api: Api, small: upstream_cluster.Cluster) -> None:
     small.fault("silence", node="gpu-1")
     unreachable = {"node.kubernetes.io/unreachable"}
-    upstream_cluster.wait_for(lambda: node_view(api, "gpu-1") == ("Unknown", unreachable), 60, "gpu-1 NotReady")
+    polling.wait_for(lambda: node_view(api, "gpu-1") == ("Unknown", unreachable), 60, "gpu-1 NotReady")
     assert node_view(api, "gpu-0") == ("True", set())
     small.fault("resume", node="gpu-1")
-    upstream_cluster.wait_for(lambda: node_view(api, "gpu-1") == ("True", set()), 60, "gpu-1 Ready again")
+    polling.wait_for(lambda: node_view(api, "gpu-1") == ("True", set()), 60, "gpu-1 Ready again")
 
 
 def test_a_killed_container_takes_every_process_it_started_with_it(api: Api, small: upstream_cluster.Cluster) -> None:
@@ -143,7 +135,7 @@ def test_a_killed_container_takes_every_process_it_started_with_it(api: Api, sma
     wait_for_pod(api, "leaky", lambda p: p["status"].get("phase") == "Running")
     (folder,) = (f for f in small.container_folders() if f.name.startswith("default_leaky_"))
     pid_file = folder / "volumes" / "scratch" / "escaped.pid"
-    upstream_cluster.wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, "the escaped process's pid")
+    polling.wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, "the escaped process's pid")
     escaped = psutil.Process(int(pid_file.read_text()))
     small.fault("kill-container", namespace="default", pod="leaky")
     done = wait_for_pod(api, "leaky", lambda p: p["status"].get("phase") == "Failed")

@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from paralleljob.api import crd, parsing, rules
+from testcluster.api import REPO, Api, Tool
 from tests.api import test_cel_rules
 from tests.api.jobs import DELETE, job
-from tests.upstream.conftest import REPO, Api, Tool
 
 JOBS = "/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs"
 EXAMPLES = sorted(p for p in (REPO / "examples").glob("*.yaml") if not p.name.startswith("cluster-"))

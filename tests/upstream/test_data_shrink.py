@@ -26,12 +26,13 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
+from paralleljob_contract import metrics as metrics_file
+from testcluster.api import RELEASE_NAMESPACE, REPO
+from testcluster.product import Product
+from testcluster.quickstart import JOB
 from tests.trainer import harness
 from tests.trainer.reference import train_reference
-from tests.upstream.conftest import RELEASE_NAMESPACE, REPO
-from tests.upstream.product import Product
-from tests.upstream.quickstart import JOB
-from tests.upstream.test_whole_product import OPERATOR_IMAGE, require_image, wait_for
+from tests.upstream.helpers import OPERATOR_IMAGE, require_image, wait_for
 
 pytestmark = pytest.mark.slow
 STEPS, CHECKPOINT_EVERY = 20, 4
@@ -55,8 +56,7 @@ def runs(metrics: Path) -> list[dict[str, Any]]:
     """Each gang's part of a metrics.jsonl (a `resume` record opens the next): the step it resumed from and its
     losses by step."""
     found: list[dict[str, Any]] = [{"resumed": None, "losses": {}}]
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line)
+    for record in metrics_file.read_records(metrics):
         if record.get("event") == "resume":
             found.append({"resumed": int(record["step"]), "losses": {}})
         elif record.get("event") == "step":

@@ -13,8 +13,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 
 from paralleljob.api import crd, parsing, rules, validate_document
+from testcluster.api import Api
 from tests.api import spec_strategies
-from tests.upstream.conftest import Api
 
 JOBS = "/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs"
 SPEC_SCHEMA = crd.spec_schema()

@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.upstream import cluster as upstream_cluster
-from tests.upstream.conftest import Api
-from tests.upstream.test_cluster import PODS, wait_for_pod
-from tests.upstream.test_whole_product import OPERATOR_IMAGE, require_image
+from testcluster import cluster as upstream_cluster
+from testcluster.api import Api
+from tests.upstream.helpers import OPERATOR_IMAGE, PODS, require_image, wait_for_pod
 
 
 @pytest.fixture(scope="module")

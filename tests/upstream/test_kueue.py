@@ -1,4 +1,4 @@
-"""ParallelJobs queued through the real Kueue controller (tests/upstream/kueue.py) on the upstream control plane,
+"""ParallelJobs queued through the real Kueue controller (testcluster/kueue.py) on the upstream control plane,
 with the chart installed by `helm install --set kueue.enabled=true` as docs/install.md tells a user: the
 operator runs in a pod as the chart's ServiceAccount, and its pods run the bundled trainer (one rank each, to
 keep CI's time) under the process kubelet.
@@ -22,12 +22,11 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
+from testcluster import controlplane, kueue, polling
+from testcluster.api import CHART, RELEASE, RELEASE_NAMESPACE
+from testcluster.product import Product
+from testcluster.quickstart import LOSS_TOLERANCE, cluster_quickstart, losses
 from tests.trainer.reference import train_reference
-from tests.upstream import cluster as upstream_cluster
-from tests.upstream import controlplane, kueue
-from tests.upstream.conftest import CHART, RELEASE, RELEASE_NAMESPACE
-from tests.upstream.product import Product
-from tests.upstream.quickstart import LOSS_TOLERANCE, cluster_quickstart, losses
 
 pytestmark = pytest.mark.slow
 CLAIM = "checkpoints"
@@ -165,7 +164,7 @@ def pods(product: Product, namespace: str, job: str) -> list[dict[str, Any]]:
 
 def wait_for(product: Product, what: str, condition_met: Any, timeout: float = 240) -> Any:
     try:
-        return upstream_cluster.wait_for(condition_met, timeout, what)
+        return polling.wait_for(condition_met, timeout, what)
     except TimeoutError as error:
         kueue_log = (product.cluster.folder / "logs" / "kueue.log").read_text(errors="replace")[-3000:]
         seen = product.kubectl("get", "pj,workloads,clusterqueues,pods", "-A", "-o", "wide")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.operator.conftest import Operator
-from tests.upstream import controlplane
-from tests.upstream.conftest import Api
+from testcluster import controlplane
+from testcluster.api import Api
+from tests.operator.helpers import Operator
 
 
 def test_a_leader_logs_its_election_once_not_every_renewal(

@@ -27,12 +27,12 @@ import pytest
 import requests
 import yaml
 
-from tests.upstream import controlplane
-from tests.upstream.conftest import CHART, RELEASE, REPO
-from tests.upstream.product import Product
-from tests.upstream.prometheus import Prometheus
-from tests.upstream.quickstart import JOB
-from tests.upstream.test_whole_product import rank_pid, wait_for
+from testcluster import controlplane
+from testcluster.api import CHART, RELEASE, REPO
+from testcluster.product import Product
+from testcluster.prometheus import Prometheus
+from testcluster.quickstart import JOB
+from tests.upstream.helpers import rank_pid, wait_for
 
 pytestmark = pytest.mark.slow
 EXAMPLE = REPO / "examples" / "quickstart-on-a-cluster.yaml"

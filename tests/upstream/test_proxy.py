@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.upstream import controlplane
-from tests.upstream.conftest import Api, Tool
-from tests.upstream.proxy import FaultProxy
+from testcluster import controlplane
+from testcluster.api import Api, Tool
+from testcluster.proxy import FaultProxy
 
 
 @pytest.fixture

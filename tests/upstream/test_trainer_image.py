@@ -19,11 +19,11 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
+from testcluster.api import REPO
+from testcluster.product import Product
+from testcluster.quickstart import CHECKPOINT_EVERY, JOB, LOSS_TOLERANCE, losses
 from tests.trainer.reference import train_reference
-from tests.upstream.conftest import REPO
-from tests.upstream.product import Product
-from tests.upstream.quickstart import CHECKPOINT_EVERY, JOB, LOSS_TOLERANCE, losses
-from tests.upstream.test_whole_product import OPERATOR_IMAGE, ran_from_image, require_image, wait_for
+from tests.upstream.helpers import OPERATOR_IMAGE, ran_from_image, require_image, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.trainer_image]
 TRAINER_IMAGE = "ghcr.io/paralleljob/trainer:0.1.0-cpu"

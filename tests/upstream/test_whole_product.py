@@ -24,45 +24,21 @@ import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from paralleljob_contract import jobfile
+from testcluster.api import RELEASE, RELEASE_NAMESPACE, REPO, Api
+from testcluster.product import Product
+from testcluster.quickstart import CHECKPOINT_EVERY, JOB, LOSS_TOLERANCE, TOTAL_STEPS, checkpoint_saved, losses
 from tests.trainer.reference import train_reference
-from tests.upstream import cluster as upstream_cluster
-from tests.upstream import images
-from tests.upstream.conftest import RELEASE, RELEASE_NAMESPACE, REPO, Api
-from tests.upstream.product import Product
-from tests.upstream.quickstart import CHECKPOINT_EVERY, JOB, LOSS_TOLERANCE, TOTAL_STEPS, checkpoint_saved, losses
+from tests.upstream.helpers import OPERATOR_IMAGE, ran_from_image, rank_pid, require_image, wait_for
 
 pytestmark = pytest.mark.slow
 EXAMPLE = REPO / "examples" / "quickstart-on-a-cluster.yaml"
 # spec.failurePolicy.progressTimeoutSeconds of the test's job: how long the hung rank's heartbeat stays quiet.
 HANG_TIMEOUT_SECONDS = 30
-
-
-OPERATOR_IMAGE = "ghcr.io/paralleljob/operator:0.1.0"  # the chart's default image at its appVersion
-
-
-def require_image(reference: str, build: str) -> None:
-    """An image these tests run must have been built: they fail, never fall back to the venv, without it."""
-    store = images.Store()
-    try:
-        if store.find(reference) is None:
-            pytest.fail(f"{reference} is not in {store.folder}/store: run `{build}` first", pytrace=False)
-    finally:
-        store.close()
-
-
-def ran_from_image(product: Product, namespace: str, pod: str) -> dict[str, Any]:
-    """What the kubelet ran a pod's container with (its sandbox.json), checked to be the pod's image."""
-    sandbox = json.loads((product.pod_folder(namespace, pod) / "sandbox.json").read_text())
-    assert "image" in sandbox, f"{pod} ran from the venv, not from its image"
-    status = json.loads(product.kubectl("get", "pod", pod, "-n", namespace, "-o", "json"))
-    assert status["status"]["containerStatuses"][0]["imageID"].startswith("sha256:")
-    return dict(sandbox)
 
 
 def check_the_operator_ran_from_its_image(product: Product) -> None:
@@ -83,13 +59,6 @@ def check_the_operator_ran_from_its_image(product: Product) -> None:
 def product(tmp_path: Path) -> Iterator[Product]:
     with Product.running(tmp_path) as made:
         yield made
-
-
-def wait_for(what: str, condition: Any, product: Product, timeout: float) -> Any:
-    try:
-        return upstream_cluster.wait_for(condition, timeout, what)
-    except TimeoutError as error:
-        pytest.fail(f"{error}; {product.what_was_seen()}")
 
 
 def rank0_token(product: Product) -> str:
@@ -114,16 +83,6 @@ def check_rank0_rights(product: Product) -> None:
     ]:
         response = rank0.send(method, path, {} if method == "PATCH" else None)
         assert response.status_code == 403, (method, path, response.status_code)
-
-
-def rank_pid(product: Product, pod: str, rank: int) -> int | None:
-    """A rank's pid (the process kubelet runs pods as processes of this machine) from its pod's supervisor line."""
-    log = (product.pod_folder("default", pod) / "container.log").read_text(errors="replace")
-    for match in re.finditer(r"generation 0 ranks started \(rank=pid\): (.*)", log):
-        pids = dict(pair.split("=") for pair in match[1].split())
-        if str(rank) in pids:
-            return int(pids[str(rank)])
-    return None
 
 
 def pod_uids(product: Product) -> set[str]:

@@ -12,10 +12,10 @@ import pytest
 
 from paralleljob.k8s import session as k8s_session
 from paralleljob.k8s import writes
+from testcluster import controlplane
+from testcluster.api import Api
+from testcluster.proxy import FaultProxy
 from tests.api.jobs import job
-from tests.upstream import controlplane
-from tests.upstream.conftest import Api
-from tests.upstream.proxy import FaultProxy
 
 
 @pytest.fixture

@@ -79,7 +79,9 @@ class ComputeClock:
             yield
             return
         if self._cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # torch leaves Event's constructor untyped.
+            begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             begin.record()
             try:
                 yield

@@ -12,7 +12,7 @@ all-reduces, while norms and their activations shrink by TP. Each rank draws onl
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,8 @@ class TensorParallel:
 
 
 SINGLE = TensorParallel(rank=0, size=1)
+# A tensor or a parameter: marking it keeps its type.
+TensorT = TypeVar("TensorT", bound=torch.Tensor)
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
@@ -58,36 +60,37 @@ class _CopyToTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_reduce(grad, ctx.tp), None
+        return all_reduce(grad, ctx.tp), None
 
 
 class _ReduceFromTensorParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
-        return _all_reduce(tensor, tp)
+        return all_reduce(tensor, tp)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
 
 
-def _all_reduce(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+def all_reduce(tensor: torch.Tensor, tp: TensorParallel, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
+    """`op` (a sum unless told) of `tensor` over the TP group, in a new tensor: autograd may still need the input."""
     if tp.size == 1:
         return tensor
     tensor = tensor.contiguous().clone()
     with CLOCK.blocked():  # waiting on the TP group is not this rank's compute
-        dist.all_reduce(tensor, group=tp.group)
+        dist.all_reduce(tensor, op=op, group=tp.group)
     return tensor
 
 
 def copy_to_tensor_parallel(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     """Enter a parallel region: every rank sees the same input; gradients from all ranks are summed."""
-    return _CopyToTensorParallel.apply(tensor, tp)
+    return _CopyToTensorParallel.apply(tensor, tp)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
 
 
 def reduce_from_tensor_parallel(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     """Leave a parallel region: partial results of all ranks are summed."""
-    return _ReduceFromTensorParallel.apply(tensor, tp)
+    return _ReduceFromTensorParallel.apply(tensor, tp)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
 
 
 def _gather_sequence(tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
@@ -106,7 +109,7 @@ def _reduce_scatter_sequence(tensor: torch.Tensor, tp: TensorParallel) -> torch.
             dist.reduce_scatter_tensor(out, sequence_first, group=tp.group)
         return out.transpose(0, 1).contiguous()
     # gloo has no reduce-scatter: all-reduce and keep this rank's shard (same numbers, more bytes).
-    return _all_reduce(tensor, tp).chunk(tp.size, dim=1)[tp.rank].contiguous()
+    return all_reduce(tensor, tp).chunk(tp.size, dim=1)[tp.rank].contiguous()
 
 
 class _GatherFromSequence(torch.autograd.Function):
@@ -135,7 +138,7 @@ def enter_parallel_region(tensor: torch.Tensor, tp: TensorParallel) -> torch.Ten
     """In front of column-parallel work: copy-to-TP, or under sequence parallelism all-gather the sequence
     (its backward reduce-scatters the summed input gradient)."""
     if tp.sequence_parallel and tp.size > 1:
-        return _GatherFromSequence.apply(tensor, tp)
+        return _GatherFromSequence.apply(tensor, tp)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
     return copy_to_tensor_parallel(tensor, tp)
 
 
@@ -143,17 +146,17 @@ def leave_parallel_region(tensor: torch.Tensor, tp: TensorParallel) -> torch.Ten
     """Behind row-parallel work: sum the partial results, or under sequence parallelism reduce-scatter them
     to this rank's sequence shard (its backward all-gathers the gradient)."""
     if tp.sequence_parallel and tp.size > 1:
-        return _ReduceScatterToSequence.apply(tensor, tp)
+        return _ReduceScatterToSequence.apply(tensor, tp)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
     return reduce_from_tensor_parallel(tensor, tp)
 
 
-def mark_sharded(parameter: torch.Tensor) -> torch.Tensor:
+def mark_sharded(parameter: TensorT) -> TensorT:
     """Count this shard in the gradient norm on every tensor-parallel rank (see `mark_replicated`)."""
     parameter.model_parallel = True  # type: ignore[attr-defined]
     return parameter
 
 
-def mark_replicated(parameter: torch.Tensor, tp: TensorParallel, sequence_partial: bool = True) -> torch.Tensor:
+def mark_replicated(parameter: TensorT, tp: TensorParallel, sequence_partial: bool = True) -> TensorT:
     """Count a parameter that every tensor-parallel rank holds whole exactly once in the gradient norm.
 
     DeepSpeed's `clip_grad_norm_` counts a gradient when the rank is rank 0 of the whole model-parallel slice
@@ -193,8 +196,8 @@ def average_over_tensor_parallel(tensors: list[torch.Tensor], tp: TensorParallel
             dist.all_reduce(flat, group=tp.group)
         if mean:
             flat.div_(tp.size)
-        for tensor, mean in zip(same, _unflatten_dense_tensors(flat, same), strict=True):
-            tensor.copy_(mean)
+        for tensor, reduced in zip(same, _unflatten_dense_tensors(flat, same), strict=True):
+            tensor.copy_(reduced)
 
 
 def column_shard(

@@ -94,7 +94,7 @@ def init_distributed(env: PodEnvironment) -> None:
     # torch gives each later new_group() its backend's default timeout (gloo 30 min, NCCL 10 min), not the
     # default group's, and DeepSpeed builds its pipe and data groups without one: set the defaults first.
     distributed_c10d.default_pg_timeout = timeout
-    distributed_c10d.default_pg_nccl_timeout = timeout
+    distributed_c10d.default_pg_nccl_timeout = timeout  # type: ignore[attr-defined]  # torch does not export it
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

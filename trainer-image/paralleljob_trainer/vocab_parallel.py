@@ -22,6 +22,7 @@ from paralleljob_contract.model import padded_vocab_size
 from paralleljob_trainer import weights
 from paralleljob_trainer.tensor_parallel import (
     TensorParallel,
+    all_reduce,
     enter_parallel_region,
     leave_parallel_region,
     mark_replicated,
@@ -79,11 +80,6 @@ class VocabParallelHead(nn.Module):
         return vocab_parallel_logits(hidden, self.weight, self.tp)
 
 
-def _all_reduce(tensor: torch.Tensor, tp: TensorParallel, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
-    dist.all_reduce(tensor, op=op, group=tp.group)
-    return tensor
-
-
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Per-token loss log(sum_j exp(z_j)) - z_target over logits split by columns across the TP group."""
 
@@ -94,13 +90,13 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if rows.stop > vocab:  # padding columns: out of the softmax
             logits = logits.clone()
             logits[..., max(0, vocab - rows.start) :] = float("-inf")
-        shifted = logits - _all_reduce(logits.max(dim=-1).values, tp, dist.ReduceOp.MAX).unsqueeze(-1)
+        shifted = logits - all_reduce(logits.max(dim=-1).values, tp, dist.ReduceOp.MAX).unsqueeze(-1)
         outside = (labels < rows.start) | (labels >= rows.stop)
         local_labels = (labels - rows.start).masked_fill(outside, 0)
         target = shifted.gather(-1, local_labels.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        target = _all_reduce(target, tp)
+        target = all_reduce(target, tp)
         exp = shifted.exp()
-        sum_exp = _all_reduce(exp.sum(dim=-1), tp)
+        sum_exp = all_reduce(exp.sum(dim=-1), tp)
         softmax = exp.div_(sum_exp.unsqueeze(-1))
         ctx.save_for_backward(softmax, local_labels, outside)
         ctx.input_dtype = local.dtype
@@ -122,7 +118,7 @@ def vocab_parallel_cross_entropy(
     """Mean next-token cross-entropy of one micro-batch from this rank's logit columns, in float32."""
     if tp.size == 1:
         return functional.cross_entropy(local_logits.float().reshape(-1, vocab_size), labels.reshape(-1))
-    return _VocabParallelCrossEntropy.apply(local_logits, labels, tp, vocab_size).mean()
+    return _VocabParallelCrossEntropy.apply(local_logits, labels, tp, vocab_size).mean()  # type: ignore[no-untyped-call]  # torch leaves apply untyped
 
 
 class LanguageModelLoss:

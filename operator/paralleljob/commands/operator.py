@@ -13,6 +13,7 @@ import re
 import socket
 from typing import TYPE_CHECKING, Any
 
+from paralleljob import defaults
 from paralleljob.api import policy
 from paralleljob.manifests import security
 from paralleljob.manifests.nccl import FABRICS
@@ -20,13 +21,8 @@ from paralleljob.manifests.nccl import FABRICS
 if TYPE_CHECKING:
     from paralleljob.k8s import admission_lock, leadership
 
-# Every operator shares one admission lock unless told otherwise, so that releases installed per team and left
-# at their defaults take turns (the chart's admissionLock defaults are the same). kube-system exists in every
-# cluster, so the default needs no namespace to be created first; only this Lease of ours is written there.
-DEFAULT_ADMISSION_LOCK = "kube-system/paralleljob-admission"
+DEFAULT_ADMISSION_LOCK = defaults.ADMISSION_LOCK
 NO_ADMISSION_LOCK = "none"
-
-DEFAULT_IMAGE = "ghcr.io/paralleljob/trainer:0.1.0"
 NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -49,14 +45,18 @@ def register(sub: Any) -> None:
         metavar="URL",
         help="kopf liveness endpoint ('' turns it off)",
     )
-    parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0: off)")
+    parser.add_argument(
+        "--metrics-port", type=int, default=defaults.METRICS_PORT, help="Prometheus metrics port (0: off)"
+    )
     parser.add_argument("--log-format", choices=("plain", "full", "json"), default="full")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
-    parser.add_argument("--trainer-image", default=DEFAULT_IMAGE, help="image of jobs without spec.template.image")
+    parser.add_argument(
+        "--trainer-image", default=defaults.TRAINER_IMAGE, help="image of jobs without spec.template.image"
+    )
     parser.add_argument(
         "--default-fabric",
         choices=("auto", *FABRICS),
-        default="auto",
+        default=defaults.FABRIC,
         help="fabric of jobs with spec.network.fabric: auto (auto: detect from the nodes)",
     )
     parser.add_argument(
@@ -70,28 +70,28 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--start-timeout",
         type=positive_seconds,
-        default=600.0,
+        default=defaults.START_TIMEOUT_SECONDS,
         metavar="SECONDS",
         help="fail an attempt whose pod stays unschedulable or cannot create its container this long",
     )
     parser.add_argument(
         "--container-creating-timeout",
         type=positive_seconds,
-        default=1800.0,
+        default=defaults.CONTAINER_CREATING_TIMEOUT_SECONDS,
         metavar="SECONDS",
         help="fail an attempt whose pod is still ContainerCreating this long after being scheduled",
     )
     parser.add_argument(
         "--image-pull-retries",
         type=int,
-        default=3,
+        default=defaults.IMAGE_PULL_RETRIES,
         metavar="COUNT",
         help="fail an attempt, blaming the node, once a pod's image failed to pull this many times",
     )
     parser.add_argument(
         "--force-delete-after",
         type=positive_seconds,
-        default=120.0,
+        default=defaults.FORCE_DELETE_AFTER_SECONDS,
         metavar="SECONDS",
         help="force-delete a pod stuck Terminating on a NotReady or deleted node this long after its deletion "
         "was asked",
@@ -99,7 +99,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--not-ready-grace",
         type=nonnegative_seconds,
-        default=300.0,
+        default=defaults.NOT_READY_GRACE_SECONDS,
         metavar="SECONDS",
         help="a NotReady node breaks its gang only after this long, unless its pods fail first "
         "(default: Kubernetes' not-ready toleration)",
@@ -107,7 +107,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--resync-period",
         type=positive_seconds,
-        default=60.0,
+        default=defaults.RESYNC_SECONDS,
         metavar="SECONDS",
         help="look at every unfinished placed job this often even without a watch event",
     )
@@ -116,7 +116,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--restart-hold",
         type=nonnegative_seconds,
-        default=30.0,
+        default=defaults.RESTART_HOLD_SECONDS,
         metavar="SECONDS",
         help="a restarting gang keeps its old nodes (less the one blamed) from other jobs this long (0: not at all)",
     )
@@ -137,7 +137,7 @@ def add_kueue_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--kueue-checkpoint-grace",
         type=nonnegative_seconds,
-        default=300.0,
+        default=defaults.KUEUE_CHECKPOINT_GRACE_SECONDS,
         metavar="SECONDS",
         help="before Kueue's eviction stops a gang, ask rank 0 for a checkpoint when its last one is older than "
         "this (it waits 120 s for it at most)",
@@ -167,7 +167,7 @@ def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--lease-seconds",
         type=int,
-        default=15,
+        default=defaults.LEASE_SECONDS,
         metavar="SECONDS",
         help="Lease duration (at least 3); a leader that cannot renew within 2/3 of it exits",
     )
@@ -359,6 +359,6 @@ def run(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness or None,
         # kopf's default identity is user@host, and the user is looked up in /etc/passwd, where the image's
         # numeric user (65532, as runAsNonRoot wants it) has no entry: the lookup fails and the operator exits.
-        identity=f"paralleljob@{socket.gethostname()}",
+        identity=f"paralleljob@{socket.gethostname()}",  # type: ignore[arg-type]  # kopf does not export its Identity NewType
     )
     return 0

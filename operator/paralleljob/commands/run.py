@@ -7,7 +7,6 @@ Exit codes: 0 the job succeeded; 1 invalid, unschedulable, or training failed af
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,8 @@ from paralleljob.api import documents, verdicts
 from paralleljob.api.problems import errors_of
 from paralleljob.api.validation import ResolvedJob
 from paralleljob.local import report, runner, throttle
-from paralleljob.planning import layout_search, plan_text
+from paralleljob.local import shape as local_shape
+from paralleljob.planning import plan_text
 
 
 def register(sub: Any) -> None:
@@ -72,7 +72,7 @@ def run_valid(args: argparse.Namespace, resolved: ResolvedJob, console: Console)
     """Train a job validated once by `run`: choose its layout when it gives a budget, plan it, run it."""
     nodes, gpus_per_node = args.nodes, args.gpus_per_node
     if resolved.needs_layout:
-        chosen = choose_locally(resolved, nodes, gpus_per_node)
+        chosen = local_shape.choose_locally(resolved, nodes, gpus_per_node)
         if isinstance(chosen, str):
             print(f"{args.job}: {chosen}")
             return 1
@@ -81,12 +81,12 @@ def run_valid(args: argparse.Namespace, resolved: ResolvedJob, console: Console)
         for line in choice.explanation:
             console.print(f"layout: {line}", markup=False)
     try:
-        shape = runner.choose_shape(resolved, nodes, gpus_per_node)
-        devices = runner.gpu_slices(shape, runner.visible_gpus())
-    except runner.LocalShapeError as exc:
+        shape = local_shape.choose_shape(resolved, nodes, gpus_per_node)
+        devices = local_shape.gpu_slices(shape, local_shape.visible_gpus())
+    except local_shape.LocalShapeError as exc:
         print(f"{args.job}: {exc}")
         return 1
-    outcome = plan_locally(resolved, shape)
+    outcome = local_shape.plan_locally(resolved, shape)
     if isinstance(outcome, planning.Unschedulable):
         print(f"{args.job}: {outcome.problem().render()}")
         return 1
@@ -113,38 +113,6 @@ def run_valid(args: argparse.Namespace, resolved: ResolvedJob, console: Console)
     report.print_summary(console, summary)
     report.write_summary(summary, output / "summary.json")
     return 0 if summary.succeeded else 1
-
-
-def choose_locally(
-    template: ResolvedJob, nodes: int | None, gpus_per_node: int | None
-) -> tuple[layout_search.LayoutChoice, int, int] | str:
-    """A job that gives a GPU budget: the layout search on the local shape (--nodes x --gpus-per-node, else
-    spec.gpusPerNode, else one simulated node of the whole budget); the choice and that shape, or the line
-    why not."""
-    budget = layout_search.budget_of(template)
-    assert budget is not None
-    per_node = gpus_per_node or template.spec.gpus_per_node or (budget.gpus // nodes if nodes else budget.gpus)
-    count = nodes or max(1, budget.gpus // max(1, per_node))
-    if per_node < 1 or count * per_node != budget.gpus:
-        return (
-            f"spec.parallelism: {count} simulated nodes x {per_node} slots is not the budget of {budget.gpus} "
-            "GPUs; give --nodes and --gpus-per-node that multiply to it."
-        )
-    offers = planning.pod_requests(template)
-    cluster = planning.build_cluster(planning.local_cluster_nodes(count, per_node, offers=offers))
-    outcome = layout_search.choose_layout(template, cluster, budget)
-    if isinstance(outcome, layout_search.NoLayout):
-        return outcome.problem().render()
-    return outcome, count, per_node
-
-
-def plan_locally(resolved: ResolvedJob, shape: runner.LocalShape) -> planning.Plan | planning.Unschedulable:
-    """The operator's planner on N simulated nodes; their slot count is the pods' GPU count."""
-    spec = dataclasses.replace(resolved.spec, gpus_per_node=shape.gpus_per_node)
-    sized = dataclasses.replace(resolved, job=dataclasses.replace(resolved.job, spec=spec))
-    nodes = planning.local_cluster_nodes(shape.nodes, shape.gpus_per_node, offers=planning.pod_requests(sized))
-    cluster = planning.build_cluster(nodes)
-    return planning.plan_job(sized, cluster)
 
 
 def make_throttle(args: argparse.Namespace, nodes: int) -> throttle.Throttle | None:

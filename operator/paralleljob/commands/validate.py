@@ -60,8 +60,10 @@ def _folder_problems(result: ValidationResult) -> list[str]:
 def pretrained_disagreement(body: Any, file: str) -> str | None:
     """Where spec.model differs from its pretrained folder's config.json, when that folder is readable here."""
     model = body.get("spec", {}).get("model") if isinstance(body, dict) else None
+    if not isinstance(model, dict):
+        return None
     try:
-        folder = hf_config.pretrained_path(model) if isinstance(model, dict) else None
+        folder = hf_config.pretrained_path(model)
         if folder is None:
             return None
         folder = folder if folder.is_absolute() or file == "-" else Path(file).parent / folder

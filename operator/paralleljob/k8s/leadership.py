@@ -165,7 +165,7 @@ class _AnnouncingLock(leaselock.LeaseLock):
     namespaces it manages, and records when this replica last wrote the Lease (for the fence)."""
 
     def __init__(self, session: Session, settings: LeaseSettings, holder: str) -> None:
-        super().__init__(settings.name, settings.namespace, holder)
+        super().__init__(settings.name, settings.namespace, holder)  # type: ignore[no-untyped-call]  # the client's LeaseLock is unannotated
         self.api_instance = kubernetes.client.CoordinationV1Api(session.client)
         self._settings = settings
         self.renewed_at: float | None = None
@@ -181,7 +181,8 @@ class _AnnouncingLock(leaselock.LeaseLock):
 
     def create(self, name: str, namespace: str, election_record: Any) -> bool:
         body = kubernetes.client.V1Lease(
-            metadata=self._announce({"name": name}), spec=self.get_lease_spec(election_record)
+            metadata=self._announce({"name": name}),
+            spec=self.get_lease_spec(election_record),  # type: ignore[no-untyped-call]  # the client's LeaseLock is unannotated
         )
         try:
             self.lease_reference = self.api_instance.create_namespaced_lease(namespace, body)
@@ -194,7 +195,7 @@ class _AnnouncingLock(leaselock.LeaseLock):
     def update(self, name: str, namespace: str, updated_record: Any) -> bool:
         if self.lease_reference is not None:
             self.lease_reference.metadata = self._announce(self.lease_reference.metadata)
-        done = bool(super().update(name, namespace, updated_record))
+        done = bool(super().update(name, namespace, updated_record))  # type: ignore[no-untyped-call]  # the client's LeaseLock is unannotated
         if done:
             self.renewed_at = time.monotonic()
         return done

@@ -84,7 +84,11 @@ def _pages(
     """Every object a label-selected list returns, asked for `page_size` at a time (limit and continue)."""
     token: str | None = None
     while True:
-        options = {"label_selector": selector, "limit": page_size, **({"_continue": token} if token else {})}
+        options: dict[str, Any] = {
+            "label_selector": selector,
+            "limit": page_size,
+            **({"_continue": token} if token else {}),
+        }
         body = session.send(call, *args, **options).body or {}
         yield from _items(body)
         token = (body.get("metadata") or {}).get("continue")

@@ -7,7 +7,6 @@ place. Elsewhere (CI, pipes): one plain line per logged step, so logs stay reada
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from paralleljob.local.gang import NodeState
+from paralleljob_contract import metrics
 
 
 class MetricsTail:
@@ -43,17 +43,9 @@ class MetricsTail:
         except FileNotFoundError:
             return []
         self._offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        records = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                self._remember(record)
-                records.append(record)
+        records, self._partial = metrics.complete_records(self._partial + chunk)
+        for record in records:
+            self._remember(record)
         return records
 
     def _remember(self, record: dict[str, Any]) -> None:

@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -29,48 +28,14 @@ from rich.console import Console
 from paralleljob.api.validation import ResolvedJob
 from paralleljob.local import gang as gangs
 from paralleljob.local import progress, report, startup, throttle
+from paralleljob.local.shape import LocalShape
 from paralleljob.manifests import env as node_env
 from paralleljob.manifests import nccl
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.manifests.trainer_config import build_trainer_config, contract_plan
 from paralleljob.planning import Plan
 from paralleljob_contract import environment, launcher, supervisor
-from paralleljob_contract.layout import tensor_fits
 from paralleljob_contract.network import NetworkFailure, parse_failure
-
-
-class LocalShapeError(ValueError):
-    """The requested simulated nodes cannot hold the job; the message says what to change."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LocalShape:
-    """The simulated cluster: nodes x slots per node."""
-
-    nodes: int
-    gpus_per_node: int
-
-
-def choose_shape(resolved: ResolvedJob, nodes: int | None, gpus_per_node: int | None) -> LocalShape:
-    """Nodes and slots that fit the job: the spec's gpusPerNode, else one pipeline stage per node."""
-    world, tp = resolved.world_size, resolved.tensor
-    gpn = gpus_per_node or resolved.spec.gpus_per_node
-    if gpn is None:
-        gpn = world // nodes if nodes else tp * resolved.data
-    if gpn <= 0 or world % gpn:
-        raise LocalShapeError(
-            f"--gpus-per-node {gpn} does not divide the job's {world} ranks; use a divisor of {world}."
-        )
-    if not tensor_fits(tp, gpn, multi_node_domain=False):
-        raise LocalShapeError(
-            f"--gpus-per-node {gpn} is not a multiple of tensor {tp}, so a tensor-parallel group would span "
-            f"two simulated nodes; use a multiple of {tp}."
-        )
-    if nodes is not None and nodes * gpn != world:
-        raise LocalShapeError(
-            f"--nodes {nodes} x {gpn} slots is {nodes * gpn} ranks but the job has {world}; use --nodes {world // gpn}."
-        )
-    return LocalShape(world // gpn, gpn)
 
 
 @contextlib.contextmanager
@@ -103,35 +68,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def visible_gpus() -> int:
-    """GPUs this machine shows (nvidia-smi -L), without importing torch; 0 when there are none."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
-        listed = [d for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
-        return len(listed)
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
-
-
-def gpu_slices(shape: LocalShape, gpus: int) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES of each simulated node: node R sees GPUs R*G..R*G+G-1, as if it were its own
-    machine (torchrun numbers each node's local ranks from 0). None on a machine without GPUs: CPU and gloo."""
-    if gpus == 0:
-        return None
-    world = shape.nodes * shape.gpus_per_node
-    if gpus < world:
-        raise LocalShapeError(
-            f"the job needs {world} GPUs and this machine shows {gpus}; run it on the CPU with "
-            "CUDA_VISIBLE_DEVICES= (empty), or shrink the job."
-        )
-    g = shape.gpus_per_node
-    return [",".join(str(d) for d in range(r * g, (r + 1) * g)) for r in range(shape.nodes)]
 
 
 def resolve_data_path(config: dict[str, Any], job_file: Path) -> None:

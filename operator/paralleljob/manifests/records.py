@@ -314,7 +314,7 @@ def _planned_gpus_per_node(config_map: Mapping[str, Any]) -> int:
 
 def same_spec(record: AttemptRecord, spec: Mapping[str, Any]) -> bool:
     """Whether `spec` (as `api.types.spec_to_dict` writes it) is the one the attempt was admitted with."""
-    return json.loads(json.dumps(spec)) == record.spec
+    return bool(json.loads(json.dumps(spec)) == record.spec)
 
 
 def pinned_document(record: AttemptRecord, name: str, namespace: str) -> dict[str, Any]:

@@ -223,7 +223,9 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _set(conditions: Sequence[Mapping[str, Any]], kind: str, status: str, reason: str, message: str, at: str) -> list:
+def _set(
+    conditions: Sequence[Mapping[str, Any]], kind: str, status: str, reason: str, message: str, at: str
+) -> list[dict[str, Any]]:
     kept = [dict(found) for found in conditions if found.get("type") != kind]
     before = next((found for found in conditions if found.get("type") == kind), None)
     since = before.get("lastTransitionTime") if before and before.get("status") == status else at

@@ -5,7 +5,10 @@ Pure code (no kubernetes, kopf or torch): callers pass Kubernetes objects as dic
     reservations = planning.job_reservations(job_dicts, pod_dicts, exclude=(namespace, name))
     cluster = planning.build_cluster(node_dicts, pod_dicts, reservations)
     outcome = planning.plan_job(resolved_job, cluster)      # Plan | Unschedulable
-    job_json["plan"] = outcome.to_dict()                    # the trainer's and operator's view
+    outcome.to_dict()                                       # the plan as `paralleljob plan` prints it
+
+The job file the trainer reads carries only the plan's layout (`manifests.trainer_config.contract_plan`), never
+this per-node plan.
 
 The operator, the local runner (`local_cluster_nodes`) and `paralleljob plan` call it; docs/planning.md
 documents the rules, the cost model and the JSON schema.

@@ -371,10 +371,6 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
 
 
-def _name(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name", ""))
-
-
 def _int_or_none(value: Any) -> int | None:
     if isinstance(value, bool):
         return None

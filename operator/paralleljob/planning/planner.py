@@ -27,6 +27,7 @@ class PlanningOptions:
     """Knobs of the planner; the defaults are what the operator and the CLI use."""
 
     cost_model: CostModel = dataclasses.field(default_factory=CostModel)
+    ranks_per_node: int | None = None  # the pods' GPUs, fixed over spec.gpusPerNode (`paralleljob run`'s slots)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +39,8 @@ class _Context:
     levels: tuple[str, ...]
     nvlink_label: str | None
     axis_orders: tuple[AxisOrder, ...]
-    model: CostModel
-    # Why an NVLink domain label on the nodes or in the spec is not used (no IMEX channel), for people.
-    nvlink_note: str | None = None
+    options: PlanningOptions
+    nvlink_note: str | None = None  # why an NVLink domain label of the nodes or spec is unused (no IMEX channel)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +62,7 @@ def plan_job(job: ResolvedJob, cluster: Cluster, options: PlanningOptions | None
     screened, short = eligibility.with_resources(screened, pod_requests(job))
     tally = tally.merged(short)
     groups = eligibility.by_product(screened, spec.topology.allow_mixed_gpu_products)
-    candidates = ranks_per_node_candidates(job, cluster.nodes, ctx.nvlink_label)
+    candidates = ranks_per_node_candidates(job, cluster.nodes, ctx.nvlink_label, ctx.options.ranks_per_node)
     memory = estimates.memory_per_gpu(ctx.work)
     plans: list[Plan] = []
     misses: list[_Miss] = []
@@ -110,8 +110,8 @@ def spares_for(
     free = [(node, _site(node, ctx)) for node in qualifying if node.name not in held]
     layout = Layout(job.pipeline, job.tensor, job.data, axis_order)
     sites = [_site(node, ctx) for node in placed]
-    product = _slowest_product(placed, ctx.model)
-    volume, bandwidth = estimates.comm_bytes(ctx.work), ctx.model.link_bandwidths(product)
+    product = _slowest_product(placed, ctx.options.cost_model)
+    volume, bandwidth = estimates.comm_bytes(ctx.work), ctx.options.cost_model.link_bandwidths(product)
     cost_of = spares.ReplacementPrice(ranks_per_node, sites, rank_groups(layout, ranks_per_node), volume, bandwidth)
     same_nvlink = bool(ctx.nvlink_label) and job.tensor > ranks_per_node
     chosen = spares.choose_spares(count, sites, free, cost_of, same_nvlink=same_nvlink)
@@ -126,15 +126,15 @@ def pod_requests(job: ResolvedJob) -> dict[str, int]:
 
 
 def ranks_per_node_candidates(
-    job: ResolvedJob, nodes: Sequence[NodeInfo], nvlink_label: str | None = None
+    job: ResolvedJob, nodes: Sequence[NodeInfo], nvlink_label: str | None = None, fixed: int | None = None
 ) -> list[int]:
-    """spec.gpusPerNode, or every size that divides the world, fits a node and lines up with TP, largest first.
+    """`fixed`, else spec.gpusPerNode, else each size that divides the world, fits a node and suits TP, largest first.
 
     With the NVLink domain label the planner uses (the spec's, or Topograph's found on the nodes; only when
     the pods get an IMEX channel, see `_context`) a size may divide TP too.
     """
-    if job.spec.gpus_per_node:
-        return [job.spec.gpus_per_node]
+    if given := fixed or job.spec.gpus_per_node:
+        return [given]
     largest = max((node.allocatable_gpus for node in nodes), default=0)
     clique = nvlink_label is not None
     world, tp = job.world_size, job.tensor
@@ -152,14 +152,14 @@ def _context(job: ResolvedJob, cluster: Cluster, options: PlanningOptions) -> _C
     work = Workload.from_job(job)
     nvlink_label = topology.nvlink_domain_label or detect_nvlink_label(present)
     if nvlink_label is None or job.spec.network.imex_channel_claim is not None:
-        return _Context(job, work, levels, nvlink_label, orders, options.cost_model)
+        return _Context(job, work, levels, nvlink_label, orders, options)
     # Without an IMEX channel NCCL cannot use NVLink between nodes: each node is its own NVLink domain.
     note = (
         f"the NVLink domain label {nvlink_label} is not used: the pods get no IMEX channel, so tensor-parallel "
         "groups stay inside one node and NCCL_MNNVL_ENABLE=0; set spec.network.imexChannelClaim to a "
         "ComputeDomain's channel claim in spec.template.resourceClaims to use multi-node NVLink"
     )
-    return _Context(job, work, levels, None, orders, options.cost_model, note)
+    return _Context(job, work, levels, None, orders, options, note)
 
 
 def _first_fit(
@@ -198,7 +198,7 @@ def _best_plan(
     qualifying: list[NodeInfo],
     units: Sequence[placement.Member] = (),
 ) -> Plan:
-    bandwidth = ctx.model.link_bandwidths(product)
+    bandwidth = ctx.options.cost_model.link_bandwidths(product)
     volume = estimates.comm_bytes(ctx.work)
     base = Layout(ctx.job.pipeline, ctx.job.tensor, ctx.job.data)
     layouts = {order: base.with_order(order) for order in (*ctx.axis_orders, PIPE_DATA_MODEL)}
@@ -300,7 +300,7 @@ def _build_plan(
     naive: CommCost | None,
 ) -> Plan:
     entries = tuple(_node_plan(rank, node, gpus, layout, ctx) for rank, node in enumerate(nodes))
-    product = product or _slowest_product(nodes, ctx.model)
+    product = product or _slowest_product(nodes, ctx.options.cost_model)
     memory = [node.gpu_memory_mib for node in nodes if node.gpu_memory_mib is not None]
     gpu_memory = min(memory) * MIB if memory else None
     figures = _estimates(ctx, product, cost, gpu_memory)
@@ -348,7 +348,7 @@ def _placement_cost(cost: CommCost) -> PlacementCost:
 
 
 def _estimates(ctx: _Context, product: str, cost: CommCost, gpu_memory: float | None) -> Estimates:
-    work, model = ctx.work, ctx.model
+    work, model = ctx.work, ctx.options.cost_model
     memory = estimates.memory_per_gpu(work)
     by_stage: dict[str, float] = {
         stage: estimates.stage_memory(work, stage).total for stage in estimates.end_stages(work)

@@ -13,7 +13,7 @@ go NotReady and are tainted, and every namespace gets its ServiceAccount and roo
 
 Everything lives under one folder: keys, tokens, kubeconfigs, each process's log, etcd's data and `state.json`
 with the ports and process ids, so `down(folder)` stops what `up` started, even from another process
-(`scripts/local_cluster.py`). Nodes and the pods on them are the kubelet's business (`tests.upstream.kubelet`).
+(`scripts/local_cluster.py`). Nodes and the pods on them are the kubelet's business (`testcluster.kubelet`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from typing import Any
 
 import yaml
 
-from tests.upstream import pki
+from testcluster import pki
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / ".tools" / "bin"
 SERVICE_RANGE = "10.0.0.0/24"
 ISSUER = "https://kubernetes.default.svc.cluster.local"

@@ -13,12 +13,11 @@ import dataclasses
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.upstream import controlplane
+from testcluster import controlplane
 
 # Each claim of the tests binds one of these; the kubelet gives a claim a folder of its own by its name.
 VOLUMES = 8
@@ -108,7 +107,7 @@ def up(folder: Path, nodes: int = 2, gpus_per_node: int = 4) -> Cluster:
         (folder / "nodes.json").write_text(json.dumps(definitions, indent=1))
         with (folder / "logs" / "kubelet.log").open("ab") as log:
             kubelet = subprocess.Popen(
-                [sys.executable, "-m", "tests.upstream.kubelet", str(folder)],
+                [sys.executable, "-m", "testcluster.kubelet", str(folder)],
                 cwd=controlplane.REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip
@@ -130,12 +129,3 @@ def down(folder: Path) -> None:
 def attach(folder: Path) -> Cluster:
     """The cluster that `up` started in `folder` (from another process)."""
     return Cluster(controlplane.State.load(folder.resolve()))
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")

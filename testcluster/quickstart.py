@@ -12,13 +12,13 @@ Used by the cluster tests of tests/upstream (whole product, trainer image, Kueue
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.upstream.controlplane import REPO
+from paralleljob_contract import metrics as metrics_file
+from testcluster.controlplane import REPO
 
 JOB = "quickstart"
 TOTAL_STEPS, CHECKPOINT_EVERY = 24, 8
@@ -46,12 +46,8 @@ def cluster_quickstart(steps: int = TOTAL_STEPS, checkpoint_every: int = CHECKPO
 
 def losses(metrics: Path) -> dict[int, float]:
     """Loss by step from a metrics.jsonl; a step trained again after a restart keeps its last value."""
-    found = {}
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("event") == "step":
-            found[int(record["step"])] = float(record["loss"])
-    return found
+    steps = metrics_file.last_by_step(metrics_file.read_records(metrics, "step"))
+    return {step: float(record["loss"]) for step, record in steps.items()}
 
 
 def checkpoint_saved(folder: Path, step: int) -> bool:

@@ -12,7 +12,7 @@ from the same module, as its release manifests install them, less the Deployment
   webhook configurations of a Service that does not exist) and a serving certificate for 127.0.0.1 signed by
   the cluster's CA in its `webhook.certDir`. Without internal certificates Kueue reads its metrics server's
   pair from the fixed path /etc/kueue/metrics/certs, so it runs in a mount namespace of its own
-  (`tests.upstream.sandbox`, as the process kubelet runs a container) where that path is the same pair; leader
+  (`testcluster.sandbox`, as the process kubelet runs a container) where that path is the same pair; leader
   election, the metrics listener and the visibility server are off;
   `integrations.externalFrameworks` lists the ParallelJob kind, as docs/install.md tells an administrator to.
 
@@ -39,8 +39,8 @@ from typing import Any
 import yaml
 
 from paralleljob.api import types as api_types
-from tests.upstream import controlplane, pki
-from tests.upstream import sandbox as sandbox_program
+from testcluster import controlplane, pki
+from testcluster import sandbox as sandbox_program
 
 MODULE = "sigs.k8s.io/kueue"
 TOOLS = controlplane.REPO / "tools" / "kueue"

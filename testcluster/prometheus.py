@@ -19,7 +19,7 @@ import pytest
 import requests
 import yaml
 
-from tests.upstream import controlplane
+from testcluster import controlplane
 
 SCRAPE_SECONDS = 1
 

@@ -1,5 +1,5 @@
 """What a kubelet makes of a pod to run its container as local processes, for the test cluster's kubelet
-(tests/upstream/kubelet.py) and the image tests' commands (tests/images/conftest.py): the pod's loopback
+(testcluster/kubelet.py) and the image tests' commands (tests/images/conftest.py): the pod's loopback
 address and /etc/hosts, the downward API's field values, the container's environment, its volume mounts list,
 its security context (user, groups, read-only root, fsGroup on its volumes), its conditions, and the signals a
 runtime sends a container."""

@@ -17,7 +17,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from tests.upstream import controlplane
+from testcluster import controlplane
 
 FOLDER = Path(os.environ.get("PARALLELJOB_IMAGES_DIR") or controlplane.REPO / ".images")
 CONTAINER_PREFIX = "paralleljob-kubelet-"

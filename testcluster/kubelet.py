@@ -6,7 +6,7 @@ The only simulated part of the cluster. It talks to the real API server as a cli
   their Ready condition every `HEARTBEAT_SECONDS`; a silenced node (a fault) stops both, so the
   controller-manager's node-lifecycle controller marks it NotReady and taints it, as on a real cluster;
 - watches the pods bound to its nodes and runs each one's first container in its own mount and UTS namespace
-  (`tests.upstream.sandbox`). A container whose image is in the local store (`make images`, `tests.upstream.images`)
+  (`testcluster.sandbox`). A container whose image is in the local store (`make images`, `testcluster.images`)
   runs in that image's root filesystem: its entrypoint, command, environment, working directory and user, each
   overridden by the pod spec as Kubernetes does; runAsUser, runAsGroup, runAsNonRoot, fsGroup (on its volumes)
   and readOnlyRootFilesystem honoured. Any other container runs on the machine's root with the project's venv
@@ -24,7 +24,7 @@ The only simulated part of the cluster. It talks to the real API server as a cli
   (`probes.log`) and stops a container that fails `failureThreshold` in a row, as the kubelet kills it.
 Pods run with restartPolicy Never semantics; readiness and startup probes are not run. Images are not pulled.
 
-It runs as a process of its own (`python -m tests.upstream.kubelet FOLDER`, started by `tests.upstream.cluster`)
+It runs as a process of its own (`python -m testcluster.kubelet FOLDER`, started by `testcluster.cluster`)
 and takes faults on a loopback HTTP port (`Faults`), so tests and `scripts/local_cluster.py` drive it alike.
 """
 
@@ -50,8 +50,8 @@ from typing import Any
 import requests
 
 from paralleljob.k8s import timestamps
-from tests.upstream import containers, controlplane, images
-from tests.upstream import sandbox as sandbox_program
+from testcluster import containers, controlplane, images
+from testcluster import sandbox as sandbox_program
 
 HEARTBEAT_SECONDS = controlplane.HEARTBEAT_SECONDS
 LEASE_SECONDS = 40

@@ -38,7 +38,7 @@ import aiohttp
 import aiohttp.web
 import yaml
 
-from tests.upstream import controlplane, pki
+from testcluster import controlplane, pki
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
 PATH = re.compile(r"^/(?:api/v1|apis/[^/]+/[^/]+)(?:/namespaces/(?P<namespace>[^/]+))?/(?P<resource>[^/]+)")

@@ -1,7 +1,7 @@
 """A pod's filesystem view, built inside its own mount (and UTS) namespace, then its container's command.
 
-The test cluster's kubelet (tests/upstream/kubelet.py) runs `unshare --mount --uts --propagation private python -m
-tests.upstream.sandbox SPEC`. Inside, this module makes a tmpfs root that mirrors the machine's top-level folders
+The test cluster's kubelet (testcluster/kubelet.py) runs `unshare --mount --uts --propagation private python -m
+testcluster.sandbox SPEC`. Inside, this module makes a tmpfs root that mirrors the machine's top-level folders
 by bind mounts, mounts each volume at its real `mountPath` (a folder of the machine is never written: a folder
 that needs a new mount point is shadowed by a tmpfs that re-binds its children), sets the pod's hostname,
 chroots and execs the command. Nothing done here is visible outside the pod's namespace.
@@ -11,7 +11,7 @@ SPEC is a JSON file: {"root", "hostname", "mounts": [{"source", "target", "readO
 environment it runs from): a volume mounted over one of their parents (an emptyDir at /tmp, with the checkout in
 /tmp) would hide them, so they are bound back in, inside that volume.
 
-A container whose image is in the local store (tests/upstream/images.py) adds {"image": {"rootfs", "upper",
+A container whose image is in the local store (testcluster/images.py) adds {"image": {"rootfs", "upper",
 "work"}, "readOnlyRoot", "user": {"uid", "gid", "groups"}}: its root is then an overlay of the pod's own on the
 image's root filesystem (mount points are made in the pod's upper folder) with the machine's /dev, /proc and /sys,
 remounted read-only for readOnlyRootFilesystem once the volumes are in; the command runs as that user and groups.
@@ -44,7 +44,7 @@ def argv(spec_file: Path) -> list[str]:
         "private",
         sys.executable,
         "-m",
-        "tests.upstream.sandbox",
+        "testcluster.sandbox",
         str(spec_file),
     ]
 

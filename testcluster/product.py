@@ -1,5 +1,5 @@
 """The product installed on the upstream test cluster as a user installs it: a cluster of its own
-(`tests.upstream.cluster`) with the chart installed by `helm install`, whose operator Deployment the real
+(`testcluster.cluster`) with the chart installed by `helm install`, whose operator Deployment the real
 controller-manager and scheduler turn into a pod that the process kubelet runs.
 
 Used by the whole-product test (tests/upstream/test_whole_product.py), the DP shrink test (test_data_shrink.py)
@@ -13,10 +13,10 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.upstream import cluster as upstream_cluster
-from tests.upstream import controlplane
-from tests.upstream.conftest import CHART, RELEASE, RELEASE_NAMESPACE, REPO, Api, Tool
-from tests.upstream.quickstart import CLAIM, JOB
+from testcluster import cluster as upstream_cluster
+from testcluster import controlplane
+from testcluster.api import CHART, RELEASE, RELEASE_NAMESPACE, REPO, Api, Tool
+from testcluster.quickstart import CLAIM, JOB
 
 CORPUS_CLAIM = "quickstart-corpus"
 

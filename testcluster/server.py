@@ -1,5 +1,5 @@
-"""The API server the operator tests run against: the upstream control plane (tests/upstream/controlplane.py),
-one per test worker, with the fault proxy (tests/upstream/proxy.py) in front of it for the operator, and the
+"""The API server the operator tests run against: the upstream control plane (testcluster/controlplane.py),
+one per test worker, with the fault proxy (testcluster/proxy.py) in front of it for the operator, and the
 test in the roles the control plane leaves to nodes.
 
 What runs, and what the test plays:
@@ -40,8 +40,8 @@ from typing import Any, NamedTuple
 import kubernetes
 import yaml
 
-from tests.upstream import controlplane
-from tests.upstream.proxy import FaultProxy
+from testcluster import controlplane
+from testcluster.proxy import FaultProxy
 
 REPO = controlplane.REPO
 CRD = REPO / "crds" / "paralleljob.io_paralleljobs.yaml"
@@ -551,7 +551,7 @@ def install_crd(state: controlplane.State) -> None:
 def started(folder: Path) -> Iterator[UpstreamServer]:
     """The worker's control plane, up until the generator is closed."""
     # The CRD before the controller-manager: its garbage collector collects a deleted job's dependents from the
-    # start (tests/upstream/controlplane.py, `up`).
+    # start (testcluster/controlplane.py, `up`).
     state = controlplane.up(folder, CONTROLLERS, scheduler=False, before_controllers=install_crd)
     proxy = agent = None
     try:

@@ -1,0 +1,49 @@
+"""Shared test code lives in helper modules: no module imports a conftest (pytest loads those itself) or a test
+module, and the test cluster is the testcluster package, never tests.upstream or tests.operator.server."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    return found | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+
+
+def python_files() -> list[Path]:
+    return [p for top in ("tests", "bench", "scripts", "testcluster") for p in (REPO / top).rglob("*.py")]
+
+
+def test_no_module_imports_a_conftest() -> None:
+    importing = {
+        str(p.relative_to(REPO)) for p in python_files() if any(m.endswith("conftest") for m in imported_modules(p))
+    }
+    assert importing == set()
+
+
+def test_the_test_cluster_is_imported_from_its_package() -> None:
+    old = ("tests.upstream.controlplane", "tests.upstream.cluster", "tests.upstream.kubelet", "tests.operator.server")
+    importing = {str(p.relative_to(REPO)) for p in python_files() if set(old) & imported_modules(p)}
+    assert importing == set()
+
+
+def test_the_package_imports_nothing_from_tests() -> None:
+    importing = {
+        str(p.relative_to(REPO))
+        for p in (REPO / "testcluster").rglob("*.py")
+        if any(m == "tests" or m.startswith("tests.") for m in imported_modules(p))
+    }
+    assert importing == set()
+
+
+def test_no_module_imports_a_test_module() -> None:
+    def is_test_module(name: str) -> bool:
+        return name.startswith("tests.") and name.rsplit(".", 1)[-1].startswith("test_")
+
+    importing = {str(p.relative_to(REPO)) for p in python_files() if any(map(is_test_module, imported_modules(p)))}
+    assert importing == set()
