@@ -59,18 +59,17 @@ def modeled(nodes: int, pipeline: int = 8, tensor: int = 8, nbytes: float = 64 *
 def measured(rounds: int) -> dict[str, list[float]]:
     from paralleljob_contract.layout import Layout
     from tests import netns
-    from tests.trainer.test_linkcheck import _run_ranks
 
     costs: dict[str, list[float]] = {"healthy": [], "slowed": []}
     bridge = netns.Bridge("bc", 4, subnet=9)
     try:
         with tempfile.TemporaryDirectory() as folder:
             for index in range(rounds):
-                record = _run_ranks(bridge, Path(folder) / f"h{index}.json", Layout(2, 1, 2))
+                record = netns.run_linkcheck_ranks(bridge, Path(folder) / f"h{index}.json", Layout(2, 1, 2))
                 costs["healthy"].append(record["costSeconds"])
             bridge.slow(3, min(c["medianGBps"] for c in record["classes"].values()) * 8000 / 10)
             for index in range(rounds):
-                record = _run_ranks(bridge, Path(folder) / f"s{index}.json", Layout(2, 1, 2))
+                record = netns.run_linkcheck_ranks(bridge, Path(folder) / f"s{index}.json", Layout(2, 1, 2))
                 costs["slowed"].append(record["costSeconds"])
     finally:
         bridge.close()

@@ -9,9 +9,16 @@ namespaces made here (10.213.0.0/16), so nothing leaves the machine. `close()` d
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
+from paralleljob_contract.layout import Layout
+
+REPO = Path(__file__).resolve().parents[1]
 SUBNET_PREFIX = "10.213"
 
 
@@ -87,3 +94,24 @@ class Bridge:
             args = ("netns", "delete", name) if kind == "netns" else ("link", "delete", name)
             subprocess.run(["ip", *args], capture_output=True)
         self.made.clear()
+
+
+def run_linkcheck_ranks(bridge: Bridge, out: Path, layout: Layout) -> dict[str, Any]:
+    """Run tests.trainer.linkcheck_worker as one rank per namespace of `bridge`; its JSON verdict."""
+    env = {
+        **os.environ,
+        "MASTER_ADDR": bridge.address(0),
+        "MASTER_PORT": "29611",
+        "WORLD_SIZE": str(layout.world_size),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'trainer-image'}:{REPO}",
+        "GLOO_SOCKET_IFNAME": "eth0",
+    }
+    procs = []
+    for rank in range(layout.world_size):
+        rank_env = {**env, "RANK": str(rank), "PARALLELJOB_NODE_RANK": str(rank), "PARALLELJOB_NODE_NAME": f"n{rank}"}
+        argv = [sys.executable, "-m", "tests.trainer.linkcheck_worker", str(out), "2", "1", "2", "1"]
+        procs.append(subprocess.Popen([*bridge.exec_prefix(rank), *argv], env=rank_env, cwd=REPO))
+    codes = [proc.wait(timeout=120) for proc in procs]
+    assert codes == [0] * len(procs)
+    return json.loads(out.read_text())

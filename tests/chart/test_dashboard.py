@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tests.chart.conftest import CHART, NON_DEFAULT_VALUES, REPO, render
+from tests.chart.helpers import CHART, NON_DEFAULT_VALUES, REPO, render
 
 DASHBOARD = json.loads((CHART / "dashboards" / "paralleljob-training.json").read_text())
 SCHEMA = json.loads((REPO / "tests" / "chart" / "grafana_dashboard.schema.json").read_text())

@@ -19,7 +19,7 @@ import yaml
 
 from paralleljob.handlers import job_metrics, metrics
 from testcluster.prometheus import Prometheus
-from tests.chart.conftest import CHART, render
+from tests.chart.helpers import CHART, render
 
 DASHBOARD = json.loads((CHART / "dashboards" / "paralleljob-training.json").read_text())
 NOW = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, render
+from tests.chart.helpers import CHART, render
 
 ALERTS = (
     "ParallelJobStalled",

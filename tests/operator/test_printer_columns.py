@@ -7,55 +7,8 @@ shows up as <none>. kubectl comes from scripts/install-k8s-tools.sh (.tools/bin)
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
-from pathlib import Path
-
-import pytest
-
 from paralleljob.api import crd
-from tests.operator.helpers import job_doc, wait_for
-
-KUBECTL = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
-
-
-def kubectl() -> str:
-    if KUBECTL.is_file() and os.access(KUBECTL, os.X_OK):
-        return str(KUBECTL)
-    found = shutil.which("kubectl")
-    if found is None:
-        pytest.fail("kubectl not found: run scripts/install-k8s-tools.sh", pytrace=False)
-    return found
-
-
-def printed_row(kubeconfig: Path, columns: list[dict]) -> dict[str, str]:
-    """One job's row of `kubectl get -o custom-columns`, split at the header's column starts."""
-    spec = ",".join(f"{c['name'].upper()}:{c['jsonPath']}" for c in columns)
-    completed = subprocess.run(
-        [
-            kubectl(),
-            "--kubeconfig",
-            str(kubeconfig),
-            "get",
-            "paralleljobs.paralleljob.io",
-            "gpt",
-            "-n",
-            "research",
-            "-o",
-            f"custom-columns={spec}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr
-    header, row = completed.stdout.splitlines()
-    starts = [match.start() for match in re.finditer(r"\S+", header)]
-    ends = [*starts[1:], None]
-    return {column["name"]: row[start:end].strip() for column, start, end in zip(columns, starts, ends, strict=True)}
+from tests.operator.helpers import job_doc, printed_row, wait_for
 
 
 def test_printer_columns_show_layout_gpus_phase_step_loss_restarts(cluster, operator, apiserver):

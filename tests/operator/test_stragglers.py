@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 from paralleljob.api import crd
-from tests.operator.helpers import job_doc, wait_for
-from tests.operator.test_printer_columns import printed_row
+from tests.operator.helpers import job_doc, printed_row, wait_for
 
 TWO_REPLICAS = {"parallelism": {"pipeline": 1, "tensor": 4, "data": 2}}
 

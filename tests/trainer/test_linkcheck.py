@@ -5,9 +5,6 @@ the same nodes unslowed pass."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -98,37 +95,17 @@ def test_the_verdict_names_the_nodes_so_the_operator_can_exclude_them() -> None:
     assert slow_nodes(NetworkFailure("NetworkVerified", "SocketFallback", "slow node x: y")) == []
 
 
-def _run_ranks(bridge: netns.Bridge, out: Path, layout: Layout) -> dict:
-    env = {
-        **os.environ,
-        "MASTER_ADDR": bridge.address(0),
-        "MASTER_PORT": "29611",
-        "WORLD_SIZE": str(layout.world_size),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": f"{REPO / 'operator'}:{REPO / 'trainer-image'}:{REPO}",
-        "GLOO_SOCKET_IFNAME": "eth0",
-    }
-    procs = []
-    for rank in range(layout.world_size):
-        rank_env = {**env, "RANK": str(rank), "PARALLELJOB_NODE_RANK": str(rank), "PARALLELJOB_NODE_NAME": f"n{rank}"}
-        argv = [sys.executable, "-m", "tests.trainer.linkcheck_worker", str(out), "2", "1", "2", "1"]
-        procs.append(subprocess.Popen([*bridge.exec_prefix(rank), *argv], env=rank_env, cwd=REPO))
-    codes = [proc.wait(timeout=120) for proc in procs]
-    assert codes == [0] * len(procs)
-    return json.loads(out.read_text())
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not netns.available(), reason="needs root and iproute2 (network namespaces, tc)")
 def test_a_link_slowed_to_a_tenth_is_named_and_none_without_it(tmp_path: Path) -> None:
     # Four simulated nodes (PP2 x DP2, one rank each), each in its own namespace on one bridge.
     bridge = netns.Bridge("lc", 4, subnet=7)
     try:
-        healthy = _run_ranks(bridge, tmp_path / "healthy.json", Layout(2, 1, 2))
+        healthy = netns.run_linkcheck_ranks(bridge, tmp_path / "healthy.json", Layout(2, 1, 2))
         assert (healthy["verified"], healthy["slowNodes"]) == ("True", [])
         measured_mbit = min(c["medianGBps"] for c in healthy["classes"].values()) * 8000
         bridge.slow(3, measured_mbit / 10)
-        slowed = _run_ranks(bridge, tmp_path / "slowed.json", Layout(2, 1, 2))
+        slowed = netns.run_linkcheck_ranks(bridge, tmp_path / "slowed.json", Layout(2, 1, 2))
     finally:
         bridge.close()
     print(json.dumps({"healthy": healthy, "slowed": slowed}, indent=1))
