@@ -247,7 +247,8 @@ def _checkpoint_needed(
 ) -> dict[str, str] | None:
     """The checkpoint request to make: when the job keeps checkpoints, all its pods run, and rank 0's last
     checkpoint is older than the grace period (or it has reported none); None otherwise."""
-    if resolved.spec.checkpoint.volume is None or not pods:
+    # A job may keep no checkpoints at all (no spec.checkpoint): then there is nothing to ask rank 0 for.
+    if resolved.spec.checkpoint is None or resolved.spec.checkpoint.volume is None or not pods:
         return None
     if any((pod.get("status") or {}).get("phase") != "Running" for pod in pods):
         return None

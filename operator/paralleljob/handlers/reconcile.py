@@ -153,7 +153,7 @@ def _first_step_that_applies(p: Pass) -> Outcome:
     seen = observe.observe(p, current, problems)
     now = p.session.server_now()
     if seen.finished:
-        queueing.finish(p, p.record.outcome if p.record is not None else "")  # Kueue hook, level-triggered
+        queueing.finish(p, (p.record.outcome if p.record is not None else None) or "")  # Kueue hook, level-triggered
         m.observe_phase(p.namespace, p.name, p.status.get("phase"))
         return _written(p, finished.decide(seen, p.settings, now))
     if current is None and seen.live is None:
