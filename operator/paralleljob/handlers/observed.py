@@ -26,8 +26,42 @@ PREVIOUS_JOB_RECHECK_SECONDS = 2.0
 NAME_CONFLICT_RECHECK_SECONDS = 30.0
 
 
+class JobFields:
+    """What a pass reads off its job and its attempt record: shared by `Observed` and by `passes.Pass`, which the
+    steps not yet decided (admission, replacement, supervision) still use."""
+
+    job: Mapping[str, Any]
+    record: records.AttemptRecord | None
+
+    @property
+    def status(self) -> Mapping[str, Any]:
+        return self.job.get("status") or {}
+
+    @property
+    def namespace(self) -> str:
+        return str(self.job["metadata"]["namespace"])
+
+    @property
+    def name(self) -> str:
+        return str(self.job["metadata"]["name"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.job["metadata"].get("uid"))
+
+    @property
+    def generation(self) -> int | None:
+        found = self.job["metadata"].get("generation")
+        return int(found) if found is not None else None
+
+    @property
+    def attempt(self) -> int:
+        """The attempt the job is on (its restart count against backoffLimit), as its record says."""
+        return self.record.next_attempt if self.record is not None else 0
+
+
 @dataclasses.dataclass(frozen=True)
-class Observed:
+class Observed(JobFields):
     """The job, its attempt record, its pods and what the watches say of their nodes, at one moment."""
 
     job: Mapping[str, Any]
@@ -59,32 +93,6 @@ class Observed:
     # A write this pass made that the API refused because a child's name is someone else's (`writes.NameConflict`):
     # the refusal is observed, with the pods read again, and decided on like anything else read.
     refused: str = ""
-
-    @property
-    def status(self) -> Mapping[str, Any]:
-        return self.job.get("status") or {}
-
-    @property
-    def namespace(self) -> str:
-        return str(self.job["metadata"]["namespace"])
-
-    @property
-    def name(self) -> str:
-        return str(self.job["metadata"]["name"])
-
-    @property
-    def uid(self) -> str:
-        return str(self.job["metadata"].get("uid"))
-
-    @property
-    def generation(self) -> int | None:
-        found = self.job["metadata"].get("generation")
-        return int(found) if found is not None else None
-
-    @property
-    def attempt(self) -> int:
-        """The attempt the job is on (its restart count against backoffLimit), as its record says."""
-        return self.record.next_attempt if self.record is not None else 0
 
     @property
     def live(self) -> records.AttemptRecord | None:

@@ -69,7 +69,7 @@ class Outcome:
 
 
 @dataclasses.dataclass(frozen=True)
-class Pass:
+class Pass(observed.JobFields):
     """What one pass works with."""
 
     session: Session
@@ -89,32 +89,6 @@ class Pass:
     # Called right before an admission writes its attempt and placement: raises when the cluster-wide
     # admission lock (`k8s.admission_lock`) is no longer safely held; None without the lock.
     fence: Callable[[], None] | None = None
-
-    @property
-    def status(self) -> Mapping[str, Any]:
-        return self.job.get("status") or {}
-
-    @property
-    def namespace(self) -> str:
-        return str(self.job["metadata"]["namespace"])
-
-    @property
-    def name(self) -> str:
-        return str(self.job["metadata"]["name"])
-
-    @property
-    def uid(self) -> str:
-        return str(self.job["metadata"].get("uid"))
-
-    @property
-    def generation(self) -> int | None:
-        found = self.job["metadata"].get("generation")
-        return int(found) if found is not None else None
-
-    @property
-    def attempt(self) -> int:
-        """The attempt the job is on (its restart count against backoffLimit), as its record says."""
-        return self.record.next_attempt if self.record is not None else 0
 
     @property
     def excluded(self) -> list[str]:
