@@ -5,15 +5,30 @@ attempt, a failure reported after the outage restarts the gang exactly once, a j
 no GPU is booked twice and no two generations of a gang overlap.
 
 Each fault is made from outside the server (a process stopped and started, `controlplane.stop_component` and
-`start_component`), as envtest's guidance asks: nothing in the server or the operator is rewritten.
+`start_component`), as envtest's guidance asks: nothing in the server or the operator is rewritten. Each test
+has a control plane of its own, started for it and stopped after it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+
+import pytest
 
 from testcluster import controlplane
+from testcluster import server as upstream
+from testcluster.server import UpstreamServer
 from tests.operator.helpers import generations_overlapping, gpus_oversubscribed, job_doc, wait_for
+
+
+@pytest.fixture
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamServer]:
+    """A control plane of the test's own, in place of the worker's shared one: a restarted API server ends every
+    watch on it with 410 Gone (the test's node agent's history then has a gap), which must not reach the tests
+    that run after this one."""
+    yield from upstream.started(tmp_path_factory.mktemp("faulted-control-plane"))
+
 
 # How long etcd stays down: the issue's 30 s, longer than a lease renewal (the operator's leadership included)
 # and than the client's own retries, so every watch and write of the operator fails at least once.
