@@ -191,7 +191,15 @@ def test_a_budget_job_with_allow_relayout_resumes_at_another_pipeline_x_tensor_a
     cluster.core.delete_namespaced_pod("gpt-1", "research", grace_period_seconds=0)
     wait_for(lambda: "Relayout" in [e["reason"] for e in cluster.events()], timeout=45, what="the Relayout Event")
     (event,) = [e for e in cluster.events() if e["reason"] == "Relayout"]
-    job_json = json.loads(cluster.core.read_namespaced_config_map("gpt-config", "research").data["job.json"])
+
+    def new_attempt() -> dict | None:
+        found = json.loads(cluster.core.read_namespaced_config_map("gpt-config", "research").data["job.json"])
+        layout = found["plan"]["layout"]
+        return found if f"{layout['pipeline']}x{layout['tensor']}x{layout['data']}" != full else None
+
+    # The pass posts the Event as it decides and writes the new attempt's ConfigMap after it (a CI rehearsal
+    # read the old job.json in between).
+    job_json = wait_for(new_attempt, timeout=30, what="the new attempt's job.json")
     smaller = job_json["plan"]["layout"]
     new = f"{smaller['pipeline']}x{smaller['tensor']}x{smaller['data']}"
     assert f"{full} does not fit on the nodes left" in event["message"] and f"resuming at {new}" in event["message"]
