@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.operator.helpers import generations_overlapping, job_doc, restarted, wait_for
+from tests.operator.helpers import generations_overlapping, job_doc, operator_calls, restarted, wait_for
 
 
 def env_of(pod):
@@ -42,6 +42,11 @@ def test_sixteen_node_job_gets_its_children_and_status(cluster, operator):
     record = json.loads(cluster.core.read_namespaced_config_map("gpt-config", "research").data["attempt.json"])
     assert record["nodes"] == [by_rank[rank]["node"] for rank in range(16)]
     assert (record["attempt"], record["placed"], record["image"]) == (0, True, "trainer:test")
+    # The creating pass wrote the record placed before the status said so (a reader of Placed finds it placed).
+    calls = operator_calls(cluster.server)
+    after_pods = len(calls) - calls[::-1].index(("create", "", "pods", "research"))
+    writes = [call[2] for call in calls[after_pods:] if call[0] == "patch"]
+    assert writes.index("configmaps") < writes.index("paralleljobs/status"), writes
     assert record["spec"]["parallelism"] == {"pipeline": 4, "tensor": 4, "data": 4}
     for pod in pods:
         rank = int(pod["metadata"]["labels"]["paralleljob.io/node-rank"])

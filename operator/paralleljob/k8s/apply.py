@@ -32,13 +32,15 @@ def apply(session: Session, job: Mapping[str, Any], decision: Decision) -> None:
         if child["kind"] != "Pod":
             writes.create(session, child)
     writes.create_all(session, [child for child in decision.creates if child["kind"] == "Pod"])
+    # The record is the operator's truth and the status its report: the record goes first, so a status a reader
+    # sees (Placed, say) is never ahead of the record the next pass acts on.
+    if decision.record is not None:
+        write_record(session, namespace, name, decision.record)
     if decision.status:
         writes.patch_job_status(session, namespace, name, decision.status)
         _merge_status(job, decision.status)
     for event in decision.events:
         events.post(session, job, event.type, event.reason, event.message)
-    if decision.record is not None:
-        write_record(session, namespace, name, decision.record)
     for pod in decision.deletes:
         writes.delete_pod(session, namespace, pod)
     for pod in decision.force_deletes:
