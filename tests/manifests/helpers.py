@@ -4,13 +4,17 @@ never from a conftest.
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
+from paralleljob import planning
 from paralleljob.api import ResolvedJob, validate_document
-from paralleljob.planning import Estimates, NodePlan, PlacementCost, Plan
+from paralleljob.manifests import children, security
+from paralleljob.planning import Estimates, NodePlan, PlacementCost, Plan, synth
+from paralleljob.planning.inventory import build_cluster
 from paralleljob_contract.layout import Layout
 
 JOB_YAML = """
@@ -57,3 +61,44 @@ def make_node(
 ) -> dict[str, Any]:
     """A Node dict with labels and allocatable resources."""
     return {"metadata": {"name": name, "labels": labels or {}}, "status": {"allocatable": allocatable or {}}}
+
+
+EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
+# Every example job but deepspeed-zero2-pipeline.yaml, the example of a job the API refuses (ZeRO 2 with a
+# pipeline), and gpt-175b-budget.yaml, gpt-175b-64xa100.yaml with its layout left to the search: the same pods.
+JOB_EXAMPLES = [
+    "quickstart.yaml",
+    "quickstart-prepared.yaml",
+    "quickstart-on-a-cluster.yaml",
+    "gpt-small-8gpu.yaml",
+    "gpt-13b-fragmented.yaml",
+    "gpt-175b-64xa100.yaml",
+    "llama-8b-64xh100.yaml",
+    "llama-tiny.yaml",
+    "llama-tiny-pretrained.yaml",
+]
+RDMA = {"fabric": "infiniband", "rdmaResource": {"name": "rdma/ib"}}
+
+
+def example_pods(
+    name: str, network: dict[str, Any] | None = None, pod_security: security.PodSecurity = security.DEFAULT
+) -> list[dict[str, Any]]:
+    """The pods the operator makes for an example job, planned on 16 synthetic 8-GPU H100 nodes (with an RDMA
+    device each when `network` is RDMA)."""
+    doc = yaml.safe_load((EXAMPLES / name).read_text())
+    doc["metadata"].setdefault("namespace", "research")
+    doc["metadata"]["uid"] = "u-1"
+    if network is not None:
+        doc["spec"]["network"] = network
+    resolved = validate_document(doc).resolved
+    assert resolved is not None
+    nodes, _ = synth.synth_cluster(synth.SynthSpec(nodes=16, gpus_per_node=8, gpu_product="NVIDIA-H100-80GB-HBM3"))
+    for node in nodes if network == RDMA else ():
+        node["status"]["allocatable"]["rdma/ib"] = "1"
+    plan = planning.plan_job(resolved, build_cluster(nodes, []))
+    assert isinstance(plan, planning.Plan)
+    planned = [n for n in nodes if n["metadata"]["name"] in {e.node for e in plan.nodes}]
+    attempt = children.build_attempt(doc, resolved, plan, planned, attempt=0)
+    placed = [entry.node for entry in plan.nodes]
+    built = children.build_children(doc, resolved, attempt.config_map, placed, image="t:1", pod_security=pod_security)
+    return list(built.pods)
