@@ -19,43 +19,16 @@ import collections
 import os
 import random
 
-import kubernetes
-
 from paralleljob.handlers import reconcile
 from paralleljob.k8s import session as k8s_session
-from tests.operator.helpers import (
-    fresh_view,
-    generations_overlapping,
-    gpus_oversubscribed,
-    install_operator_rbac,
-    job_doc,
-)
+from tests.operator.helpers import generations_overlapping, gpus_oversubscribed, install_operator_rbac, job_doc
+from tests.operator.killing import duplicate_pods, one_pass
 
 FOUR_NODES = {"parallelism": {"pipeline": 1, "tensor": 4, "data": 4}, "failurePolicy": {"backoffLimit": 3}}
 FAILURES = 2  # gang restarts the world causes before letting rank 0 finish
 # Kills per run (at least 50, as issue 14 asks); `PARALLELJOB_KILL_COUNT` overrides.
 CI_KILLS = 50
 SETTINGS = reconcile.Settings(image="trainer:test", force_delete_after_seconds=1.0, restart_hold_seconds=0.0)
-
-
-def one_pass(session, cluster, apiserver, job: str, kill_after: int | None, answer_lost: bool = False) -> bool:
-    """A pass of a freshly started operator (supervision, then admission when it asks for it), killed after
-    `kill_after` requests, the last of them unanswered when `answer_lost`; True when it was killed."""
-    apiserver.operator_outage_after = kill_after
-    apiserver.operator_outage_loses_last_answer = answer_lost
-    try:
-        view = fresh_view(cluster)
-        outcome = reconcile.reconcile(session, SETTINGS, "research", job, view)
-        if outcome.admission is not None:
-            reconcile.reconcile(session, SETTINGS, "research", job, view, admit=True)
-    except kubernetes.client.ApiException as error:
-        if error.status != 503:
-            raise
-        return True
-    finally:
-        apiserver.operator_outage_after = None
-        apiserver.operator_outage_loses_last_answer = False
-    return False
 
 
 def act_as_the_cluster(cluster, job: str, rng: random.Random, failures: list[int]) -> None:
@@ -73,22 +46,6 @@ def act_as_the_cluster(cluster, job: str, rng: random.Random, failures: list[int
         cluster.set_pod_phase(rng.choice(running)["metadata"]["name"], "Failed", reason="Error")
     elif len(failures) >= FAILURES:
         cluster.set_pod_phase(f"{job}-0", "Succeeded")
-
-
-def duplicate_pods(apiserver) -> list[str]:
-    """Every pod name created again while a pod of that name still existed."""
-    live: set[str] = set()
-    found = []
-    for change in apiserver.history:
-        if change.plural != "pods":
-            continue
-        if change.kind == "DELETED":
-            live.discard(change.name)
-        elif change.kind == "ADDED":
-            if change.name in live:
-                found.append(change.name)
-            live.add(change.name)
-    return found
 
 
 def test_killed_at_random_moments_the_operator_never_runs_two_generations_and_converges(cluster, apiserver):
@@ -110,11 +67,11 @@ def test_killed_at_random_moments_the_operator_never_runs_two_generations_and_co
             act_as_the_cluster(cluster, job, rng, failures)
             phase = cluster.status(job).get("phase") or "new"
             if phase == "Succeeded":
-                one_pass(session, cluster, apiserver, job, None)  # the operator left alone cleans up
+                one_pass(session, SETTINGS, cluster, apiserver, job, None)  # the operator left alone cleans up
                 break
             kill_after = rng.randint(0, 24) if rng.random() < 0.6 else None
             answer_lost = bool(kill_after) and rng.random() < 0.5
-            if one_pass(session, cluster, apiserver, job, kill_after, answer_lost):
+            if one_pass(session, SETTINGS, cluster, apiserver, job, kill_after, answer_lost):
                 kills += 1
                 killed_in[f"{phase}, answer lost" if answer_lost else phase] += 1
             iterations += 1
