@@ -17,7 +17,11 @@ Prints:
 1. one whole admission pass (`reconcile(..., admit=True)`) in this process, as the admin over HTTPS, from warm
    caches listed from the server: wall time and CPU time of the pass's thread (the API server is another process
    here, so the CPU time is the operator's alone), and the round's own read of every job's reservations;
-2. `paralleljob operator` started against the cluster: its resident memory once both pod informers have listed
+2. the relist after a watch ends in 410 Gone: both of the operator's cluster-wide informers (the Nodes, and the
+   bound pods of the usage index) list the whole cluster again into their warm caches, `--repeat` times: wall
+   time, the CPU of the listing thread (the operator's) and of kube-apiserver and etcd meanwhile (theirs), the
+   pages and bytes read, and the records it corrected (0 on a quiet cluster);
+3. `paralleljob operator` started against the cluster: its resident memory once both pod informers have listed
    the cluster and watch it (VmRSS), and its peak (VmHWM), from /proc; and how many node and Lease writes a
    second the cluster made meanwhile (kwok's heartbeats), with how many nodes were still Ready at the end.
 Figures are recorded in docs/operator.md.
@@ -31,16 +35,18 @@ import dataclasses
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
 
 from bench import common, kwok
 from paralleljob.handlers import reconcile
 from paralleljob.handlers.nodes import NodeWatch
-from paralleljob.k8s import reads
+from paralleljob.k8s import informer, reads
 from paralleljob.k8s import session as k8s_session
 from paralleljob.manifests import records
 from paralleljob.planning.inventory import ClusterBuilder
@@ -110,6 +116,57 @@ def admission(api: Api, session: k8s_session.Session, view: reconcile.NodeView, 
     )
 
 
+def relist(state: controlplane.State, session: k8s_session.Session, repeat: int) -> None:
+    """What a 410 Gone costs: each informer's `relist()` into the cache it already holds (a first listing warms
+    it), as after `Expired`."""
+    server = [psutil.Process(state.pids[name]) for name in ("kube-apiserver", "etcd")]
+    for source, cache in ((informer.NODES, NodeWatch()), (informer.BOUND_PODS, UsageIndex())):
+        informer.Informer(session, source, cache).relist()
+        wall, cpu, theirs, sizes = [], [], [], []
+        for _ in range(repeat):
+            counted = _Counted(cache)
+            watched = informer.Informer(session, source, counted, synced=_set_event())
+            before = sum(sum(p.cpu_times()[:2]) for p in server)
+            started, started_cpu = time.perf_counter(), time.thread_time()
+            watched.relist()
+            wall.append(time.perf_counter() - started)
+            cpu.append(time.thread_time() - started_cpu)
+            theirs.append(sum(sum(p.cpu_times()[:2]) for p in server) - before)
+            sizes.append(counted.objects)
+        print(
+            f"2. relist of {source.kind} ({sizes[-1]} objects, {-(-sizes[-1] // watched.page_size)} pages) after "
+            f"410 Gone: wall {common.best_and_median(wall)}; operator CPU {common.best_and_median(cpu)}; "
+            f"kube-apiserver and etcd CPU {common.best_and_median(theirs)}; corrected {watched.drift} records",
+            flush=True,
+        )
+
+
+def _set_event() -> threading.Event:
+    """A synced informer's flag: its relist corrects a warm cache, as after a 410."""
+    event = threading.Event()
+    event.set()
+    return event
+
+
+@dataclasses.dataclass
+class _Counted:
+    """A warm cache (NodeWatch or UsageIndex) that also counts what a relist gave it."""
+
+    inner: Any
+    objects: int = 0
+
+    def replace(self, objects: Any) -> int:
+        def counted() -> Any:
+            for item in objects:
+                self.objects += 1
+                yield item
+
+        return int(self.inner.replace(counted()))
+
+    def observe(self, event_type: str, obj: Any) -> bool:
+        return bool(self.inner.observe(event_type, obj))
+
+
 def memory(state: controlplane.State, api: Api, workdir: Path, pods: int) -> None:
     """The operator through the fault proxy (no faults: it only counts the operator's requests)."""
     proxy = FaultProxy(state).start()
@@ -142,7 +199,7 @@ def memory(state: controlplane.State, api: Api, workdir: Path, pods: int) -> Non
         fields = {line.split(":")[0]: line.split(":")[1].strip() for line in status.splitlines()}
         rss, peak = (int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM"))
         print(
-            f"2. operator memory with {pods} pods watched: RSS {rss:.0f} MiB, peak {peak:.0f} MiB (listed and "
+            f"3. operator memory with {pods} pods watched: RSS {rss:.0f} MiB, peak {peak:.0f} MiB (listed and "
             f"watching after {listed:.0f} s); meanwhile {node_writes:.1f} node writes/s and {lease_writes:.0f} Lease "
             f"writes/s, {kwok.ready_nodes(api)} nodes Ready and untainted",
             flush=True,
@@ -189,6 +246,7 @@ def main() -> int:
             session = k8s_session.connect(str(state.kubeconfig))
             view = warm_view(session, api)
             admission(api, session, view, args.repeat)
+            relist(state, session, args.repeat)
             # The operator's memory is measured over the nodes and pods alone.
             for namespace in ("queue", "research"):
                 api.send("DELETE", f"/api/v1/namespaces/{namespace}")
