@@ -49,12 +49,9 @@ class _Saved:
     """The files of one checkpoint, each memory-mapped the first time a re-cut reads from it."""
 
     def __init__(self, chosen: checkpoint.Chosen, wanted: set[Key]) -> None:
-        self.folder, self.wanted = chosen.folder, wanted
-        self.pipeline, self.tensor = (
-            int(chosen.manifest["layout"]["pipeline"]),
-            int(chosen.manifest["layout"]["tensor"]),
-        )
-        self.data, self.zero = int(chosen.manifest["layout"]["data"]), bool(chosen.manifest.get("zeroStage"))
+        layout = chosen.manifest["layout"]
+        self.folder, self.wanted, self.zero = chosen.folder, wanted, bool(chosen.manifest.get("zeroStage"))
+        self.pipeline, self.tensor, self.data = (int(layout[axis]) for axis in ("pipeline", "tensor", "data"))
         self._layers: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self._states: dict[int, dict[Key, State]] = {}
 
