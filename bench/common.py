@@ -1,5 +1,5 @@
-"""What the benchmarks share, in one module: trainer runs, the planner's GPT-175B job, the scale benches' fake
-nodes and admission cluster, and reading a product run's steps. Not a benchmark itself (bench/README.md).
+"""What the benchmarks share, in one module: trainer runs, one 70B-shaped llama layer built in a fresh interpreter,
+the planner's GPT-175B job, the scale benches' fake nodes and admission cluster, and reading a product run's steps. Not a benchmark itself (bench/README.md).
 
 Job files, ports and torchrun gangs come from the trainer tests' harness (`tests/trainer/harness.py`), so
 benchmarks and tests run the trainer the same way. kwok, which plays the fake nodes' kubelets, is `bench.kwok`.
@@ -7,6 +7,8 @@ benchmarks and tests run the trainer the same way. kwok, which plays the fake no
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -31,6 +33,40 @@ from tests.trainer import harness
 REPO = Path(__file__).resolve().parents[1]
 
 ADAMW = {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.1}}
+
+# One layer of Llama 2/3 70B, built for TP rank 0 of 8 (bench.trainer_init, bench.trainer_pretrained).
+LLAMA_70B_LAYER = {"hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672}
+LAYER_TENSOR = 8
+# What runs before a `llama_layer_child` body: one thread, the RSS after the torch import (`base`), `model` (the
+# layer's ModelConfig), `tp` (rank 0 of LAYER_TENSOR), `args` (the extra arguments) and `report(**fields)`, which
+# prints the fields with the peak RSS as the child's last line.
+_LAYER_PREAMBLE = r"""
+import json, resource, sys, time
+import torch
+torch.set_num_threads(1)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+from paralleljob_contract.jobfile import ModelConfig
+from paralleljob_trainer.tensor_parallel import TensorParallel
+mode, shape, tensor, layers, args = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
+model = ModelConfig(layers, shape["hidden"], shape["heads"], 4096, 128256, shape["ffn"], "bf16", 0,
+                    architecture="llama", kv_heads=shape["kv_heads"])
+tp = TensorParallel(rank=0, size=tensor)
+
+def report(**fields):
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"mode": mode, **fields, "peak_rss_mib": peak / 1024, "after_import_mib": base / 1024}))
+"""
+
+
+def llama_layer_child(body: str, mode: str, *args: str, layers: int = 1) -> dict[str, Any]:
+    """What `body` reports, run after `_LAYER_PREAMBLE` in a fresh interpreter (one thread), so that its peak RSS
+    is its own; `layers` sets the model's depth (the residual projections' init scale)."""
+    shape = json.dumps(LLAMA_70B_LAYER)
+    command = [sys.executable, "-c", _LAYER_PREAMBLE + body, mode, shape, str(LAYER_TENSOR), str(layers), *args]
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'trainer-image'}:{REPO}", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
 
 
 def job_document(

@@ -4,61 +4,47 @@
 
 The folder is one `model.safetensors` holding layer 0 of Llama 2/3 70B (hidden 8192, 64 heads, 8 kv heads, FFN
 28672; 0.86 billion parameters, 1.6 GiB in bf16), written sparse (a header, then a hole: nothing but the header
-on disk, and every page read is real). Each round runs in a fresh interpreter: `build` is the trainer's
-`LlamaBlock` with seeded random weights (what a pretrained start builds first); `build+load` then overwrites
-its parameters with rank 0's slices through `paralleljob_trainer.pretrained.load_layer` (safetensors'
-get_slice). Peak RSS counts the file's pages the slices touch, as a rank's memory limit would. Prints seconds,
-peak RSS over the torch import and that figure against the rank's shard.
+on disk, and every page read is real). Each way runs in a fresh interpreter: the trainer's `LlamaBlock` is built,
+then its parameters are filled with rank 0's slices through `paralleljob_trainer.pretrained.load_layer`
+(safetensors' get_slice): `drawn+load` builds it with seeded random weights first (the trainer before), and
+`undrawn+load` inside `weights.undrawn()`, allocated and not drawn (the trainer's pretrained start now). Peak
+RSS counts the file's pages the slices touch, as a rank's memory limit would. Prints seconds (and the build's
+share), peak RSS over the torch import and that figure against the rank's shard.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import struct
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SHAPE = {"hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672}
-TENSOR = 8
+from bench import common
+
 DTYPES = {"bf16": ("BF16", 2), "fp32": ("F32", 4)}
 
 _CHILD = r"""
-import json, resource, sys, time
+import contextlib, dataclasses
 from pathlib import Path
-import torch
-torch.set_num_threads(1)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-mode, shape, tensor, folder = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
-import dataclasses
-from paralleljob_contract.jobfile import ModelConfig
-from paralleljob_trainer import hf_layout, llama, pretrained
-from paralleljob_trainer.tensor_parallel import TensorParallel
-model = ModelConfig(1, shape["hidden"], shape["heads"], 4096, 128256, shape["ffn"], "bf16", 0, architecture="llama",
-                    kv_heads=shape["kv_heads"])
-tp = TensorParallel(rank=0, size=tensor)
+from paralleljob_trainer import hf_layout, llama, pretrained, weights
+folder = Path(args[0])
 started = time.perf_counter()
-block = llama.LlamaBlock(model, 1234, 1, tp)
+with weights.undrawn() if mode == "undrawn+load" else contextlib.nullcontext():
+    block = llama.LlamaBlock(model, 1234, 1, tp)
 built = time.perf_counter() - started
-if mode == "build+load":
-    entries = [e for e in hf_layout.tensor_table(dataclasses.asdict(model), tensor) if e.layer == 1]
-    with pretrained.opened(folder) as tensors, torch.no_grad():
-        pretrained.load_layer(block, entries, tensors, tp, model)
-seconds = time.perf_counter() - started
+entries = [e for e in hf_layout.tensor_table(dataclasses.asdict(model), tensor) if e.layer == 1]
+with pretrained.opened(folder) as tensors, torch.no_grad():
+    pretrained.load_layer(block, entries, tensors, tp, model)
 kept = sum(p.numel() * p.element_size() for p in block.parameters())
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"mode": mode, "seconds": seconds, "build_s": built, "peak_rss_mib": peak / 1024,
-                  "after_import_mib": base / 1024, "kept_mib": kept / 2**20}))
+report(seconds=time.perf_counter() - started, build_s=built, kept_mib=kept / 2**20)
 """
 
 
 def layer_tensors() -> dict[str, list[int]]:
     """Layer 0 of a 70B Llama under Hugging Face's names, with its shapes."""
-    h, f, kv = SHAPE["hidden"], SHAPE["ffn"], SHAPE["kv_heads"] * SHAPE["hidden"] // SHAPE["heads"]
+    shape = common.LLAMA_70B_LAYER
+    h, f, kv = shape["hidden"], shape["ffn"], shape["kv_heads"] * shape["hidden"] // shape["heads"]
     name = "model.layers.0"
     return {
         f"{name}.input_layernorm.weight": [h],
@@ -93,19 +79,6 @@ def write_sparse_folder(folder: Path, dtype: str) -> int:
     return 8 + len(encoded) + offset
 
 
-def measure(mode: str, folder: Path) -> dict[str, float]:
-    env_path = f"{REPO / 'trainer-image'}:{REPO}"
-    command = [sys.executable, "-c", _CHILD, mode, json.dumps(SHAPE), str(TENSOR), str(folder)]
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "PYTHONPATH": env_path, "OMP_NUM_THREADS": "1"},
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
@@ -114,13 +87,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pj-pretrained-bench-") as temporary:
         folder = Path(temporary)
         size = write_sparse_folder(folder, args.dtype)
-        print(f"70B-shaped llama layer ({size / 2**30:.2f} GiB {args.dtype} file), TP rank 0 of {TENSOR}, on CPU")
+        print(
+            f"70B-shaped llama layer ({size / 2**30:.2f} GiB {args.dtype} file), TP rank 0 of {common.LAYER_TENSOR}, "
+            "on CPU"
+        )
         for _ in range(args.rounds):
-            for mode in ("build", "build+load"):
-                row = measure(mode, folder)
+            for mode in ("drawn+load", "undrawn+load"):
+                row = common.llama_layer_child(_CHILD, mode, str(folder))
                 over = row["peak_rss_mib"] - row["after_import_mib"]
                 print(
-                    f"{mode:11s} {row['seconds']:6.2f} s (build {row['build_s']:5.2f} s)  peak RSS "
+                    f"{mode:12s} {row['seconds']:6.2f} s (build {row['build_s']:5.2f} s)  peak RSS "
                     f"{row['peak_rss_mib']:6.0f} MiB, {over:5.0f} MiB over the torch import = "
                     f"{over / row['kept_mib']:.2f}x the rank's shard ({row['kept_mib']:.0f} MiB fp32)"
                 )

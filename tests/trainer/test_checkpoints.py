@@ -243,3 +243,28 @@ def test_a_resume_with_another_data_parallel_size_continues_the_same_loss_curve(
     assert sorted(resumed) == list(range(4, 9))
     worst = max(abs(resumed[step] - reference[step]) for step in resumed)
     assert worst <= 1e-5, f"losses after the DP change differ by {worst:.2e}"
+
+
+@pytest.mark.slow
+def test_a_zero1_run_with_torchs_adamw_resumes_at_the_same_layout_on_the_same_loss_curve(tmp_path: Path) -> None:
+    # torch's AdamW keeps its step per parameter, where DeepSpeed's own elastic ZeRO load looks for it in the
+    # param groups and stops (bench/trainer_relayout.py --zero 1 found it).
+    document = harness.job_document(
+        Layout(1, 1, 2),
+        optimizer=ADAMW,
+        gradient_clipping=1.0,
+        steps=6,
+        checkpoint_interval=3,
+        data={"source": "text", "path": str(harness.text_corpus())},
+        deepspeed_extra=ZERO_STAGES["zero1"],
+    )
+    straight = _run(tmp_path / "straight", document, tmp_path / "straight" / "ckpt")
+    assert straight.returncodes == [0, 0], straight.logs[0][-3000:]
+    resumed_ckpt = tmp_path / "resumed" / "ckpt"
+    shutil.copytree(tmp_path / "straight" / "ckpt" / "global_step3", resumed_ckpt / "global_step3")
+    resumed = _run(tmp_path / "resumed", document, resumed_ckpt)
+    assert resumed.returncodes == [0, 0], resumed.logs[0][-3000:]
+    losses, reference = _losses(tmp_path / "resumed"), _losses(tmp_path / "straight")
+    assert sorted(losses) == [4, 5, 6]
+    worst = max(abs(losses[step] - reference[step]) for step in losses)
+    assert worst <= 1e-5, f"losses after the resume differ by {worst:.2e}"

@@ -1,11 +1,15 @@
 """In one process: every TP rank's layers loaded from a Hugging Face folder and merged back by the export give
-the folder's tensors bit for bit; at TP 1 they compute transformers' logits; folders that cannot be mapped,
-and jobs that disagree with config.json, are refused in one line naming the tensor or the field.
+the folder's tensors bit for bit; at TP 1 they compute transformers' logits; a pipeline stage built to be loaded
+draws no random weights first; folders that cannot be mapped, and jobs that disagree with config.json, are
+refused in one line naming the tensor or the field.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +34,14 @@ FOLDERS = {
 }
 
 
+def _section(folder: Path, **changes: Any) -> dict[str, Any]:
+    return hf_models.model_section(hf_config.spec_model(hf_config.read(folder)), folder) | changes
+
+
 def _job(folder: Path, tensor: int, **changes: Any) -> JobConfig:
-    section = hf_models.model_section(hf_config.spec_model(hf_config.read(folder)), folder) | changes
-    return parse_job_config(harness.job_document(Layout(1, tensor, 1), optimizer=SGD, model=section))
+    return parse_job_config(
+        harness.job_document(Layout(1, tensor, 1), optimizer=SGD, model=_section(folder, **changes))
+    )
 
 
 def _folder_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -79,6 +88,40 @@ def test_the_loaded_layers_compute_transformers_logits(folder: Path) -> None:
         ours = model_parts.trainer_logits(modules, job.model, tokens)
         theirs = reference(input_ids=tokens).logits
     assert (ours - theirs).abs().max().item() < 1e-5
+
+
+def _build_stage(tmp_path: Path, folder: Path, mode: str) -> dict[str, Any]:
+    """The stage `tests/trainer/pipeline_build_worker.py` builds (`pretrained` or `random`), and its draws."""
+    job = harness.write_job(
+        tmp_path / mode, harness.job_document(Layout(1, 1, 1), optimizer=SGD, model=_section(folder))
+    )
+    out = tmp_path / mode / "stage.pt"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(harness.free_port())}
+    env |= {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    worker = [sys.executable, "-m", "tests.trainer.pipeline_build_worker", str(job), str(out), mode]
+    done = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    built: dict[str, Any] = torch.load(out, weights_only=True)
+    return built
+
+
+@pytest.mark.parametrize(
+    "make", [hf_models.gpt2, lambda folder: hf_models.llama(folder, tied=True)], ids=["gpt2", "llama-tied"]
+)
+def test_a_stage_built_to_be_loaded_draws_no_random_weights_and_holds_the_folders(tmp_path: Path, make: Any) -> None:
+    folder = make(tmp_path / "hf")
+    loaded, drawn = _build_stage(tmp_path, folder, "pretrained"), _build_stage(tmp_path, folder, "random")
+    assert drawn["draws"], "a random start draws its weights (the count sees them)"
+    assert loaded["draws"] == []
+    job = _job(folder, 1)
+    modules = model_parts.layer_modules(job.model, 0, TensorParallel(rank=0, size=1))
+    pretrained.load_modules(enumerate(modules), job.model, TensorParallel(rank=0, size=1), folder)
+    expected = {
+        f"{layer}.{key}": value for layer, module in enumerate(modules) for key, value in module.state_dict().items()
+    }
+    state = {key.replace("tied_modules.embeddings.", "0."): value for key, value in loaded["state"].items()}
+    assert sorted(state) == sorted(expected)
+    assert [key for key in expected if not torch.equal(state[key], expected[key])] == []
 
 
 def test_config_json_settings_reach_the_model(tmp_path: Path) -> None:

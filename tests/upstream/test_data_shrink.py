@@ -17,7 +17,6 @@ to move a loss by 1.4e-5 on float rounding alone; tests/local/test_run.py).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,13 +25,16 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
-from paralleljob_contract import metrics as metrics_file
-from testcluster.api import RELEASE_NAMESPACE, REPO
+from testcluster.api import REPO
 from testcluster.product import Product
 from testcluster.quickstart import JOB
-from tests.trainer import harness
 from tests.trainer.reference import train_reference
-from tests.upstream.helpers import OPERATOR_IMAGE, require_image, wait_for
+from tests.upstream.helpers import (
+    gang_runs,
+    job_file,
+    job_status,
+    run_losing_a_node,
+)
 
 pytestmark = pytest.mark.slow
 STEPS, CHECKPOINT_EVERY = 20, 4
@@ -52,41 +54,6 @@ def shrinkable_quickstart() -> dict[str, Any]:
     return job
 
 
-def runs(metrics: Path) -> list[dict[str, Any]]:
-    """Each gang's part of a metrics.jsonl (a `resume` record opens the next): the step it resumed from and its
-    losses by step."""
-    found: list[dict[str, Any]] = [{"resumed": None, "losses": {}}]
-    for record in metrics_file.read_records(metrics):
-        if record.get("event") == "resume":
-            found.append({"resumed": int(record["step"]), "losses": {}})
-        elif record.get("event") == "step":
-            found[-1]["losses"][int(record["step"])] = float(record["loss"])
-    return found
-
-
-def job_file(product: Product, corpus: Path) -> dict[str, Any]:
-    """The job.json the pods of the current attempt read, with the corpus where this machine has it."""
-    config = json.loads(product.kubectl("get", "configmap", f"{JOB}-config", "-o", "json"))
-    document = json.loads(config["data"][jobfile.FILE_NAME])
-    assert document["spec"]["training"]["data"]["path"] == "/data/corpus"
-    document["spec"]["training"]["data"]["path"] = str(corpus)
-    return dict(document)
-
-
-def job_status(product: Product) -> dict[str, Any]:
-    return dict(json.loads(product.kubectl("get", "pj", JOB, "-o", "json")).get("status") or {})
-
-
-def node_without_the_operator(product: Product, status: dict[str, Any]) -> str:
-    """The job's node (status.placement) that the operator's pod does not run on (on a cluster it runs on a
-    system node)."""
-    operator = json.loads(product.kubectl("get", "pods", "-n", RELEASE_NAMESPACE, "-o", "json"))["items"][0]
-    placed = {entry["node"] for entry in status["placement"]}
-    assert len(placed) == 2, f"one pod a node: {status['placement']}"
-    (lost,) = placed - {operator["spec"]["nodeName"]}
-    return str(lost)
-
-
 @pytest.fixture
 def product(tmp_path: Path) -> Iterator[Product]:
     with Product.running(tmp_path, nodes=2, gpus_per_node=2) as made:
@@ -96,24 +63,8 @@ def product(tmp_path: Path) -> Iterator[Product]:
 def test_a_job_that_loses_a_node_with_no_spare_shrinks_its_dp_and_stays_on_the_single_process_loss_curve(
     product: Product, tmp_path: Path
 ) -> None:
-    require_image(OPERATOR_IMAGE, "make images-operator")
-    # The lost pod is force-deleted 1 s after the gang restart asks (its node's kubelet never confirms), and the
-    # restarting gang holds no nodes for itself (there is no other job).
-    product.install("recovery.forceDeleteAfterSeconds=1", "recovery.restartHoldSeconds=0")
-    corpus = product.fill_corpus(text=harness.text_corpus())
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(shrinkable_quickstart()))
-    product.kubectl("apply", "-f", str(REPO / "examples" / "quickstart-volumes.yaml"))
-    product.kubectl("apply", "-f", str(tmp_path / "job.yaml"))
-    running = wait_for("Running", lambda: (s := job_status(product)).get("phase") == "Running" and s, product, 300)
-    full = job_file(product, corpus)
+    full, lost, corpus = run_losing_a_node(product, shrinkable_quickstart(), tmp_path)
     assert full["plan"]["layout"] == {"pipeline": 1, "tensor": 2, "data": 2}
-    lost = node_without_the_operator(product, running)
-    # A step takes a fraction of a second on an idle machine: the node goes as soon as the first checkpoint is
-    # whole (`latest` names it), whichever step that gang has reached since.
-    wait_for("the first checkpoint", lambda: (product.checkpoints() / "latest").exists(), product, 300)
-    product.cluster.fault("kill-node", node=lost)
-    product.kubectl("delete", "node", lost, "--wait=false")
-    wait_for("Succeeded", lambda: job_status(product).get("phase") in ("Succeeded", "Failed"), product, 600)
 
     status = job_status(product)
     assert status["phase"] == "Succeeded", product.what_was_seen()
@@ -130,7 +81,7 @@ def test_a_job_that_loses_a_node_with_no_spare_shrinks_its_dp_and_stays_on_the_s
     reference = train_reference(jobfile.parse_job_config(full))
     assert train_reference(jobfile.parse_job_config(shrunk)) == reference
 
-    parts = runs(product.checkpoints() / "metrics" / "metrics.jsonl")
+    parts = gang_runs(product.checkpoints() / "metrics" / "metrics.jsonl")
     assert len(parts) == 2, f"one resume, by the DP-1 gang: {parts}"
     before, after = parts
     # The DP-1 gang resumed from a checkpoint of the DP-2 gang (the only one that saved before it), at a step

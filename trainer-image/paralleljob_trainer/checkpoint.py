@@ -21,8 +21,9 @@ only reads.
 
 A change of DP resumes: ZeRO 0 keeps one optimizer state per (stage, TP rank), which any DP reads; ZeRO 1
 state is saved in DeepSpeed's elastic form (`elastic_checkpoint`, set by the trainer), and loading merges the
-saved DP shards and cuts them for the new DP (DeepSpeed's engine refuses a different DP itself, so this
-module hands the saved shards to the optimizer directly). A change of PP or TP is `paralleljob_trainer.recut`'s,
+saved DP shards and cuts them for this DP, the saved one included (DeepSpeed's engine refuses a different DP
+itself, and its own elastic load asserts a step in the param groups, which torch's optimizers keep per
+parameter), so this module hands the saved shards to the optimizer directly. A change of PP or TP is `paralleljob_trainer.recut`'s,
 which reuses `load_zero_shards` for ZeRO 1.
 """
 
@@ -282,11 +283,12 @@ def _set_aside_skipped(chosen: Chosen) -> None:
 
 def load(engine: Any, job: JobConfig, chosen: Chosen) -> int:
     """Load the agreed checkpoint into `engine`; returns its step."""
-    saved_data = int(chosen.manifest["layout"]["data"])
     try:
-        if job.zero_stage and saved_data != job.plan.layout.data:
+        if job.zero_stage:
+            # Also at the same DP: DeepSpeed's own load of elastic ZeRO state asserts a step in the param groups,
+            # which torch's optimizers keep per parameter (`load_zero_shards` supplies it).
             engine.load_checkpoint(str(chosen.root), tag=chosen.tag, load_optimizer_states=False)
-            _load_zero_shards_for_new_dp(engine, chosen)
+            _load_saved_zero_shards(engine, chosen)
         else:
             engine.load_checkpoint(str(chosen.root), tag=chosen.tag)
     except Exception as error:
@@ -295,8 +297,8 @@ def load(engine: Any, job: JobConfig, chosen: Chosen) -> int:
     return chosen.step
 
 
-def _load_zero_shards_for_new_dp(engine: Any, chosen: Chosen) -> None:
-    """Every saved DP shard of this rank's (stage, TP rank), merged and re-cut for this DP by the optimizer."""
+def _load_saved_zero_shards(engine: Any, chosen: Chosen) -> None:
+    """Every saved DP shard of this rank's (stage, TP rank), merged and cut for this DP by the optimizer."""
     names = engine._get_all_zero_checkpoint_names(str(chosen.root), chosen.tag, engine.bfloat16_enabled())
     shards = [engine.checkpoint_engine.load(name, map_location="cpu")[OPTIMIZER_STATE_DICT] for name in names]
     if isinstance(shards[0][BASE_OPTIMIZER_STATE], dict):

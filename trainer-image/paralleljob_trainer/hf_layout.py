@@ -2,96 +2,21 @@
 
 One table (`tensor_table`) names, for every tensor of a LlamaForCausalLM or GPT2LMHeadModel, the pipeline layer
 (0 the embedding, 1..l the blocks, l+1 the head or final norm), the key in that layer's state dict, its full
-shape under Hugging Face's name, and its `Cut`. The export merges TP shards with `Cut.merge`; a pretrained
-start reads each rank's part with `Cut.read` (safetensors' sliced reads), so the two directions cannot
-disagree. Cuts: rows (column-parallel outputs), cols (row-parallel inputs), whole (replicated), vocab (rows of
-the padded vocabulary, padding zero), qkv (GPT's fused QKV, each rank's q, k and v heads side by side), and
-positions (GPT's learned positions: the first sequenceLength rows). GPT-2's Conv1D keeps weights as
-[in, out], the transpose of a Linear's: `transposed` marks them.
+shape under Hugging Face's name, and its `cuts.Cut` (the kinds are described there). It is the only table of
+cuts: the export merges TP shards with `Cut.merge`; a pretrained start reads each rank's part with `Cut.read`
+(safetensors' sliced reads); a resume at another TP size looks each trainer tensor's cut up by its key
+(`cut_of`) and re-cuts it with `cuts.recut_plan`. So no two directions can disagree.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
-from paralleljob_contract.model import padded_vocab_size
-from paralleljob_trainer.tensor_parallel import TensorParallel
-
-Kind = Literal["rows", "cols", "whole", "vocab", "qkv", "positions"]
-
-
-class Slice(Protocol):
-    """What safetensors' `get_slice` returns: a shape, and indexing that reads only the indexed part."""
-
-    def get_shape(self) -> list[int]: ...
-
-    def __getitem__(self, index: Any) -> torch.Tensor: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Cut:
-    """How one tensor is split across TP ranks (in the trainer's [out, in] orientation)."""
-
-    kind: Kind
-    transposed: bool = False  # Hugging Face stores it [in, out] (GPT-2's Conv1D)
-
-    def merge(self, shards: Sequence[torch.Tensor], vocab: int) -> torch.Tensor:
-        """The Hugging Face tensor from every TP rank's shard."""
-        if self.kind in ("whole", "positions"):
-            merged = shards[0]
-        elif self.kind == "cols":
-            merged = torch.cat(list(shards), dim=1)
-        elif self.kind == "qkv":  # each rank holds (q_r, k_r, v_r); unsharded: q (all heads), k, v
-            parts = [shard.chunk(3, dim=0) for shard in shards]
-            merged = torch.cat([torch.cat([part[which] for part in parts], dim=0) for which in range(3)], dim=0)
-        else:
-            merged = torch.cat(list(shards), dim=0)
-            merged = merged[:vocab] if self.kind == "vocab" else merged
-        return merged.T if self.transposed else merged
-
-    def read(self, source: Slice, tp: TensorParallel, vocab: int, rows: int = 0) -> torch.Tensor:
-        """This rank's part of the tensor, reading only that part (`rows`: the positions a GPT keeps)."""
-        shape = source.get_shape()
-        if self.kind == "whole":
-            return self._oriented(source[:])
-        if self.kind == "positions":
-            return source[:rows]
-        if self.kind == "vocab":
-            return _vocab_rows(source, tp, vocab, shape[1])
-        if self.kind == "qkv":
-            return self._qkv(source, tp, shape)
-        # rows of ours are the last axis of a transposed tensor; cols of ours are its first.
-        along_first = (self.kind == "rows") != self.transposed
-        span = tp.span(shape[0] if along_first else shape[1])
-        part = source[span.start : span.stop] if along_first else source[:, span.start : span.stop]
-        return self._oriented(part)
-
-    def _oriented(self, part: torch.Tensor) -> torch.Tensor:
-        return part.T.contiguous() if self.transposed and part.dim() == 2 else part
-
-    def _qkv(self, source: Slice, tp: TensorParallel, shape: list[int]) -> torch.Tensor:
-        hidden = shape[-1] // 3
-        heads = tp.span(hidden)
-        starts = [part * hidden + heads.start for part in range(3)]
-        if len(shape) == 1:
-            return torch.cat([source[start : start + len(heads)] for start in starts])
-        return torch.cat([source[:, start : start + len(heads)] for start in starts], dim=1).T.contiguous()
-
-
-def _vocab_rows(source: Slice, tp: TensorParallel, vocab: int, hidden: int) -> torch.Tensor:
-    """This rank's rows of the padded vocabulary: the real ones read, the padding zero."""
-    rows = tp.span(padded_vocab_size(vocab, tp.size))
-    real = range(rows.start, min(rows.stop, vocab))
-    if tp.size == 1:
-        return source[:vocab]
-    local = torch.zeros(len(rows), hidden)
-    if len(real):
-        local[: len(real)] = source[real.start : real.stop]
-    return local
+from paralleljob_trainer import cuts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,15 +27,15 @@ class Entry:
     shape: tuple[int, ...]
     layer: int
     key: str
-    cut: Cut
+    cut: cuts.Cut
     # Read from this tensor when the folder has none of its own (GPT-2's head, tied to wte).
     fallback: str | None = None
 
 
-ROWS, COLS, WHOLE, VOCAB = Cut("rows"), Cut("cols"), Cut("whole"), Cut("vocab")
+ROWS, COLS, WHOLE, VOCAB = cuts.Cut("rows"), cuts.Cut("cols"), cuts.Cut("whole"), cuts.Cut("vocab")
 
 
-def _llama_table(model: dict[str, Any], tensor: int) -> list[Entry]:
+def _llama_table(model: Mapping[str, Any], tensor: int) -> list[Entry]:
     layers, vocab, h, f = model["layers"], model["vocab_size"], model["hidden_size"], model["ffn_hidden_size"]
     heads = model["attention_heads"]
     kv = model["kv_heads"] or heads
@@ -136,20 +61,20 @@ def _llama_table(model: dict[str, Any], tensor: int) -> list[Entry]:
     return table
 
 
-def _gpt_table(model: dict[str, Any]) -> list[Entry]:
+def _gpt_table(model: Mapping[str, Any]) -> list[Entry]:
     layers, vocab, h, f = model["layers"], model["vocab_size"], model["hidden_size"], model["ffn_hidden_size"]
-    conv_rows, conv_cols = Cut("rows", transposed=True), Cut("cols", transposed=True)
+    conv_rows, conv_cols = cuts.Cut("rows", transposed=True), cuts.Cut("cols", transposed=True)
     table = [
         Entry("transformer.wte.weight", (vocab, h), 0, "tokens.weight", VOCAB),
-        Entry("transformer.wpe.weight", (model["sequence_length"], h), 0, "positions.weight", Cut("positions")),
+        Entry("transformer.wpe.weight", (model["sequence_length"], h), 0, "positions.weight", cuts.Cut("positions")),
     ]
     for layer in range(1, layers + 1):
         name = f"transformer.h.{layer - 1}"
         table += [
             Entry(f"{name}.ln_1.weight", (h,), layer, "ln1.weight", WHOLE),
             Entry(f"{name}.ln_1.bias", (h,), layer, "ln1.bias", WHOLE),
-            Entry(f"{name}.attn.c_attn.weight", (h, 3 * h), layer, "qkv.weight", Cut("qkv", transposed=True)),
-            Entry(f"{name}.attn.c_attn.bias", (3 * h,), layer, "qkv.bias", Cut("qkv")),
+            Entry(f"{name}.attn.c_attn.weight", (h, 3 * h), layer, "qkv.weight", cuts.Cut("qkv", transposed=True)),
+            Entry(f"{name}.attn.c_attn.bias", (3 * h,), layer, "qkv.bias", cuts.Cut("qkv")),
             Entry(f"{name}.attn.c_proj.weight", (h, h), layer, "attn_out.weight", conv_cols),
             Entry(f"{name}.attn.c_proj.bias", (h,), layer, "attn_out.bias", WHOLE),
             Entry(f"{name}.ln_2.weight", (h,), layer, "ln2.weight", WHOLE),
@@ -167,11 +92,19 @@ def _gpt_table(model: dict[str, Any]) -> list[Entry]:
     ]
 
 
-def tensor_table(model: dict[str, Any], tensor: int) -> list[Entry]:
+def tensor_table(model: Mapping[str, Any], tensor: int) -> list[Entry]:
     """Every Hugging Face tensor of `model` (a manifest's model section) at TP size `tensor`."""
     if model.get("architecture", "gpt") == "llama":
         return _llama_table(model, tensor)
     return _gpt_table(model)
+
+
+def cut_of(model: Mapping[str, Any], key: str, tensor: int) -> cuts.Cut:
+    """How the tensor `key` of a trainer layer's state dict is cut at TP `tensor` (alike in every layer)."""
+    found = {entry.key: entry.cut for entry in tensor_table({**model, "layers": 1}, tensor)}.get(key)
+    if found is None:
+        raise cuts.CutError(f"tensor {key!r} has no known tensor-parallel cut")
+    return found
 
 
 def merged(

@@ -48,9 +48,9 @@ class Embedding(nn.Module):
         h = model.hidden_size
         self.tp = tp
         self.tokens = VocabParallelEmbedding(model.vocab_size, h, tp, seed, EMBEDDING_LAYER, "tokens")
-        self.positions = nn.Embedding(model.sequence_length, h)
-        with torch.no_grad():
-            self.positions.weight.copy_(weights.normal(seed, EMBEDDING_LAYER, "positions", (model.sequence_length, h)))
+        # `_weight` keeps nn.Embedding from drawing a N(0, 1) table of its own first.
+        positions = weights.normal(seed, EMBEDDING_LAYER, "positions", (model.sequence_length, h))
+        self.positions = nn.Embedding(model.sequence_length, h, _weight=positions)
         mark_replicated(self.positions.weight, tp)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -177,9 +177,12 @@ class GPTPipeline(PipelineModule):  # type: ignore[misc]
         model, seed = self.gpt_shape
         self._layer_specs = layer_specs(model, seed, self.tensor_parallel)
         self.loss_fn = LanguageModelLoss(model.vocab_size, self.tensor_parallel)
-        super()._build()
-        if self.pretrained is not None:
-            pretrained.load_stage(self, model, self.tensor_parallel, self.pretrained)
+        if self.pretrained is None:
+            super()._build()
+            return
+        with weights.undrawn():  # every weight is loaded next: drawing them would be thrown away
+            super()._build()
+        pretrained.load_stage(self, model, self.tensor_parallel, self.pretrained)
 
 
 def build_pipeline(

@@ -2,8 +2,8 @@
 
 `check_folder` runs on every rank before any process group forms: the folder's safetensors headers (no tensor
 data) must hold every tensor `hf_layout`'s table names, at its shape, else one line names the tensor. After
-DeepSpeed has built this stage's layers (random weights, `model.GPTPipeline._build`), `load_stage` overwrites
-each parameter in place with this rank's slice, read through safetensors' `get_slice`, which reads only the
+DeepSpeed has built this stage's layers (allocated, no weight drawn: `model.GPTPipeline._build` builds them
+inside `weights.undrawn()`), `load_stage` fills each parameter in place with this rank's slice, read through safetensors' `get_slice`, which reads only the
 indexed bytes: the peak is the shard plus the largest single slice, never the whole tensor (bench/
 trainer_pretrained.py measures it). Files may be one `model.safetensors` or shards listed by
 `model.safetensors.index.json`.
@@ -165,8 +165,12 @@ def load_modules(layers: Iterable[tuple[int, nn.Module]], model: ModelConfig, tp
 def load_layer(
     target: nn.Module, entries: list[hf_layout.Entry], tensors: TensorFolder, tp: TensorParallel, model: ModelConfig
 ) -> None:
-    """Copy each entry's slice into `target`'s parameter of the same key, one slice in memory at a time."""
+    """Copy each entry's slice into `target`'s parameter of the same key, one slice in memory at a time. Every
+    parameter must have its entry: the stage was built without drawing its weights (`weights.undrawn`)."""
     parameters = dict(target.named_parameters())
+    unmapped = sorted(set(parameters) - {entry.key for entry in entries})
+    if unmapped:
+        raise PretrainedError(f"{FIELD}: no tensor of the folder maps onto {type(target).__name__}.{unmapped[0]}")
     for entry in entries:
         source = tensors.slice(entry)
         _check_shape(entry, source.get_shape())

@@ -1,4 +1,4 @@
-"""Resume at another pipeline x tensor (and data) layout: the saved slices merged and cut again, at load time.
+"""Resume at another pipeline x tensor (and data) layout: each new slice copied from the saved slices it overlaps.
 
 A checkpoint stays in the one format every save writes (DeepSpeed's pipeline layer files, one
 `mp_rank_XX_model_states.pt` per (stage, TP rank), ZeRO 1's elastic optimizer shards). When a run resumes at
@@ -8,16 +8,17 @@ parameters, in three steps:
 1. find them: a parameter is named `<layer>.<tensor>` (a global pipeline layer index) or, tied,
    `tied_modules.<name>.<tensor>` (the embedding, layer 0). The saved names of a (stage, TP rank) are its
    `param_names` (every save records them with its client state) or, under ZeRO 1, DeepSpeed's `param_shapes`;
-2. merge each wanted tensor's saved TP slices into the whole tensor and cut it for this rank's TP rank, as
-   `paralleljob_trainer.cuts` says (the export's table): the weight from the layer files, AdamW's moments
-   (and under ZeRO 1 the fp32 master weight) from the optimizer state, cut exactly like the weight;
+2. copy into each new slice the blocks of the saved TP slices that overlap it (`cuts.recut_plan`, with the cut
+   `hf_layout`'s table gives the tensor): the weight from the layer files, AdamW's moments (and under ZeRO 1
+   the fp32 master weight) from the optimizer state, cut exactly like the weight. No tensor is merged whole,
+   and a saved TP rank's files are opened only when one of its slices overlaps this rank's;
 3. load them: weights into the module; the moments and the step into the torch optimizer (ZeRO 0) or, as one
    elastic shard of this (stage, TP rank), into DeepSpeed's ZeRO 1 optimizer, which cuts it for the new DP
    (`checkpoint.load_zero_shards`); the learning-rate schedule and DeepSpeed's step counters from rank 0's
    model-states file. The data position needs nothing: a batch is a function of the seed and the step.
 
-A rank reads the layer files of its own layers only, and the optimizer files of the saved (stage, TP rank)s
-memory-mapped, copying out only its tensors. Re-cutting at load, rather than converting once into another
+Every file is memory-mapped (`torch.load(mmap=True)`) and only the overlapping blocks are copied out, so a rank
+reads the pages of its own rows and columns. Re-cutting at load, rather than converting once into another
 format (DeepSpeed's universal checkpoint), keeps one format on disk, works on a read-only `resumeFrom` folder
 and costs nothing when the layout does not change. Mixed precision at ZeRO 0 is refused by the manifest check:
 DeepSpeed's bf16/fp16 optimizer keeps its fp32 state in a form with no per-parameter names.
@@ -26,33 +27,64 @@ DeepSpeed's bf16/fp16 optimizer keeps its fp32 state in a form with no per-param
 from __future__ import annotations
 
 import copy
-import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from paralleljob_contract.jobfile import JobConfig
-from paralleljob_trainer import checkpoint, cuts
+from paralleljob_trainer import checkpoint, cuts, hf_layout
 
 PARAM_NAMES = "param_names"  # the client-state key every save records: the stage's parameter names in order
 _TIED_PREFIX = "tied_modules."
 _TIED_LAYER = 0  # the one tied module is the token embedding, pipeline layer 0
 _LEGACY_MODEL = {"architecture": "gpt", "kv_heads": None, "tie_embeddings": False}
 Key = tuple[int, str]  # (global pipeline layer, tensor name in the layer's state dict)
-Found = dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]]  # name: (per-element state, scalars)
+State = tuple[dict[str, torch.Tensor], dict[str, Any]]  # (per-element state by kind, scalars such as the step)
 Pieces = dict[str, torch.Tensor]  # kind (weight, master, exp_avg, ...): this rank's slice
 
 
-@dataclasses.dataclass
 class _Saved:
-    """One saved tensor's TP slices and its optimizer state's, by TP rank."""
+    """The files of one checkpoint, each memory-mapped the first time a re-cut reads from it."""
 
-    weight: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
-    state: dict[str, dict[int, torch.Tensor]] = dataclasses.field(default_factory=dict)
-    scalars: dict[str, Any] = dataclasses.field(default_factory=dict)
-    ranks: set[int] = dataclasses.field(default_factory=set)  # the TP ranks whose optimizer state was read
+    def __init__(self, chosen: checkpoint.Chosen, wanted: set[Key]) -> None:
+        layout = chosen.manifest["layout"]
+        self.folder, self.wanted, self.zero = chosen.folder, wanted, bool(chosen.manifest.get("zeroStage"))
+        self.pipeline, self.tensor, self.data = (int(layout[axis]) for axis in ("pipeline", "tensor", "data"))
+        self._layers: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        self._states: dict[int, dict[Key, State]] = {}
+
+    def weight(self, key: Key, rank: int) -> torch.Tensor:
+        """Saved TP rank `rank`'s slice of the weight `key`, from the layer file of its layer."""
+        if (key[0], rank) not in self._layers:
+            path = self.folder / f"layer_{key[0]:02d}-model_{rank:02d}-model_states.pt"
+            self._layers[key[0], rank] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return self._layers[key[0], rank][key[1]]
+
+    def state(self, key: Key, rank: int) -> State:
+        """Saved TP rank `rank`'s optimizer state of `key`: per-element tensors (shaped like the weight), scalars."""
+        if rank not in self._states:
+            self._states[rank] = self._read_states(rank)
+        if key not in self._states[rank]:
+            raise checkpoint.CheckpointError(f"the checkpoint holds no tensor {key[1]} of pipeline layer {key[0]}")
+        return self._states[rank][key]
+
+    def _read_states(self, rank: int) -> dict[Key, State]:
+        """The optimizer state of the wanted tensors over every saved stage of TP rank `rank` (mp rank = stage x
+        TP + TP rank, DeepSpeed's model-parallel rank within one data-parallel slice); a stage holding none of
+        them is not read further than its names."""
+        found: dict[Key, State] = {}
+        for stage in range(self.pipeline):
+            mp_rank = stage * self.tensor + rank
+            states = _model_states(self.folder, mp_rank)
+            if self.zero:
+                by_name = _zero_state(self.folder, states, self.data, mp_rank, self.wanted)
+            else:
+                by_name = _torch_state(self.folder, states, mp_rank)
+            for name, state in by_name.items():
+                found.setdefault(key_of(name), state)  # a tied copy: the first stage's
+        return found
 
 
 def changes_pipeline_or_tensor(saved: Mapping[str, Any], job: JobConfig) -> bool:
@@ -80,26 +112,20 @@ def load(engine: Any, job: JobConfig, chosen: checkpoint.Chosen) -> int:
 
 
 def _load(engine: Any, chosen: checkpoint.Chosen) -> None:
-    saved_layout = chosen.manifest["layout"]
     model = {**_LEGACY_MODEL, **chosen.manifest["model"]}
     named = dict(engine.module.named_parameters())
-    wanted = {key_of(name) for name in named}
-    saved = _read_optimizer_state(chosen, saved_layout, wanted)
-    _read_weights(chosen.folder, int(saved_layout["tensor"]), saved)
+    saved = _Saved(chosen, {key_of(name) for name in named})
     tp = engine.module.tensor_parallel
-    pieces = {name: _recut(model, key_of(name), saved, int(saved_layout["tensor"]), tp) for name in named}
+    pieces: dict[str, Pieces] = {}
+    scalars: dict[str, dict[str, Any]] = {}
     for name, parameter in named.items():
-        weight = pieces[name]["weight"]
-        if weight.shape != parameter.shape:
-            raise checkpoint.CheckpointError(
-                f"{name} re-cut to {tuple(weight.shape)}, the model holds {tuple(parameter.shape)}"
-            )
+        pieces[name], scalars[name] = _recut(model, name, parameter, saved, tp)
         with torch.no_grad():
-            parameter.copy_(weight)
+            parameter.copy_(pieces[name]["weight"])
     if engine.zero_optimization_stage():
-        _load_zero_state(engine, chosen, pieces, saved)
+        _load_zero_state(engine, chosen, pieces, scalars)
     else:
-        _load_torch_state(engine, named, pieces, saved)
+        _load_torch_state(engine, named, pieces, scalars)
     _load_schedule_and_counters(engine, chosen.folder)
 
 
@@ -116,30 +142,7 @@ def _zero_shard(folder: Path, data_rank: int, mp_rank: int) -> dict[str, Any]:
     return shard
 
 
-def _read_optimizer_state(chosen: checkpoint.Chosen, layout: Mapping[str, int], wanted: set[Key]) -> dict[Key, _Saved]:
-    """The optimizer state of the wanted tensors, from every saved (stage, TP rank): mp rank = stage x TP + TP
-    rank (DeepSpeed's model-parallel rank within one data-parallel slice)."""
-    saved: dict[Key, _Saved] = {}
-    tensor = int(layout["tensor"])
-    for mp_rank in range(int(layout["pipeline"]) * tensor):
-        states = _model_states(chosen.folder, mp_rank)
-        if chosen.manifest.get("zeroStage"):
-            found = _zero_state(chosen.folder, states, int(layout["data"]), mp_rank)
-        else:
-            found = _torch_state(chosen.folder, states, mp_rank)
-        for name, (state, scalars) in found.items():
-            key = key_of(name)
-            if key not in wanted or mp_rank % tensor in saved.get(key, _Saved()).ranks:
-                continue  # not this rank's, or a tied copy already read from the first stage
-            entry = saved.setdefault(key, _Saved())
-            for kind, value in state.items():
-                entry.state.setdefault(kind, {})[mp_rank % tensor] = value.clone()
-            entry.scalars |= scalars
-            entry.ranks.add(mp_rank % tensor)
-    return saved
-
-
-def _torch_state(folder: Path, states: Mapping[str, Any], mp_rank: int) -> Found:
+def _torch_state(folder: Path, states: Mapping[str, Any], mp_rank: int) -> dict[str, State]:
     """ZeRO 0: the torch optimizer's state of each parameter, by the names the save recorded."""
     names = states.get(PARAM_NAMES)
     if names is None:
@@ -156,66 +159,90 @@ def _torch_state(folder: Path, states: Mapping[str, Any], mp_rank: int) -> Found
     return found
 
 
-def _zero_state(folder: Path, states: Mapping[str, Any], data: int, mp_rank: int) -> Found:
-    """ZeRO 1: the DP shards of this (stage, TP rank) merged into flat groups, then cut by `param_shapes`."""
+def _zero_state(folder: Path, states: Mapping[str, Any], data: int, mp_rank: int, wanted: set[Key]) -> dict[str, State]:
+    """ZeRO 1: the wanted parameters' state in the DP shards of this (stage, TP rank), laid end to end in the order
+    of `param_shapes`; views of the shards, copied only where a parameter spans two. No shard is read for a
+    (stage, TP rank) that holds none of them."""
     groups = states["param_shapes"]
     if len(groups) != 1:
         raise checkpoint.CheckpointError(f"ZeRO state with {len(groups)} parameter groups; the re-cut reads one")
+    if not any(key_of(name) in wanted for name in groups[0]):
+        return {}
     shards = [_zero_shard(folder, data_rank, mp_rank) for data_rank in range(data)]
-    partitions = [shard[checkpoint.FP32_PARTITIONS][0] for shard in shards]
-    flat = {"master": torch.cat(partitions)}
-    scalars = {}
+    flat: dict[str, list[torch.Tensor]] = {"master": [shard[checkpoint.FP32_PARTITIONS][0] for shard in shards]}
+    scalars: dict[str, Any] = {}
     for kind, value in shards[0][checkpoint.BASE_OPTIMIZER_STATE][0].items():
-        if torch.is_tensor(value) and value.shape == partitions[0].shape:
-            flat[kind] = torch.cat([shard[checkpoint.BASE_OPTIMIZER_STATE][0][kind] for shard in shards])
+        if torch.is_tensor(value) and value.shape == flat["master"][0].shape:
+            flat[kind] = [shard[checkpoint.BASE_OPTIMIZER_STATE][0][kind] for shard in shards]
         else:
             scalars[kind] = value
+    total = sum(part.numel() for part in flat["master"])
     found, offset = {}, 0
     for name, shape in groups[0].items():
         size = int(torch.Size(shape).numel())
-        if offset + size > flat["master"].numel():
+        if offset + size > total:
             raise checkpoint.CheckpointError(f"ZeRO shards of mp rank {mp_rank} end before parameter {name}")
-        found[name] = ({kind: value[offset : offset + size].view(shape) for kind, value in flat.items()}, scalars)
+        if key_of(name) in wanted:
+            state = {kind: _flat_range(parts, offset, offset + size).view(shape) for kind, parts in flat.items()}
+            found[name] = (state, scalars)
         offset += size
     return found
 
 
-def _read_weights(folder: Path, tensor: int, saved: dict[Key, _Saved]) -> None:
-    """Each wanted tensor's weight slices, from the layer files of the wanted layers only."""
-    for layer in sorted({layer for layer, _ in saved}):
-        for rank in range(tensor):
-            path = folder / f"layer_{layer:02d}-model_{rank:02d}-model_states.pt"
-            states = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            for (wanted_layer, name), entry in saved.items():
-                if wanted_layer == layer:
-                    entry.weight[rank] = states[name].clone()
+def _flat_range(parts: list[torch.Tensor], start: int, stop: int) -> torch.Tensor:
+    """Elements [start, stop) of `parts` laid end to end: a view when one part holds them all."""
+    pieces, base = [], 0
+    for part in parts:
+        low, high = max(start, base), min(stop, base + part.numel())
+        if low < high:
+            pieces.append(part[low - base : high - base])
+        base += part.numel()
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
-def _recut(model: Mapping[str, Any], key: Key, saved: dict[Key, _Saved], old_tensor: int, tp: Any) -> Pieces:
-    """This rank's slice of the weight and of each optimizer state of `key`."""
-    if key not in saved:
-        raise checkpoint.CheckpointError(f"the checkpoint holds no tensor {key[1]} of pipeline layer {key[0]}")
-    entry, vocab = saved[key], int(model["vocab_size"])
-    old, new = cuts.cut_of(model, key[1], old_tensor), cuts.cut_of(model, key[1], tp.size)
+def _recut(
+    model: Mapping[str, Any], name: str, parameter: torch.Tensor, saved: _Saved, tp: Any
+) -> tuple[Pieces, dict[str, Any]]:
+    """This rank's slice of the weight `name` and of each of its optimizer states, and the states' scalars."""
+    key = key_of(name)
+    old, new = hf_layout.cut_of(model, key[1], saved.tensor), hf_layout.cut_of(model, key[1], tp.size)
+    axis = cuts.shared_axis(old, new)
+    length = new.whole_length(parameter.shape[axis], tp.size, int(model["vocab_size"]))
+    plan = cuts.recut_plan(old, new, length, saved.tensor, tp)
+    expected = list(parameter.shape)
+    expected[axis] = old.local_length(length, saved.tensor)
 
-    def recut(slices: dict[int, torch.Tensor]) -> torch.Tensor:
-        whole = cuts.merge(old, [slices[rank] for rank in range(old_tensor)], vocab)
-        return cuts.split(new, whole, tp.size, tp.rank)
+    def weight(rank: int) -> torch.Tensor:
+        found = saved.weight(key, rank)
+        if list(found.shape) != expected:
+            raise checkpoint.CheckpointError(
+                f"{name}: TP rank {rank} saved a slice of {list(found.shape)}, this model at TP {saved.tensor} "
+                f"holds {expected}"
+            )
+        return found
 
-    return {"weight": recut(entry.weight), **{kind: recut(slices) for kind, slices in entry.state.items()}}
+    def state_of(kind: str) -> Callable[[int], torch.Tensor]:
+        return lambda rank: saved.state(key, rank)[0][kind]
+
+    state, scalars = saved.state(key, plan[0].source if plan else 0)
+    pieces = {"weight": cuts.assemble(plan, parameter.shape, weight, parameter.dtype)}
+    for kind in state:
+        pieces[kind] = cuts.assemble(plan, parameter.shape, state_of(kind), torch.float32)
+    return pieces, dict(scalars)
 
 
-def _load_torch_state(engine: Any, named: dict[str, Any], pieces: dict[str, Pieces], saved: dict[Key, _Saved]) -> None:
+def _load_torch_state(
+    engine: Any, named: dict[str, Any], pieces: dict[str, Pieces], scalars: dict[str, dict[str, Any]]
+) -> None:
     """ZeRO 0: each parameter's moments and step into the torch optimizer, as its load_state_dict would."""
     optimizer = engine.optimizer
     for name, parameter in named.items():
         state = {kind: value for kind, value in pieces[name].items() if kind != "weight"}
-        scalars = {kind: copy.deepcopy(value) for kind, value in saved[key_of(name)].scalars.items()}
-        optimizer.state[parameter] = {**scalars, **state}
+        optimizer.state[parameter] = {**copy.deepcopy(scalars[name]), **state}
 
 
 def _load_zero_state(
-    engine: Any, chosen: checkpoint.Chosen, pieces: dict[str, Pieces], saved: dict[Key, _Saved]
+    engine: Any, chosen: checkpoint.Chosen, pieces: dict[str, Pieces], scalars: dict[str, dict[str, Any]]
 ) -> None:
     """ZeRO 1: this (stage, TP rank)'s whole flat group as one elastic shard, which the optimizer cuts for DP."""
     order = list(engine._get_zero_param_shapes()[0])
@@ -224,7 +251,7 @@ def _load_zero_state(
     shard[checkpoint.FP32_PARTITIONS] = [torch.cat([pieces[name]["master"].reshape(-1) for name in order])]
     kinds = [kind for kind in pieces[order[0]] if kind not in ("weight", "master")]
     state = {kind: torch.cat([pieces[name][kind].reshape(-1) for name in order]) for kind in kinds}
-    shard[checkpoint.BASE_OPTIMIZER_STATE] = [{**saved[key_of(order[0])].scalars, **state}]
+    shard[checkpoint.BASE_OPTIMIZER_STATE] = [{**scalars[order[0]], **state}]
     shard.pop(checkpoint.BASE_OPTIMIZER_STATE_STEP, None)
     if hasattr(engine.optimizer, "round_robin_bit16_padding"):
         shard["param_alignment_paddings"] = copy.deepcopy(engine.optimizer.round_robin_bit16_padding)

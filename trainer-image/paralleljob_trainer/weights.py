@@ -6,12 +6,19 @@ keeps (`normal_slice`), so no rank ever holds a full matrix it does not keep, ye
 numbers of the same slice of the full matrix (`normal`). The initial model therefore never depends on the
 layout: PP2xTP2 and one process start from identical numbers, which is what lets the tests compare loss curves
 to 1e-5. Biases start at zero and norms at (1, 0).
+
+A stage whose weights a pretrained folder overwrites next is built inside `undrawn()`: every weight is then
+allocated and left as it is, no tile drawn (transformers' `no_init_weights` and torchtitan's meta-device build
+skip the same work), and `pretrained.load_stage` fills every parameter.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import zlib
+from collections.abc import Iterator
 
 import torch
 
@@ -19,6 +26,18 @@ INIT_STD = 0.02
 # Tile edge: small enough that a shard's boundary wastes little, large enough that seeding a generator per tile
 # costs nothing next to drawing its 64k numbers.
 TILE = 256
+_UNDRAWN = contextvars.ContextVar("paralleljob_weights_undrawn", default=False)
+
+
+@contextlib.contextmanager
+def undrawn() -> Iterator[None]:
+    """Within this block, `normal_slice` allocates its slice without drawing it: for layers whose every weight is
+    loaded next (a pretrained start), where the draw would be thrown away."""
+    token = _UNDRAWN.set(True)
+    try:
+        yield
+    finally:
+        _UNDRAWN.reset(token)
 
 
 def _generator(seed: int, layer: int, name: str, tile: tuple[int, int]) -> torch.Generator:
@@ -46,6 +65,8 @@ def normal_slice(
     the slice plus one tile row of it."""
     cols = cols if cols is not None else range(shape[1])
     out = torch.empty(len(rows), len(cols), dtype=torch.float32)
+    if _UNDRAWN.get():
+        return out
     for tile_row in _tile_range(rows):
         row_start, row_stop = tile_row * TILE, min((tile_row + 1) * TILE, shape[0])
         for tile_col in _tile_range(cols):
