@@ -29,19 +29,11 @@ from pathlib import Path
 import kubernetes
 
 from testcluster import server as upstream
+from testcluster.admin import TWO_NODES, Cluster, job_doc, wait_for
+from testcluster.api import RELEASE_NAMESPACE
+from testcluster.chart import chart_leader_election_args, chart_lease_name, install_operator_rbac
+from testcluster.operators import Operator, OtherHolder
 from testcluster.server import UpstreamServer
-from tests.chart.helpers import RELEASE_NAMESPACE
-from tests.operator.helpers import (
-    TWO_NODES,
-    Cluster,
-    Operator,
-    OtherHolder,
-    chart_leader_election_args,
-    chart_lease_name,
-    install_operator_rbac,
-    job_doc,
-    wait_for,
-)
 
 
 def lease_holder(cluster: Cluster) -> str:

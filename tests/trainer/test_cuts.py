@@ -10,7 +10,7 @@ from paralleljob_contract.jobfile import parse_job_config
 from paralleljob_contract.layout import Layout
 from paralleljob_trainer import cuts, model, weights
 from paralleljob_trainer.tensor_parallel import TensorParallel
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 
 SEED = 7
 

@@ -27,10 +27,10 @@ import yaml
 
 from paralleljob_contract import jobfile
 from paralleljob_contract import metrics as metrics_file
+from testcluster import trainer_harness as harness
 from testcluster.api import RELEASE_NAMESPACE, REPO
 from testcluster.product import Product
 from testcluster.quickstart import JOB
-from tests.trainer import harness
 from tests.trainer.reference import train_reference
 from tests.upstream.helpers import OPERATOR_IMAGE, require_image, wait_for
 
