@@ -116,3 +116,9 @@ def chart_leader_election_args() -> list[str]:
 def chart_lease_name() -> str:
     (flag,) = (a for a in chart_leader_election_args() if a.startswith("--leader-election-lease="))
     return flag.split("=", 1)[1]
+
+
+def read_chart_lease(client: kubernetes.client.ApiClient) -> Any:
+    """The chart's leader-election Lease (its name from the Deployment's flags, in the release namespace), read
+    with `client`: who holds it, and its uid for the Events posted about it."""
+    return kubernetes.client.CoordinationV1Api(client).read_namespaced_lease(chart_lease_name(), RELEASE_NAMESPACE)

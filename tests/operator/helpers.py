@@ -16,7 +16,7 @@ import pytest
 
 from testcluster import server as upstream
 from testcluster.admin import TWO_NODES, Cluster, job_doc, wait_for
-from testcluster.chart import chart_leader_election_args, chart_lease_name, install_operator_rbac
+from testcluster.chart import chart_leader_election_args, chart_lease_name, install_operator_rbac, read_chart_lease
 from testcluster.operators import Operator, OtherHolder, fresh_view
 from testcluster.server import UpstreamServer
 
@@ -40,6 +40,7 @@ __all__ = [
     "operator_calls",
     "operator_requests",
     "printed_row",
+    "read_chart_lease",
     "restarted",
     "wait_for",
 ]

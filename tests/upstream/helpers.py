@@ -4,7 +4,6 @@ where a process ran, and the process kubelet's pods."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import pytest
@@ -51,13 +50,3 @@ def wait_for_pod(api: Api, name: str, condition: Any, timeout: float = 60) -> di
         return response.json() if response.ok and condition(response.json()) else None
 
     return dict(polling.wait_for(seen, timeout, f"pod {name}"))
-
-
-def rank_pid(product: Product, pod: str, rank: int) -> int | None:
-    """A rank's pid (the process kubelet runs pods as processes of this machine) from its pod's supervisor line."""
-    log = (product.pod_folder("default", pod) / "container.log").read_text(errors="replace")
-    for match in re.finditer(r"generation 0 ranks started \(rank=pid\): (.*)", log):
-        pids = dict(pair.split("=") for pair in match[1].split())
-        if str(rank) in pids:
-            return int(pids[str(rank)])
-    return None
