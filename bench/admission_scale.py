@@ -31,7 +31,7 @@ from paralleljob.handlers.nodes import NodeWatch
 from paralleljob.manifests import records
 from paralleljob.planning.inventory import ClusterBuilder
 from paralleljob.planning.usage import UsageIndex
-from tests.operator.helpers import job_doc
+from testcluster.admin import job_doc
 
 
 def planning_in_process(view: reconcile.NodeView, config_maps: list[dict[str, Any]], repeat: int) -> list[float]:

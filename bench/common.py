@@ -1,8 +1,9 @@
 """What the benchmarks share, in one module: trainer runs, one 70B-shaped llama layer built in a fresh interpreter,
 the planner's GPT-175B job, the scale benches' fake nodes and admission cluster, and reading a product run's steps. Not a benchmark itself (bench/README.md).
 
-Job files, ports and torchrun gangs come from the trainer tests' harness (`tests/trainer/harness.py`), so
-benchmarks and tests run the trainer the same way. kwok, which plays the fake nodes' kubelets, is `bench.kwok`.
+Job files, ports and torchrun gangs come from the trainer's harness (`testcluster.trainer_harness`), so
+benchmarks and tests run the trainer the same way; the cluster, the operator process and the chart's parts from
+`testcluster` too. No benchmark imports `tests.*` (tests/setup/test_imports.py). kwok, which plays the fake nodes' kubelets, is `bench.kwok`.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from paralleljob.planning import synth
 from paralleljob_contract import metrics
 from paralleljob_contract.layout import Layout
 from testcluster import polling
+from testcluster import trainer_harness as harness
+from testcluster.admin import job_doc
 from testcluster.api import Api
 from testcluster.product import Product
-from tests.operator.helpers import job_doc
-from tests.trainer import harness
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -26,27 +26,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import kubernetes
-
 from testcluster import server as upstream
+from testcluster.admin import TWO_NODES, Cluster, job_doc, wait_for
+from testcluster.api import RELEASE_NAMESPACE
+from testcluster.chart import chart_leader_election_args, chart_lease_name, install_operator_rbac, read_chart_lease
+from testcluster.operators import Operator, OtherHolder
 from testcluster.server import UpstreamServer
-from tests.chart.helpers import RELEASE_NAMESPACE
-from tests.operator.helpers import (
-    TWO_NODES,
-    Cluster,
-    Operator,
-    OtherHolder,
-    chart_leader_election_args,
-    chart_lease_name,
-    install_operator_rbac,
-    job_doc,
-    wait_for,
-)
 
 
 def lease_holder(cluster: Cluster) -> str:
-    api = kubernetes.client.CoordinationV1Api(cluster.client)
-    return str(api.read_namespaced_lease(chart_lease_name(), RELEASE_NAMESPACE).spec.holder_identity)
+    return str(read_chart_lease(cluster.client).spec.holder_identity)
 
 
 def one_round(server: UpstreamServer, workdir: Path, lease_seconds: int) -> tuple[float, float, float]:

@@ -3,7 +3,7 @@ and modeled at 1,024 and 4,096 nodes.
 
     sudo .venv/bin/python -m bench.linkcheck_cost [--rounds 3]   (root: it makes network namespaces)
 
-Measured: PP2 x DP2, one rank per node, gloo over veth pairs on one bridge (tests/netns.py), healthy and with
+Measured: PP2 x DP2, one rank per node, gloo over veth pairs on one bridge (testcluster/netns.py), healthy and with
 node 3's link slowed by `tc` to a tenth; prints the check's wall time on rank 0 (`costSeconds`, which includes
 the buffers, the warm-ups, the barriers and the all-gather), best and worst of --rounds.
 
@@ -58,7 +58,7 @@ def modeled(nodes: int, pipeline: int = 8, tensor: int = 8, nbytes: float = 64 *
 
 def measured(rounds: int) -> dict[str, list[float]]:
     from paralleljob_contract.layout import Layout
-    from tests import netns
+    from testcluster import netns
 
     costs: dict[str, list[float]] = {"healthy": [], "slowed": []}
     bridge = netns.Bridge("bc", 4, subnet=9)

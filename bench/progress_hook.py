@@ -25,7 +25,7 @@ from paralleljob.manifests import labels, progress
 from paralleljob.manifests import rbac as progress_rbac
 from paralleljob_trainer import k8s_status
 from testcluster import server as upstream
-from tests.operator.helpers import Cluster, job_doc
+from testcluster.admin import Cluster, job_doc
 
 
 def measure(latency: float, steps: int) -> dict[str, float]:

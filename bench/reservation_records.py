@@ -44,7 +44,8 @@ from paralleljob.handlers import reconcile
 from paralleljob.k8s import session as k8s_session
 from paralleljob.manifests import labels, records
 from testcluster import server as upstream
-from tests.operator.helpers import Cluster, fresh_view, job_doc
+from testcluster.admin import Cluster, job_doc
+from testcluster.operators import fresh_view
 
 NODES_PER_JOB = 16
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 
 QUICKSTART = {"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "sequenceLength": 64, "vocabSize": 256}
 GPT_100M = {"layers": 12, "hiddenSize": 768, "attentionHeads": 12, "sequenceLength": 128, "vocabSize": 12288}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 
 MODEL = {"layers": 8, "hiddenSize": 512, "attentionHeads": 8, "sequenceLength": 128, "vocabSize": 16384}
 SAVED = (2, 2, 1)

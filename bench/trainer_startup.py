@@ -151,7 +151,7 @@ def phases(marks: dict[str, float], launched: float, ended: float) -> dict[str, 
 
 def run_one(kind: str, steps: int) -> dict[str, float]:
     from bench import common  # here, not at the top: the workers this file also runs as need none of it
-    from tests.trainer import harness
+    from testcluster import trainer_harness as harness
 
     with tempfile.TemporaryDirectory() as folder:
         document = common.job_document(

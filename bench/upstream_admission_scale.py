@@ -53,9 +53,10 @@ from paralleljob.planning.inventory import ClusterBuilder
 from paralleljob.planning.usage import UsageIndex
 from testcluster import controlplane
 from testcluster import server as upstream
+from testcluster.admin import job_doc, wait_for
 from testcluster.api import Api
+from testcluster.operators import Operator
 from testcluster.proxy import FaultProxy
-from tests.operator.helpers import Operator, job_doc, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import tempfile
 import time
@@ -35,15 +34,6 @@ JOB = "quickstart"
 GOAL_SECONDS = 15.0
 
 
-def rank_pid(product: Product, pod: str, rank: int) -> int | None:
-    log = (product.pod_folder("default", pod) / "container.log").read_text(errors="replace")
-    for match in re.finditer(r"generation 0 ranks started \(rank=pid\): (.*)", log):
-        pids = dict(pair.split("=") for pair in match[1].split())
-        if str(rank) in pids:
-            return int(pids[str(rank)])
-    return None
-
-
 def measure(folder: Path, kill_at: int) -> dict[str, float]:
     with Product.running(folder, nodes=4) as product:
         product.install()
@@ -57,7 +47,7 @@ def measure(folder: Path, kill_at: int) -> dict[str, float]:
         product.kubectl("apply", "-f", str(REPO / "examples" / "quickstart-volumes.yaml"))
         product.kubectl("apply", "-f", str(folder / "job.yaml"))
         wait_for(f"step {kill_at}", lambda: any(r["step"] >= kill_at for r in product_steps(product)))
-        os.kill(wait_for("rank 3's pid", lambda: rank_pid(product, f"{JOB}-1", 3), 120), signal.SIGKILL)
+        os.kill(wait_for("rank 3's pid", lambda: product.rank_pid(f"{JOB}-1", 3), 120), signal.SIGKILL)
         killed = time.monotonic()
         wait_for(
             "generation 1's first step", lambda: any(r.get("in_place_restarts") == 1 for r in product_steps(product))

@@ -28,9 +28,10 @@ from pathlib import Path
 from bench import common, kwok
 from paralleljob.k8s import timestamps
 from testcluster import controlplane
+from testcluster.admin import job_doc
 from testcluster.api import Api
+from testcluster.operators import Operator
 from testcluster.polling import wait_for
-from tests.operator.helpers import Operator, job_doc
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -27,8 +27,9 @@ import requests
 
 from bench import common, kwok
 from testcluster import controlplane
+from testcluster.admin import job_doc
 from testcluster.api import Api
-from tests.operator.helpers import Operator, job_doc
+from testcluster.operators import Operator
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,6 +9,7 @@ and `make cluster-demo`.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,16 @@ class Product:
         found = [f for f in self.cluster.container_folders() if f.name.startswith(f"{namespace}_{prefix}")]
         assert found, f"no pod folder {namespace}_{prefix}*"
         return found[-1]
+
+    def rank_pid(self, pod: str, rank: int, namespace: str = "default") -> int | None:
+        """A rank's pid in the pod's first generation (the process kubelet runs pods as processes of this machine),
+        from the line its node supervisor prints; None until it has printed it."""
+        log = (self.pod_folder(namespace, pod) / "container.log").read_text(errors="replace")
+        for match in re.finditer(r"generation 0 ranks started \(rank=pid\): (.*)", log):
+            pids = dict(pair.split("=") for pair in match[1].split())
+            if str(rank) in pids:
+                return int(pids[str(rank)])
+        return None
 
     def fill_corpus(self, namespace: str = "default", text: Path | None = None) -> Path:
         """Put this repository's Python sources (the corpus `paralleljob run` reads for the quickstart), or the

@@ -6,7 +6,7 @@ once at their smallest size. The others need what a test cannot lend them in two
 imported and asked for `--help`: the upstream control plane or the operator's image (upstream_*, progress_hook,
 leader_failover, reservation_records), kwok (`make kwok`: upstream_scale, upstream_admission_scale,
 upstream_restart_latency, spare_replacement), a GPU (gpu_mfu), or a multi-process torchrun gang of the trainer
-(trainer_*, local_inplace_restart; tests/trainer runs the same harness).
+(trainer_*, local_inplace_restart; tests/trainer runs the same harness, `testcluster.trainer_harness`).
 """
 
 from __future__ import annotations

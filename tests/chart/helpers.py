@@ -1,46 +1,41 @@
 """What the tests of tests/chart share besides their fixtures (those stay in conftest.py): import these from here,
-never from a conftest.
+never from a conftest. Rendering the chart is `testcluster.chart`'s (the operator's scenarios and the benchmarks
+render through it too); its names are imported here for the chart's tests.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import os
 import pathlib
-import shutil
 import subprocess
 from typing import Any
 
 import pytest
-import yaml
+
+from testcluster.chart import CHART, INSTALL_HINT, RELEASE, RELEASE_NAMESPACE, RenderError, only, render, render_text
+from testcluster.chart import tool_path as _tool_path
+
+__all__ = [
+    "CHART",
+    "NON_DEFAULT_VALUES",
+    "RELEASE",
+    "RELEASE_NAMESPACE",
+    "REPO",
+    "RenderError",
+    "only",
+    "render",
+    "render_text",
+    "run_helm",
+    "tool",
+]
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-CHART = REPO / "charts" / "paralleljob-operator"
-
-
-TOOLS_BIN = REPO / ".tools" / "bin"
-
-
-RELEASE = "pj"
-
-
-RELEASE_NAMESPACE = "paralleljob-system"
-
-
-INSTALL_HINT = "run scripts/install-k8s-tools.sh to install helm and kubectl into .tools/bin"
-
-
 def tool(name: str) -> str:
     """Path of a Kubernetes tool: .tools/bin first, then $PATH; fails the test (never skips) when absent."""
-    candidate = TOOLS_BIN / name
-    if candidate.is_file() and os.access(candidate, os.X_OK):
-        return str(candidate)
-    found = shutil.which(name)
+    found = _tool_path(name)
     if found is None:
-        pytest.fail(f"{name} not found in {TOOLS_BIN} or on PATH: {INSTALL_HINT}", pytrace=False)
+        pytest.fail(f"{name} not found in .tools/bin or on PATH: {INSTALL_HINT}", pytrace=False)
     return found
 
 
@@ -49,41 +44,6 @@ def run_helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]
     if check and completed.returncode != 0:
         pytest.fail(f"helm {' '.join(args)} failed:\n{completed.stdout}\n{completed.stderr}", pytrace=False)
     return completed
-
-
-@functools.cache
-def _render_cached(values_json: str, namespace: str) -> str:
-    completed = subprocess.run(
-        [tool("helm"), "template", RELEASE, str(CHART), "--namespace", namespace, "--values", "-"],
-        input=values_json,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if completed.returncode != 0:
-        raise RenderError(completed.stderr)
-    return completed.stdout
-
-
-class RenderError(Exception):
-    """helm template refused the values (schema or template failure); the message is helm's stderr."""
-
-
-def render_text(values: dict[str, Any] | None = None, namespace: str = RELEASE_NAMESPACE) -> str:
-    """`helm template` output for `values` (JSON is YAML, so the values go in as JSON on stdin)."""
-    return _render_cached(json.dumps(values or {}, sort_keys=True), namespace)
-
-
-def render(values: dict[str, Any] | None = None, namespace: str = RELEASE_NAMESPACE) -> list[dict[str, Any]]:
-    """The objects `helm template` renders for `values`."""
-    return [doc for doc in yaml.safe_load_all(render_text(values, namespace)) if doc]
-
-
-def only(objects: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
-    """The one object of `kind` (whose name ends with `name_suffix`)."""
-    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith(name_suffix)]
-    assert len(matches) == 1, f"expected one {kind} *{name_suffix}, got {[o['metadata']['name'] for o in matches]}"
-    return matches[0]
 
 
 # Values that turn on or change every switch the chart has; the defaults are the other case.

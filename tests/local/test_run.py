@@ -17,7 +17,7 @@ import yaml
 
 from paralleljob.local.gang import RUN_MARKER
 from paralleljob_contract.jobfile import parse_job_config
-from tests.trainer.harness import PrivateTmpfs, text_corpus
+from testcluster.trainer_harness import PrivateTmpfs, text_corpus
 from tests.trainer.reference import train_reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

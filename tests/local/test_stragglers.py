@@ -14,7 +14,7 @@ import sys
 import pytest
 import yaml
 
-from tests.trainer.harness import text_corpus
+from testcluster.trainer_harness import text_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"

@@ -16,21 +16,7 @@ from paralleljob.manifests import children, security
 from paralleljob.planning import Estimates, NodePlan, PlacementCost, Plan, synth
 from paralleljob.planning.inventory import build_cluster
 from paralleljob_contract.layout import Layout
-
-JOB_YAML = """
-apiVersion: paralleljob.io/v1alpha1
-kind: ParallelJob
-metadata: {name: gpt, namespace: research}
-spec:
-  parallelism: {pipeline: 2, tensor: 4, data: 2}
-  gpusPerNode: 4
-  model: {layers: 8, hiddenSize: 256, attentionHeads: 8, sequenceLength: 128, vocabSize: 512}
-  deepspeed: {train_micro_batch_size_per_gpu: 2, gradient_accumulation_steps: 8}
-  training: {steps: 100}
-  checkpoint:
-    volume: {persistentVolumeClaim: {claimName: ckpt}}
-    intervalSteps: 10
-"""
+from testcluster.admin import JOB_YAML
 
 
 def resolve(text: str = JOB_YAML, **spec_patch: Any) -> ResolvedJob:

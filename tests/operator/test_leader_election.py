@@ -9,7 +9,6 @@ import socket
 import time
 import urllib.request
 
-import kubernetes
 import pytest
 
 from tests.chart.helpers import RELEASE_NAMESPACE
@@ -22,6 +21,7 @@ from tests.operator.helpers import (
     install_operator_rbac,
     job_doc,
     operator_requests,
+    read_chart_lease,
     wait_for,
 )
 
@@ -80,9 +80,7 @@ def test_only_the_lease_holder_acts_reports_a_rival_and_exits_once_the_lease_is_
         holder.release()
         wait_for(lambda: len(cluster.pods()) == 2, timeout=30, what="the job's pods once it leads")
         (event,) = wait_for(lambda: rival_events(cluster), timeout=30, what="the RivalOperator Event")
-        lease = kubernetes.client.CoordinationV1Api(cluster.client).read_namespaced_lease(
-            chart_lease_name(), RELEASE_NAMESPACE
-        )
+        lease = read_chart_lease(cluster.client)
         assert event["involvedObject"]["uid"] == lease.metadata.uid  # what `kubectl describe lease` matches
         assert (
             "operator-2 (Lease other-ops/second-release) also manages ParallelJobs in every namespace"

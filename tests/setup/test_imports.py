@@ -1,5 +1,6 @@
 """Shared test code lives in helper modules: no module imports a conftest (pytest loads those itself) or a test
-module, and the test cluster is the testcluster package, never tests.upstream or tests.operator.server."""
+module, the test cluster is the testcluster package, never tests.upstream or tests.operator.server, and nothing
+outside tests/ (testcluster, bench, scripts) imports tests.*."""
 
 from __future__ import annotations
 
@@ -32,10 +33,14 @@ def test_the_test_cluster_is_imported_from_its_package() -> None:
     assert importing == set()
 
 
-def test_the_package_imports_nothing_from_tests() -> None:
+def test_nothing_outside_tests_imports_tests() -> None:
+    """The test cluster, the benchmarks and the scripts import what they share with the tests from testcluster:
+    a benchmark resting on a test helper broke when the tests were reorganised."""
+    outside = [p for p in python_files() if p.relative_to(REPO).parts[0] != "tests"]
+    assert {"bench", "testcluster", "scripts"} <= {p.relative_to(REPO).parts[0] for p in outside}
     importing = {
         str(p.relative_to(REPO))
-        for p in (REPO / "testcluster").rglob("*.py")
+        for p in outside
         if any(m == "tests" or m.startswith("tests.") for m in imported_modules(p))
     }
     assert importing == set()

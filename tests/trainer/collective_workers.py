@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 
 PG_TIMEOUT_S = 10
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from paralleljob_contract.layout import Layout
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 
 SGD = {"type": "SGD", "params": {"lr": 0.1}}
 ADAMW = {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "weight_decay": 0.1}}

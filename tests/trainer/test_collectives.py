@@ -10,7 +10,7 @@ import torch
 from paralleljob_contract.jobfile import parse_job_config
 from paralleljob_contract.layout import Layout
 from paralleljob_trainer import manifest, storage
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 from tests.trainer.collective_workers import (
     average_replicated_gradients,
     average_two_dtypes,

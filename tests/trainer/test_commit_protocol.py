@@ -18,7 +18,7 @@ import torch
 from paralleljob_contract.jobfile import parse_job_config
 from paralleljob_contract.layout import Layout
 from paralleljob_trainer import checkpoint, storage
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from paralleljob_contract.jobfile import parse_job_config
 from paralleljob_contract.layout import Layout
 from paralleljob_trainer import cuts, hf_layout, llama, model, weights
 from paralleljob_trainer.tensor_parallel import TensorParallel
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 
 SEED = 7
 # A llama with two KV heads (K and V cut by rows at TP 2, whole at TP 4) and a 300-token vocabulary, padded to

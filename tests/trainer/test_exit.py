@@ -7,7 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 
 # A rank's last moments: output still in stdout's buffer (a pipe, so block-buffered), an atexit handler,
 # a non-daemon thread that is still writing.

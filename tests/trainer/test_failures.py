@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from paralleljob_contract.layout import Layout
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 
 SGD = {"type": "SGD", "params": {"lr": 0.1}}
 PG_TIMEOUT_S = 20

@@ -14,7 +14,7 @@ import pytest
 from paralleljob_contract.errors import ContractError
 from paralleljob_contract.jobfile import load_job_config, parse_job_config
 from paralleljob_contract.layout import Layout
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 
 SGD = {"type": "SGD", "params": {"lr": 0.1}}
 

@@ -20,7 +20,7 @@ from paralleljob_trainer import data
 from paralleljob_trainer.hooks import load_hook
 from paralleljob_trainer.optimization import warmup_cosine
 from paralleljob_trainer.topology import build_topology, check_launch_matches, check_plan_matches, coords_of
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 
 SGD = {"type": "SGD", "params": {"lr": 0.1}}
 

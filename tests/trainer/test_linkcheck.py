@@ -12,7 +12,7 @@ import pytest
 from paralleljob_contract.layout import Layout
 from paralleljob_contract.network import SLOW_LINK, NetworkFailure, slow_nodes
 from paralleljob_trainer import linkcheck
-from tests import netns
+from testcluster import netns
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20

@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 
 from paralleljob_contract.jobfile import parse_job_config
 from paralleljob_contract.layout import Layout
-from tests.trainer import harness, model_parts
+from testcluster import trainer_harness as harness
+from tests.trainer import model_parts
 from tests.trainer.reference import ReferenceStep, train_reference
 
 TOLERANCE = 1e-5

@@ -10,7 +10,7 @@ import pytest
 from paralleljob_contract.jobfile import JobConfig, parse_job_config
 from paralleljob_contract.layout import Layout
 from paralleljob_trainer import manifest
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 
 ADAMW = {"type": "AdamW", "params": {"lr": 3e-3}}
 FOLDER = Path("/checkpoints/default/trainer-test/global_step6")

@@ -19,8 +19,8 @@ from paralleljob_contract.jobfile import parse_job_config
 from paralleljob_contract.layout import Layout
 from paralleljob_contract.training_data import DataConfig, WeightedSource
 from paralleljob_trainer import data
+from testcluster import trainer_harness as harness
 from tests.datasets.corpus import REPO, train_tokenizer
-from tests.trainer import harness
 from tests.trainer.reference import train_reference
 
 LAYOUT = Layout(pipeline=2, tensor=2, data=2)

@@ -17,7 +17,8 @@ from paralleljob_contract import hf_config
 from paralleljob_contract.jobfile import parse_job_config
 from paralleljob_contract.layout import Layout
 from paralleljob_trainer import data
-from tests.trainer import harness, hf_models
+from testcluster import trainer_harness as harness
+from tests.trainer import hf_models
 
 TOLERANCE = 1e-5
 SGD_STILL = {"type": "SGD", "params": {"lr": 0.0}}

@@ -24,7 +24,8 @@ from paralleljob_contract.jobfile import JobConfig, parse_job_config
 from paralleljob_contract.layout import Layout
 from paralleljob_trainer import export, pretrained
 from paralleljob_trainer.tensor_parallel import TensorParallel
-from tests.trainer import harness, hf_models, model_parts
+from testcluster import trainer_harness as harness
+from tests.trainer import hf_models, model_parts
 
 SGD = {"type": "SGD", "params": {"lr": 0.0}}
 FOLDERS = {

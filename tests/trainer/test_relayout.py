@@ -18,7 +18,7 @@ import pytest
 
 from paralleljob_contract.jobfile import parse_job_config
 from paralleljob_contract.layout import Layout
-from tests.trainer import harness
+from testcluster import trainer_harness as harness
 from tests.trainer.reference import ReferenceStep, train_reference
 
 SAVED = Layout(pipeline=2, tensor=2, data=2)

@@ -5,7 +5,6 @@ file and gangs' losses."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +14,10 @@ import yaml
 from paralleljob_contract import jobfile
 from paralleljob_contract import metrics as metrics_file
 from testcluster import images, polling
+from testcluster import trainer_harness as harness
 from testcluster.api import RELEASE_NAMESPACE, REPO, Api
 from testcluster.product import Product
 from testcluster.quickstart import JOB
-from tests.trainer import harness
 
 OPERATOR_IMAGE = "ghcr.io/paralleljob/operator:0.1.0"  # the chart's default image at its appVersion
 
@@ -58,16 +57,6 @@ def wait_for_pod(api: Api, name: str, condition: Any, timeout: float = 60) -> di
         return response.json() if response.ok and condition(response.json()) else None
 
     return dict(polling.wait_for(seen, timeout, f"pod {name}"))
-
-
-def rank_pid(product: Product, pod: str, rank: int) -> int | None:
-    """A rank's pid (the process kubelet runs pods as processes of this machine) from its pod's supervisor line."""
-    log = (product.pod_folder("default", pod) / "container.log").read_text(errors="replace")
-    for match in re.finditer(r"generation 0 ranks started \(rank=pid\): (.*)", log):
-        pids = dict(pair.split("=") for pair in match[1].split())
-        if str(rank) in pids:
-            return int(pids[str(rank)])
-    return None
 
 
 def gang_runs(metrics: Path) -> list[dict[str, Any]]:

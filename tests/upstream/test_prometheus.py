@@ -32,7 +32,7 @@ from testcluster.api import CHART, RELEASE, REPO
 from testcluster.product import Product
 from testcluster.prometheus import Prometheus
 from testcluster.quickstart import JOB
-from tests.upstream.helpers import rank_pid, wait_for
+from tests.upstream.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 EXAMPLE = REPO / "examples" / "quickstart-on-a-cluster.yaml"
@@ -146,7 +146,7 @@ def check_the_dashboard(product: Product, prometheus: Prometheus) -> None:
 def check_the_stall_alert(product: Product, prometheus: Prometheus) -> None:
     """A stopped rank holds every collective: no step is reported past the progress timeout, and the alert fires
     (until the supervisors' in-place restart, which kills the stopped process, lets the job step again)."""
-    pid = wait_for("rank 3's pid", lambda: rank_pid(product, f"{JOB}-1", 3), product, 60)
+    pid = wait_for("rank 3's pid", lambda: product.rank_pid(f"{JOB}-1", 3), product, 60)
     os.kill(pid, signal.SIGSTOP)
     firing = f'ALERTS{{alertname="ParallelJobStalled", alertstate="firing", name="{JOB}"}}'
     wait_for("ParallelJobStalled firing", lambda: prometheus.query(firing), product, 180)

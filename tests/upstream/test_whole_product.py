@@ -33,7 +33,7 @@ from testcluster.api import RELEASE, RELEASE_NAMESPACE, REPO, Api
 from testcluster.product import Product
 from testcluster.quickstart import CHECKPOINT_EVERY, JOB, LOSS_TOLERANCE, TOTAL_STEPS, checkpoint_saved, losses
 from tests.trainer.reference import train_reference
-from tests.upstream.helpers import OPERATOR_IMAGE, ran_from_image, rank_pid, require_image, wait_for
+from tests.upstream.helpers import OPERATOR_IMAGE, ran_from_image, require_image, wait_for
 
 pytestmark = pytest.mark.slow
 EXAMPLE = REPO / "examples" / "quickstart-on-a-cluster.yaml"
@@ -95,7 +95,7 @@ def check_an_in_place_restart(product: Product, rows: list[dict[str, str]]) -> N
     the gang inside its pods once its heartbeat has been quiet for progressTimeoutSeconds, long before the
     process-group timeout and the operator's watchdog: no pod is recreated, and the operator counts it."""
     before = pod_uids(product)
-    pid = wait_for("rank 5's pid", lambda: rank_pid(product, f"{JOB}-1", 5), product, 60)
+    pid = wait_for("rank 5's pid", lambda: product.rank_pid(f"{JOB}-1", 5), product, 60)
     os.kill(pid, signal.SIGSTOP)
 
     def counted() -> dict[str, object] | None:

@@ -34,7 +34,7 @@ def retry_delay(failures: int) -> float:
     exponent is capped before the power is taken: 2 ** 1024 does not fit a float, and an admission pass that
     had failed 1,024 times in a row raised OverflowError instead of waiting."""
     doublings = min(max(failures - 1, 0), 32)
-    return min(FIRST_RETRY_SECONDS * 2**doublings, MAX_RETRY_SECONDS)
+    return min(FIRST_RETRY_SECONDS * 2.0**doublings, MAX_RETRY_SECONDS)
 
 
 # Passes that may run at once (each waits mostly on the API server).

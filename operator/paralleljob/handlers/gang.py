@@ -47,8 +47,10 @@ class GangState:
 
 
 def node_of(pod: Mapping[str, Any]) -> str | None:
+    """The node a pod is bound to, or the one it was created for (its node label) before it is bound."""
     spec = pod.get("spec") or {}
-    return spec.get("nodeName") or (pod.get("metadata") or {}).get("labels", {}).get(labels.NODE_LABEL)
+    node = spec.get("nodeName") or (pod.get("metadata") or {}).get("labels", {}).get(labels.NODE_LABEL)
+    return str(node) if node else None
 
 
 def _rank(pod: Mapping[str, Any]) -> int:
@@ -80,7 +82,7 @@ def _breakage(pod: Mapping[str, Any], lost_nodes: Mapping[str, str]) -> str | No
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return f"pod {name} is being deleted"
     node = node_of(pod)
-    if node in lost_nodes:
+    if node is not None and node in lost_nodes:
         return f"node {node} of pod {name} {lost_nodes[node]}"
     return None
 

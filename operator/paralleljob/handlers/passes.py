@@ -114,7 +114,10 @@ class Pass(observed.JobFields):
         """The phase of a job between attempts: Restarting once it has restarted, else Pending."""
         return "Restarting" if self.attempt else "Pending"
 
-    def condition(self, kind: str, status: str, reason: str, message: str, base: Any = None) -> list[dict[str, Any]]:
+    def condition(
+        self, kind: str, status: str, reason: str, message: str, *, base: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[dict[str, Any]]:
+        """The job's conditions (or `base`, the ones this pass has built so far) with this one set."""
         current = self.status.get("conditions") if base is None else base
         return conditions.set_condition(current, kind, status, reason, message, self.generation)
 

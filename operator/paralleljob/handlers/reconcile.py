@@ -52,7 +52,8 @@ from paralleljob.api import ResolvedJob
 from paralleljob.handlers import conditions, failures, gang, observe, placement, queueing, specs
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.observed import PREVIOUS_JOB_RECHECK_SECONDS
-from paralleljob.handlers.passes import AdmissionRequest, NodeView, Outcome, Pass, Settings
+from paralleljob.handlers.passes import AdmissionRequest, NodeView, Outcome, Pass
+from paralleljob.handlers.settings import Settings
 from paralleljob.handlers.steps import (
     admission,
     conflicts,

@@ -272,7 +272,7 @@ def _login_with_kubeconfig(**_: Any) -> kopf.ConnectionInfo:
     flag alone the operator ran out of credentials and exited. Registered only when the flag is given."""
     config = session_config.configuration_of(RUNTIME.kubeconfig)
     header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
-    scheme, _, token = (header or "").rpartition(" ")
+    scheme, _separator, token = (header or "").rpartition(" ")
     return kopf.ConnectionInfo(
         server=config.host,
         ca_path=config.ssl_ca_cert,

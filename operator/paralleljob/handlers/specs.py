@@ -27,9 +27,10 @@ def current_spec(p: Pass) -> tuple[ResolvedJob | None, str]:
     choice = p.record.layout_choice if p.record is not None else None
     if resolved.needs_layout and choice:
         # Chosen once, at first admission, and recorded: restarts re-place this layout, they never search again.
-        resolved, layout_problems = placement.chosen_job(resolved, choice)
-        if resolved is None:
+        chosen, layout_problems = placement.chosen_job(resolved, choice)
+        if chosen is None:
             return None, "; ".join(problem.render() for problem in layout_problems)
+        return chosen, ""
     return resolved, ""
 
 

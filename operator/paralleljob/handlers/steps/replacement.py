@@ -27,7 +27,8 @@ from paralleljob import planning
 from paralleljob.api import ResolvedJob
 from paralleljob.handlers import gang, stragglers
 from paralleljob.handlers.nodes import shut_down
-from paralleljob.handlers.passes import Outcome, Pass, deleting_for, is_terminating, write_record, write_status
+from paralleljob.handlers.observed import is_terminating
+from paralleljob.handlers.passes import Outcome, Pass, deleting_for, write_record, write_status
 from paralleljob.k8s import reads, writes
 from paralleljob.manifests import children as child_objects
 from paralleljob.manifests import configmap, labels, records

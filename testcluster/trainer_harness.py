@@ -4,8 +4,8 @@ Job files follow docs/contract.md and are written by the contract's writer: vers
 DeepSpeed config and the plan's layout (no per-rank list: the trainer checks the contract's row-major rule
 against DeepSpeed's own ProcessTopology). The torchrun line is the contract's too. torchrun
 starts each rank in a session of its own, so `Gang.stop` kills the launched processes with all their
-descendants, and `Gang.wait` then fails the test if any rank of its job is still alive. `bench/` imports this
-module too.
+descendants, and `Gang.wait` then fails the test if any rank of its job is still alive. It lives in `testcluster`,
+outside `tests/`, because `bench/` runs the trainer through it too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import psutil
 from paralleljob_contract import environment, jobfile, launcher, metrics
 from paralleljob_contract.layout import AXES, AxisOrder, Layout
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 TORCH_EXTENSIONS_CACHE = Path.home() / ".cache" / "paralleljob" / "torch_extensions"
 
 

@@ -2,8 +2,8 @@
 pair whose outer end is on the bridge, and an address on a private subnet; `slow()` puts a token bucket (`tc
 tbf`) on both ends of one member's veth, so its link is slow for real in both directions.
 
-Used by the link-check test (tests/trainer/test_linkcheck.py). Needs root and iproute2; every address is inside
-namespaces made here (10.213.0.0/16), so nothing leaves the machine. `close()` deletes what was made.
+Used by the link-check test (tests/trainer/test_linkcheck.py) and its benchmark (bench/linkcheck_cost.py). Needs
+root and iproute2; every address is inside namespaces made here (10.213.0.0/16), so nothing leaves the machine. `close()` deletes what was made.
 """
 
 from __future__ import annotations
