@@ -42,7 +42,7 @@ from typing import Any
 import kopf
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import passes
+from paralleljob.handlers import passes, queue_topology
 from paralleljob.k8s import reads, timestamps, workloads, writes
 from paralleljob.manifests import labels
 from paralleljob.manifests import workload as wl
@@ -114,7 +114,21 @@ def gate(p: passes.Pass, current: ResolvedJob) -> passes.Outcome | ResolvedJob:
         return _queued(p, queue, "Pending", wl.waiting_message(found))
     if not wl.is_true(found, wl.QUOTA_RESERVED):  # Admitted was not reset yet after a release: not admitted
         return _queued(p, queue, "Pending", wl.waiting_message(found))
-    return _within_admission(p, current, found)
+    nodes = queue_topology.assigned(p, current, found)
+    if nodes is not None and nodes.broken is not None:
+        return _rule_broken(p, queue, found, nodes.broken)
+    return queue_topology.as_tas_pods(_within_admission(p, current, found), found)
+
+
+def _rule_broken(p: passes.Pass, queue: str, found: Mapping[str, Any], rule: str) -> passes.Outcome:
+    """Kueue's TopologyAssignment breaks a hard rule of the layout: the quota goes back, not requeued (the same
+    request would get a like assignment again), with the rule as the reason Kueue shows; the job waits Queued
+    with it until the job is recreated or the Workload requeued by hand."""
+    message = f"Kueue's topology assignment breaks the rule '{rule}'; quota given back, not requeued"
+    if wl.holds_quota(found):
+        _release(p, found, queue_topology.RULE_BROKEN, message, requeued=False)
+        p.event("Warning", "QuotaReleased", message)
+    return _queued(p, queue, queue_topology.RULE_BROKEN, message, recheck=None)
 
 
 def _create_workload(p: passes.Pass, current: ResolvedJob, queue: str) -> passes.Outcome:
@@ -122,9 +136,15 @@ def _create_workload(p: passes.Pass, current: ResolvedJob, queue: str) -> passes
     if pods is None:
         message = "a job queued through Kueue needs spec.gpusPerNode: Kueue admits a number of pods; set it"
         return _queued(p, queue, "NeedsGpusPerNode", message, recheck=None)
-    body = wl.build_workload(p.job, current, queue, pods, _priority(p, current))
+    request = queue_topology.topology_request(p, current, queue, pods)
+    body = wl.build_workload(p.job, current, queue, pods, _priority(p, current), request)
     workloads.create(p.session, body)
-    return _queued(p, queue, "Pending", f"Workload {body['metadata']['name']} created for {pods} pods")
+    asked = f" with topology request {_said(request)}" if request else ""
+    return _queued(p, queue, "Pending", f"Workload {body['metadata']['name']} created for {pods} pods{asked}")
+
+
+def _said(request: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in request.items())
 
 
 def _priority(p: passes.Pass, current: ResolvedJob) -> wl.Priority | None:

@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import conditions, failures, gang, observe, placement, queueing, specs
+from paralleljob.handlers import conditions, failures, gang, observe, placement, queue_topology, queueing, specs
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.observed import PREVIOUS_JOB_RECHECK_SECONDS
 from paralleljob.handlers.passes import AdmissionRequest, NodeView, Outcome, Pass, Settings
@@ -190,7 +190,8 @@ def _first_step_that_applies(p: Pass) -> Outcome:
             current = gated
             if not p.admit:
                 return admission.awaiting_admission(p)
-            view = admission.cluster_view(p, labelled)
+            # Kueue hook (handlers.queue_topology): under TAS, only the nodes of Kueue's TopologyAssignment.
+            view = queue_topology.inside_assignment(p, current, admission.cluster_view(p, labelled))
             choice = p.record.layout_choice if p.record is not None else None
             if current.needs_layout:
                 chosen = admission.choose_layout(p, current, view)
