@@ -236,3 +236,19 @@ def test_the_finest_level_holding_counts_nodes_of_one_domain_and_skips_the_hostn
     assert kt.finest_level_holding(LEVELS, SIX, 4) is None
     topology = {"spec": {"levels": [{"nodeLabel": BLOCK}, {"nodeLabel": RACK}, {"nodeLabel": HOST}]}}
     assert kt.levels_of(topology) == LEVELS
+
+
+@pytest.mark.parametrize(
+    ("status", "known", "not_ready", "expected"),
+    [
+        pytest.param({}, {"a", "b"}, set(), [], id="all-assigned-nodes-ready"),
+        pytest.param({}, {"a"}, set(), ["b"], id="an-assigned-node-deleted"),
+        pytest.param({}, {"a", "b"}, {"a"}, ["a"], id="an-assigned-node-not-ready"),
+        pytest.param({"unhealthyNodes": [{"name": "b"}]}, {"a", "b"}, set(), ["b"], id="kueue-marked-it-unhealthy"),
+    ],
+)
+def test_the_gang_waits_for_kueue_to_replace_an_assigned_node_that_is_lost(
+    status: dict[str, Any], known: set[str], not_ready: set[str], expected: list[str]
+) -> None:
+    found = kt.awaiting_replacement(["a", "b"], {"status": status}, frozenset(known), frozenset(not_ready))
+    assert found == expected

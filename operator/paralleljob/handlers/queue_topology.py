@@ -85,6 +85,12 @@ def assigned(p: passes.Pass, current: ResolvedJob, found: Mapping[str, Any]) -> 
     return dataclasses.replace(nodes, broken=rule) if rule is not None else nodes
 
 
+def lost(p: passes.Pass, nodes: kt.AssignedNodes, found: Mapping[str, Any]) -> list[str]:
+    """The assigned nodes Kueue is to replace (`kueue_topology.awaiting_replacement`), by the watch's nodes."""
+    snapshot = p.nodes.snapshot
+    return kt.awaiting_replacement(nodes.nodes, found, snapshot.known, snapshot.not_ready)
+
+
 def as_tas_pods(current: ResolvedJob, found: Mapping[str, Any]) -> ResolvedJob:
     """The job whose pods carry Kueue's TAS pod annotations: the topology level of the request (Kueue leaves a
     pod with one out of its non-TAS usage, since the Workload's assignment counts it) and the Workload's name

@@ -117,6 +117,10 @@ def gate(p: passes.Pass, current: ResolvedJob) -> passes.Outcome | ResolvedJob:
     nodes = queue_topology.assigned(p, current, found)
     if nodes is not None and nodes.broken is not None:
         return _rule_broken(p, queue, found, nodes.broken)
+    if nodes is not None and (lost := queue_topology.lost(p, nodes, found)):
+        message = f"admitted; waiting for Kueue to replace assigned node(s) {', '.join(lost)} (TAS node replacement)"
+        passes.write_status(p, {"phase": "Pending", "message": message, "placement": None})
+        return passes.Outcome("awaiting-node-replacement", requeue_after=QUEUED_RECHECK_SECONDS)
     return queue_topology.as_tas_pods(_within_admission(p, current, found), found)
 
 

@@ -208,7 +208,8 @@ def _first_step_that_applies(p: Pass) -> Outcome:
                 found = placement.plan(current, view.nodes, usage.usage, view.held, p.excluded, view.builder)
                 return replacement.grow_when_fits(p, pinned, current, found.plan is not None, view.held)
             if replacement.spares_short(p, pinned):  # hot spares used or lost: hold more where the cluster allows
-                view = admission.cluster_view(p, labelled)
+                # Under Kueue's TAS, only inside the nodes Kueue assigned (handlers.queue_topology).
+                view = queue_topology.inside_assignment(p, pinned, admission.cluster_view(p, labelled))
                 cluster = view.builder.build(view.nodes.infos, view.usage, view.held)
                 return replacement.top_up(p, pinned, cluster, view.held)
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.

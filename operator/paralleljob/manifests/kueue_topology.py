@@ -244,3 +244,15 @@ def broken_rule(
             f"whole tensor groups of {per_group} nodes; add {nvlink} as a level of the Kueue Topology"
         )
     return None
+
+
+def awaiting_replacement(
+    nodes: Sequence[str], workload: Mapping[str, Any], known: frozenset[str], not_ready: frozenset[str]
+) -> list[str]:
+    """The assigned nodes Kueue is to replace, or may yet: those in the Workload's `status.unhealthyNodes`, gone
+    from the cluster, or NotReady. Kueue's TASFailedNodeReplacement (beta, on by default in v0.17.0) marks such a
+    node unhealthy (at once when it is gone or its pods ended, else 30 s after NotReady) and rewrites the
+    assignment in place with a node of the same required domain, or evicts the Workload when it finds none
+    (TASFailedNodeReplacementFailFast); so the gang waits for the new assignment instead of giving the quota back."""
+    unhealthy = {str(node.get("name")) for node in (workload.get("status") or {}).get("unhealthyNodes") or ()}
+    return sorted(node for node in nodes if node in unhealthy or node not in known or node in not_ready)
