@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
+from paralleljob import planning
 from paralleljob.manifests import kueue_topology as kt
 from paralleljob.manifests import workload as wl
-from tests.manifests.helpers import resolve
+from paralleljob.planning.inventory import build_cluster
+from tests.manifests.helpers import make_node, resolve
 
 BLOCK, RACK, HOST = "example.com/block", "example.com/rack", kt.HOSTNAME
 LEVELS = [BLOCK, RACK, HOST]
@@ -252,3 +254,37 @@ def test_the_gang_waits_for_kueue_to_replace_an_assigned_node_that_is_lost(
 ) -> None:
     found = kt.awaiting_replacement(["a", "b"], {"status": status}, frozenset(known), frozenset(not_ready))
     assert found == expected
+
+
+def test_the_planner_places_each_pipeline_replica_inside_one_rack_of_the_nodes_kueue_assigned() -> None:
+    """Kueue's slices say how many pods go to a rack, not which rank each pod runs: on the four assigned nodes
+    (two racks of two, out of six), the cost model keeps each replica's two stages in one rack."""
+    nodes = [make_node(labels[HOST], labels, {"nvidia.com/gpu": "2"}) for labels in SIX]
+    assignment = kt.decode(
+        {
+            "levels": [HOST],
+            "slices": [
+                {
+                    "domainCount": 4,
+                    "valuesPerLevel": [{"individual": {"roots": ["b0-r0-n0", "b1-r0-n0", "b0-r0-n1", "b1-r0-n1"]}}],
+                    "podCounts": {"universal": 1},
+                }
+            ],
+        }
+    )
+    assigned = kt.assigned_nodes(assignment, {labels[HOST]: labels for labels in SIX})
+    inside = [node for node in nodes if node["metadata"]["name"] in assigned.nodes]
+    resolved = resolve(
+        parallelism={"pipeline": 2, "tensor": 2, "data": 2},
+        gpusPerNode=2,
+        topology={"levels": [BLOCK, RACK]},
+        model={"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "sequenceLength": 64, "vocabSize": 256},
+    )
+    plan = planning.plan_job(resolved, build_cluster(inside))
+    assert isinstance(plan, planning.Plan), plan
+    assert {entry.node for entry in plan.nodes} == set(assigned.nodes)
+    replicas: dict[int, set[str]] = {}
+    for entry in plan.nodes:
+        for coord in entry.coords:
+            replicas.setdefault(coord.data, set()).add(entry.node.rsplit("-", 1)[0])  # the node's rack
+    assert sorted(map(len, replicas.values())) == [1, 1], replicas
