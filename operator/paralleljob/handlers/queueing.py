@@ -13,7 +13,11 @@ The reconcile pass (`handlers.reconcile`) calls three hooks, each a no-op for a 
   nodeSelector and tolerations narrowed to the admitted ResourceFlavors' node labels and taints, so the
   planner places the gang inside what Kueue admitted. A gang the planner cannot place there
   (`placed_or_released`) says why and gives the quota back, to be tried again after UNPLACEABLE_BACKOFF_SECONDS
-  (Kueue's requeueState), instead of holding quota it cannot use.
+  (Kueue's requeueState), instead of holding quota it cannot use. Under Kueue's Topology-Aware Scheduling
+  (`handlers.queue_topology`) the Workload asks for the layout's topology, the gang is planned on exactly the
+  nodes Kueue assigned, and an assignment that breaks a rule of the layout gives the quota back unrequeued
+  (TopologyRuleBroken), since the same request would be answered alike; a lost assigned node is waited for
+  (Kueue replaces it in place).
 - `supervise`, before a placed gang is supervised: Kueue evicted the Workload (preemption, a lost admission
   check, a stopped queue). If the job keeps checkpoints, its pods run and rank 0's last checkpoint is older than
   `Settings.kueue_checkpoint_grace_seconds`, rank 0 is asked for one (`checkpointRequest` in its progress
@@ -44,7 +48,7 @@ import kopf
 from paralleljob.api import ResolvedJob
 from paralleljob.handlers import passes, queue_topology
 from paralleljob.k8s import reads, timestamps, workloads, writes
-from paralleljob.manifests import labels
+from paralleljob.manifests import kueue_topology, labels
 from paralleljob.manifests import workload as wl
 from paralleljob_contract import environment
 from paralleljob_contract import progress as channel
@@ -201,6 +205,10 @@ def placed_or_released(p: passes.Pass, outcome: passes.Outcome) -> passes.Outcom
     if found is None or not wl.holds_quota(found):
         return outcome
     why = str(p.status.get("message") or "the planner found no placement")
+    if wl.holds_quota(found) and kueue_topology.assigned_domains(found) is not None:
+        # Under TAS Kueue counted these nodes' capacity itself: what the planner refuses on them is a rule of the
+        # layout (memory, GPU products, NVLink), which the same request would meet again; no retry loop.
+        return _rule_broken(p, wl.queue_of(p.job) or "", found, f"the planner's placement: {why}")
     message = f"the admitted flavours cannot hold the gang ({why}); quota given back, tried again in "
     message += f"{UNPLACEABLE_BACKOFF_SECONDS:.0f}s"
     until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=UNPLACEABLE_BACKOFF_SECONDS)
