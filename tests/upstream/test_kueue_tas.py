@@ -46,7 +46,7 @@ def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Product]:
     made = Product(tmp_path_factory.mktemp("kueue-tas"), nodes=6, gpus_per_node=2)
     try:
         for node, (block, rack) in RACKS.items():
-            patch = {"metadata": {"labels": {BLOCK: block, RACK: rack}}}
+            patch = {"metadata": {"labels": {BLOCK: block, RACK: rack, "pool": "racks"}}}
             made.admin.ok(made.admin.send("PATCH", f"/api/v1/nodes/{node}", patch))
         kueue.up(made.cluster.state)
         ports = [f"operator.healthPort={controlplane.free_port()}", f"metrics.port={controlplane.free_port()}"]
@@ -83,7 +83,7 @@ def namespace(product: Product) -> Iterator[str]:
     apply(
         product,
         kueue_object("Topology", "racks", {"levels": levels}),
-        kueue_object("ResourceFlavor", "racks", {"topologyName": "racks"}),
+        kueue_object("ResourceFlavor", "racks", {"nodeLabels": {"pool": "racks"}, "topologyName": "racks"}),
     )
     apply(product, kueue_object("ClusterQueue", f"{name}-cq", {"namespaceSelector": {}, "resourceGroups": groups}))
     apply(product, kueue_object("LocalQueue", "team", {"clusterQueue": f"{name}-cq"}, name))
@@ -226,7 +226,7 @@ def plain_tas_job(namespace: str) -> dict[str, Any]:
         "name": "c",
         "image": "busybox",
         "command": ["sleep", "600"],
-        "resources": {"requests": {"nvidia.com/gpu": "1"}},
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
     }
     template = {
         "metadata": {"annotations": {"kueue.x-k8s.io/podset-required-topology": BLOCK}},
