@@ -330,3 +330,14 @@ def test_mnnvl_follows_the_nvlink_label_the_plan_used_not_only_the_specs():
     assert with_claim.get("PARALLELJOB_MNNVL") == "1" and "NCCL_MNNVL_ENABLE" not in with_claim
     without = build(rack, plan=dataclasses.replace(plan, nvlink_domain_label=None)).attempt.nccl_env
     assert without["NCCL_MNNVL_ENABLE"] == "0" and "PARALLELJOB_MNNVL" not in without
+
+
+def test_a_pod_admitted_by_kueues_tas_names_its_node_in_its_node_selector_as_kueues_own_tas_pods_do():
+    annotations = {"kueue.x-k8s.io/podset-preferred-topology": "example.com/block", "kueue.x-k8s.io/workload": "w"}
+    tas = build(template={"annotations": annotations, "nodeSelector": {"pool": "a"}}).pods
+    assert [pod["spec"]["nodeSelector"] for pod in tas[:2]] == [
+        {"pool": "a", "kubernetes.io/hostname": "node-0"},
+        {"pool": "a", "kubernetes.io/hostname": "node-1"},
+    ]
+    assert tas[0]["metadata"]["annotations"] == annotations
+    assert "nodeSelector" not in build().pods[0]["spec"]

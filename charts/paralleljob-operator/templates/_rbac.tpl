@@ -41,9 +41,10 @@ does a call no rule allows. Nothing here touches Secrets, and no rule uses a wil
   verbs: [get]
 {{- if .Values.kueue.enabled }}
 # Application: Kueue (kueue.enabled). The admitted flavours' node labels and taints, where an admitted gang is
-# placed, and the value of the WorkloadPriorityClass a queued job names.
+# placed, and the value of the WorkloadPriorityClass a queued job names; the ClusterQueue and Topology behind a
+# job's queue, whose levels its Workload's topology request names (Kueue's TAS).
 - apiGroups: [kueue.x-k8s.io]
-  resources: [resourceflavors, workloadpriorityclasses]
+  resources: [resourceflavors, workloadpriorityclasses, clusterqueues, topologies]
   verbs: [get]
 {{- end }}
 {{- if .Values.leaderElection.enabled }}
@@ -93,6 +94,10 @@ does a call no rule allows. Nothing here touches Secrets, and no rule uses a wil
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
   verbs: [get, list, watch, create]
+# The LocalQueue a job names, read once when its Workload is created: which ClusterQueue (and Topology) it uses.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [localqueues]
+  verbs: [get]
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
   verbs: [patch]

@@ -13,7 +13,11 @@ The reconcile pass (`handlers.reconcile`) calls three hooks, each a no-op for a 
   nodeSelector and tolerations narrowed to the admitted ResourceFlavors' node labels and taints, so the
   planner places the gang inside what Kueue admitted. A gang the planner cannot place there
   (`placed_or_released`) says why and gives the quota back, to be tried again after UNPLACEABLE_BACKOFF_SECONDS
-  (Kueue's requeueState), instead of holding quota it cannot use.
+  (Kueue's requeueState), instead of holding quota it cannot use. Under Kueue's Topology-Aware Scheduling
+  (`handlers.queue_topology`) the Workload asks for the layout's topology, the gang is planned on exactly the
+  nodes Kueue assigned, and an assignment that breaks a rule of the layout gives the quota back unrequeued
+  (TopologyRuleBroken), since the same request would be answered alike; a lost assigned node is waited for
+  (Kueue replaces it in place).
 - `supervise`, before a placed gang is supervised: Kueue evicted the Workload (preemption, a lost admission
   check, a stopped queue). If the job keeps checkpoints, its pods run and rank 0's last checkpoint is older than
   `Settings.kueue_checkpoint_grace_seconds`, rank 0 is asked for one (`checkpointRequest` in its progress
@@ -42,9 +46,9 @@ from typing import Any
 import kopf
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import passes
+from paralleljob.handlers import passes, queue_topology
 from paralleljob.k8s import reads, timestamps, workloads, writes
-from paralleljob.manifests import labels
+from paralleljob.manifests import kueue_topology, labels
 from paralleljob.manifests import workload as wl
 from paralleljob_contract import environment
 from paralleljob_contract import progress as channel
@@ -114,7 +118,25 @@ def gate(p: passes.Pass, current: ResolvedJob) -> passes.Outcome | ResolvedJob:
         return _queued(p, queue, "Pending", wl.waiting_message(found))
     if not wl.is_true(found, wl.QUOTA_RESERVED):  # Admitted was not reset yet after a release: not admitted
         return _queued(p, queue, "Pending", wl.waiting_message(found))
-    return _within_admission(p, current, found)
+    nodes = queue_topology.assigned(p, current, found)
+    if nodes is not None and nodes.broken is not None:
+        return _rule_broken(p, queue, found, nodes.broken)
+    if nodes is not None and (lost := queue_topology.lost(p, nodes, found)):
+        message = f"admitted; waiting for Kueue to replace assigned node(s) {', '.join(lost)} (TAS node replacement)"
+        passes.write_status(p, {"phase": "Pending", "message": message, "placement": None})
+        return passes.Outcome("awaiting-node-replacement", requeue_after=QUEUED_RECHECK_SECONDS)
+    return queue_topology.as_tas_pods(_within_admission(p, current, found), found)
+
+
+def _rule_broken(p: passes.Pass, queue: str, found: Mapping[str, Any], rule: str) -> passes.Outcome:
+    """Kueue's TopologyAssignment breaks a hard rule of the layout: the quota goes back, not requeued (the same
+    request would get a like assignment again), with the rule as the reason Kueue shows; the job waits Queued
+    with it until the job is recreated or the Workload requeued by hand."""
+    message = f"Kueue's topology assignment breaks the rule '{rule}'; quota given back, not requeued"
+    if wl.holds_quota(found):
+        _release(p, found, queue_topology.RULE_BROKEN, message, requeued=False)
+        p.event("Warning", "QuotaReleased", message)
+    return _queued(p, queue, queue_topology.RULE_BROKEN, message, recheck=None)
 
 
 def _create_workload(p: passes.Pass, current: ResolvedJob, queue: str) -> passes.Outcome:
@@ -122,9 +144,15 @@ def _create_workload(p: passes.Pass, current: ResolvedJob, queue: str) -> passes
     if pods is None:
         message = "a job queued through Kueue needs spec.gpusPerNode: Kueue admits a number of pods; set it"
         return _queued(p, queue, "NeedsGpusPerNode", message, recheck=None)
-    body = wl.build_workload(p.job, current, queue, pods, _priority(p, current))
+    request = queue_topology.topology_request(p, current, queue, pods)
+    body = wl.build_workload(p.job, current, queue, pods, _priority(p, current), request)
     workloads.create(p.session, body)
-    return _queued(p, queue, "Pending", f"Workload {body['metadata']['name']} created for {pods} pods")
+    asked = f" with topology request {_said(request)}" if request else ""
+    return _queued(p, queue, "Pending", f"Workload {body['metadata']['name']} created for {pods} pods{asked}")
+
+
+def _said(request: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in request.items())
 
 
 def _priority(p: passes.Pass, current: ResolvedJob) -> wl.Priority | None:
@@ -177,6 +205,10 @@ def placed_or_released(p: passes.Pass, outcome: passes.Outcome) -> passes.Outcom
     if found is None or not wl.holds_quota(found):
         return outcome
     why = str(p.status.get("message") or "the planner found no placement")
+    if wl.holds_quota(found) and kueue_topology.assigned_domains(found) is not None:
+        # Under TAS Kueue counted these nodes' capacity itself: what the planner refuses on them is a rule of the
+        # layout (memory, GPU products, NVLink), which the same request would meet again; no retry loop.
+        return _rule_broken(p, wl.queue_of(p.job) or "", found, f"the planner's placement: {why}")
     message = f"the admitted flavours cannot hold the gang ({why}); quota given back, tried again in "
     message += f"{UNPLACEABLE_BACKOFF_SECONDS:.0f}s"
     until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=UNPLACEABLE_BACKOFF_SECONDS)

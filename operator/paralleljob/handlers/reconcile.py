@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import conditions, failures, gang, observe, placement, queueing, specs
+from paralleljob.handlers import conditions, failures, gang, observe, placement, queue_topology, queueing, specs
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.observed import PREVIOUS_JOB_RECHECK_SECONDS
 from paralleljob.handlers.passes import AdmissionRequest, NodeView, Outcome, Pass
@@ -191,7 +191,8 @@ def _first_step_that_applies(p: Pass) -> Outcome:
             current = gated
             if not p.admit:
                 return admission.awaiting_admission(p)
-            view = admission.cluster_view(p, labelled)
+            # Kueue hook (handlers.queue_topology): under TAS, only the nodes of Kueue's TopologyAssignment.
+            view = queue_topology.inside_assignment(p, current, admission.cluster_view(p, labelled))
             choice = p.record.layout_choice if p.record is not None else None
             if current.needs_layout:
                 chosen = admission.choose_layout(p, current, view)
@@ -208,7 +209,8 @@ def _first_step_that_applies(p: Pass) -> Outcome:
                 found = placement.plan(current, view.nodes, usage.usage, view.held, p.excluded, view.builder)
                 return replacement.grow_when_fits(p, pinned, current, found.plan is not None, view.held)
             if replacement.spares_short(p, pinned):  # hot spares used or lost: hold more where the cluster allows
-                view = admission.cluster_view(p, labelled)
+                # Under Kueue's TAS, only inside the nodes Kueue assigned (handlers.queue_topology).
+                view = queue_topology.inside_assignment(p, pinned, admission.cluster_view(p, labelled))
                 cluster = view.builder.build(view.nodes.infos, view.usage, view.held)
                 return replacement.top_up(p, pinned, cluster, view.held)
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.

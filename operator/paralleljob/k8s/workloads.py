@@ -56,3 +56,16 @@ def workload_priority_value(session: Session, name: str) -> int | None:
     call = session.custom.get_cluster_custom_object
     reply = session.send(call, wl.GROUP, wl.VERSION, wl.PRIORITY_PLURAL, name, tolerate={404})
     return int(reply.body["value"]) if reply.body is not None and "value" in reply.body else None
+
+
+def queue_object(session: Session, plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+    """A Kueue object the topology request is read from (a LocalQueue in `namespace`, or a cluster-scoped
+    ClusterQueue or Topology), or None when there is none of that name."""
+    custom = session.custom
+    if namespace is not None:
+        reply = session.send(
+            custom.get_namespaced_custom_object, wl.GROUP, wl.VERSION, namespace, plural, name, tolerate={404}
+        )
+    else:
+        reply = session.send(custom.get_cluster_custom_object, wl.GROUP, wl.VERSION, plural, name, tolerate={404})
+    return dict(reply.body) if reply.body is not None else None

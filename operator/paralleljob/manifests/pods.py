@@ -23,7 +23,7 @@ from typing import Any
 
 from paralleljob.api import ResolvedJob
 from paralleljob.api.types import spec_to_dict
-from paralleljob.manifests import configmap, env, labels, security
+from paralleljob.manifests import configmap, env, kueue_topology, labels, security
 from paralleljob_contract import environment, launcher
 from paralleljob_contract.jobfile import Plan
 
@@ -251,8 +251,13 @@ def build_pod(owner: Mapping[str, Any], resolved: ResolvedJob, settings: PodSett
     if settings.progress_account and node_rank != 0:
         # Only rank 0 reports progress; the other ranks get no API credentials at all.
         spec["automountServiceAccountToken"] = False
+    selector = dict(template.node_selector or {})
+    if kueue_topology.is_tas_pod(template.annotations):
+        # Under Kueue's TAS the pod names its node in its nodeSelector too, as Kueue's own TAS pods do: Kueue's
+        # node controller finds the pods of a failed node by it (the affinity above alone pins the pod).
+        selector[HOSTNAME_LABEL] = node
     optional = {
-        "nodeSelector": dict(template.node_selector) if template.node_selector else None,
+        "nodeSelector": selector or None,
         "tolerations": copy.deepcopy(list(template.tolerations)) if template.tolerations else None,
         "priorityClassName": template.priority_class_name,
         "resourceClaims": [spec_to_dict(c) for c in template.resource_claims] if template.resource_claims else None,

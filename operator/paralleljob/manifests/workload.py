@@ -90,9 +90,15 @@ def pod_requests(resolved: ResolvedJob) -> dict[str, str]:
 
 
 def build_workload(
-    job: Mapping[str, Any], resolved: ResolvedJob, queue: str, pods: int, priority: Priority | None
+    job: Mapping[str, Any],
+    resolved: ResolvedJob,
+    queue: str,
+    pods: int,
+    priority: Priority | None,
+    topology_request: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The Workload of a queued job (`pods` from `pod_count`)."""
+    """The Workload of a queued job (`pods` from `pod_count`; `topology_request` from `kueue_topology.request_for`
+    when the queue's flavour has a Kueue Topology)."""
     metadata = job["metadata"]
     template = resolved.spec.template
     pod_spec: dict[str, Any] = {
@@ -109,6 +115,8 @@ def build_workload(
         "queueName": queue,
         "podSets": [{"name": POD_SET, "count": pods, "template": {"spec": pod_spec}}],
     }
+    if topology_request:
+        spec["podSets"][0]["topologyRequest"] = dict(topology_request)
     if priority is not None:
         spec["priorityClassRef"] = {"group": priority.group, "kind": priority.kind, "name": priority.name}
         spec["priority"] = priority.value

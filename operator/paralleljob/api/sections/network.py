@@ -28,6 +28,9 @@ AddrFamily = Literal["AF_INET", "AF_INET6"]
 AxisOrder = Literal["auto", "pipe,data,model", "data,pipe,model"]
 
 
+KueueTopology = Literal["Required", "Preferred"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Topology:
     """How the cluster's network is described by node labels."""
@@ -49,6 +52,15 @@ class Topology:
         "consecutive pipeline stages of one replica on neighbouring ranks. auto lets the planner choose the "
         "one its cost model prefers.",
         default="auto",
+    )
+    kueue_topology: KueueTopology = api_field(
+        "Under Kueue, when the admitted ResourceFlavor has a topologyName: whether each pipeline replica's nodes "
+        "must (Required) or should (Preferred) share the finest domain of the Kueue Topology that holds them. "
+        "Required asks Kueue for one slice per pipeline replica (podSetSliceRequiredTopology and "
+        "podSetSliceSize), so a replica never spans two domains of that level; Preferred only asks Kueue to "
+        "pack the gang (preferred topology).",
+        default="Required",
+        json_name="kueueTopology",
     )
     allow_mixed_gpu_products: bool = api_field(
         "Allow nodes with different nvidia.com/gpu.product labels in one job. Off by default: the slowest "
