@@ -146,21 +146,21 @@ class Coordinator:
             watch.start()
 
     def watch_peers(self, report: Callable[[str], None]) -> None:
-        """Report the peers not answering whenever that changes ("[]" first, so that no report of an earlier
+        """Report the peers not answering whenever they change ("[]" first, so that no report of an earlier
         gang stays in the channel); a report that raises is logged and tried again on the next change."""
-        sent: str | None = None
+        sent: list[int] | None = None
         while not self.closed.wait(0 if sent is None else PEER_CHECK_SECONDS):
             with self.changed:
-                text = peers.encode(self.state.not_answering(), self.state.names)
-            if text == sent:
+                quiet = self.state.not_answering()
+                text = peers.encode(quiet, self.state.names)
+            if sorted(quiet) == sent:  # the same nodes: their growing silence is not news
                 continue
+            sent = sorted(quiet)
             try:
                 report(text)
-                sent = text
             except Exception as error:  # reporting must never cost the gang its coordinator
                 log(0, f"could not report the peers not answering ({type(error).__name__}: {error})")
-                sent = text
-            if text != "[]":
+            if quiet:
                 log(0, f"peers not answering: {text}")
 
     def close(self) -> None:
