@@ -16,7 +16,7 @@ import pytest
 from paralleljob_contract import launcher, peers
 from paralleljob_contract.errors import ContractError
 from paralleljob_contract.ranks import EXIT_PEER
-from tests.contract.test_supervisor import ROOT, free_port_pair
+from tests.contract.helpers import ROOT, free_port_pair
 
 NOW = 100.0
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import datetime
 import time
+from pathlib import Path
 
 import kubernetes
 import pytest
+import yaml
 
-from tests.chart.helpers import only, render
 from tests.operator.helpers import job_doc, wait_for
 
 LAYOUT = {
@@ -21,16 +22,20 @@ LAYOUT = {
 }
 
 
-RECOVERY_FLAGS = {"--not-ready-grace", "--force-delete-after", "--lost-node-lease", "--restart-hold"}
+VALUES = Path(__file__).resolve().parents[2] / "charts" / "paralleljob-operator" / "values.yaml"
 
 
 @pytest.fixture
 def operator_args():
-    """The chart's default recovery arguments, as its Deployment passes them."""
-    args = only(render(None), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    chosen = [arg for arg in args if arg.split("=", 1)[0] in RECOVERY_FLAGS]
-    assert len(chosen) == len(RECOVERY_FLAGS), args
-    return chosen
+    """The chart's default recovery values, as its Deployment passes them (templates/_operator.tpl)."""
+    recovery = yaml.safe_load(VALUES.read_text())["recovery"]
+    assert (recovery["notReadyGraceSeconds"], recovery["lostNodeLeaseSeconds"]) == (300, 20)
+    return [
+        f"--not-ready-grace={recovery['notReadyGraceSeconds']}",
+        f"--force-delete-after={recovery['forceDeleteAfterSeconds']}",
+        f"--lost-node-lease={recovery['lostNodeLeaseSeconds']}",
+        f"--restart-hold={recovery['restartHoldSeconds']}",
+    ]
 
 
 def renew(cluster, node: str, seconds_ago: float) -> None:

@@ -6,17 +6,23 @@ runs without the flag, and the chart grants no node patch then, tests/chart/test
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
-from tests.operator.helpers import Operator, job_doc, wait_for
+from tests.operator.helpers import Operator, install_operator_rbac, job_doc, wait_for
 
 KEY = "example.com/slow-node"
 
 
 @pytest.fixture
-def operator_args():
-    return [*Operator.ARGS, f"--slow-node-label={KEY}"]
+def operator(server, cluster, tmp_path):
+    """The operator with the chart's RBAC and flag for slowNodeLabel enabled (node patch granted)."""
+    kubeconfig = install_operator_rbac(server, cluster.client, values={"slowNodeLabel": {"enabled": True, "key": KEY}})
+    process = Operator(server, tmp_path / "operator.log", kubeconfig, [*Operator.ARGS, f"--slow-node-label={KEY}"])
+    yield process.start()
+    process.stop()
+    sys.stderr.write((tmp_path / "operator.log").read_text()[-4000:])
 
 
 def test_a_node_named_slow_is_labelled_for_administrators_and_its_peer_is_not(cluster, operator):
