@@ -65,14 +65,16 @@ def test_no_rule_grants_escalate_bind_or_impersonate(case: str) -> None:
     assert verbs.isdisjoint({"escalate", "bind", "impersonate", "deletecollection"})
 
 
-def test_all_namespaces_get_one_cluster_role_for_jobs_and_only_the_two_lease_roles() -> None:
+def test_all_namespaces_get_one_cluster_role_for_jobs_and_only_the_three_lease_roles() -> None:
     objects = render()
     roles = [f"{o['kind']}/{o['metadata']['name']}" for o in objects if o["kind"] in {"Role", "RoleBinding"}]
     assert sorted(roles) == [
         "Role/pj-paralleljob-operator-admission-lock",
         "Role/pj-paralleljob-operator-leader-election",
+        "Role/pj-paralleljob-operator-node-leases",
         "RoleBinding/pj-paralleljob-operator-admission-lock",
         "RoleBinding/pj-paralleljob-operator-leader-election",
+        "RoleBinding/pj-paralleljob-operator-node-leases",
     ]
     binding = only(objects, "ClusterRoleBinding", "-jobs")
     assert binding["roleRef"]["name"] == only(objects, "ClusterRole", "-jobs")["metadata"]["name"]

@@ -97,7 +97,8 @@ def test_one_signal_alone_is_a_blip_and_costs_nothing_until_the_other_agrees(clu
     node = placed[1]
     report = f'[{{"nodeRank":1,"node":"{node}","silentSeconds":6.0}}]'
     if signal == "gang-only":
-        report_lost(cluster, report)  # its Lease is fresh: the kubelet is alive
+        renew(cluster, node, 0)  # its Lease is fresh: the kubelet is alive
+        report_lost(cluster, report)
     else:
         renew(cluster, node, 30)  # its gang does not report it: the gang still hears from it
     time.sleep(5)
