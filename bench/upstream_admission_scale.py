@@ -20,7 +20,7 @@ Prints:
 2. the relist after a watch ends in 410 Gone: both of the operator's cluster-wide informers (the Nodes, and the
    bound pods of the usage index) list the whole cluster again into their warm caches, `--repeat` times: wall
    time, the CPU of the listing thread (the operator's) and of kube-apiserver and etcd meanwhile (theirs), the
-   pages and bytes read, and the records it corrected (0 on a quiet cluster);
+   objects and pages read, and the records it corrected (0 on a quiet cluster);
 3. `paralleljob operator` started against the cluster: its resident memory once both pod informers have listed
    the cluster and watch it (VmRSS), and its peak (VmHWM), from /proc; and how many node and Lease writes a
    second the cluster made meanwhile (kwok's heartbeats), with how many nodes were still Ready at the end.
