@@ -88,12 +88,12 @@ def test_wrong_rank_count_is_an_error() -> None:
 @pytest.mark.parametrize(
     ("environ", "expected"),
     [
-        ({}, (1.3, 20)),
-        ({stragglers.THRESHOLD_ENV: "1.5", stragglers.WINDOW_ENV: "10"}, (1.5, 10)),
-        ({stragglers.WINDOW_ENV: "0"}, (1.3, 0)),
+        ({}, (1.3, 20, 2)),
+        ({stragglers.THRESHOLD_ENV: "1.5", stragglers.WINDOW_ENV: "10", stragglers.WINDOWS_ENV: "1"}, (1.5, 10, 1)),
+        ({stragglers.WINDOW_ENV: "0"}, (1.3, 0, 2)),
     ],
 )
-def test_policy_from_environ(environ: dict[str, str], expected: tuple[float, int]) -> None:
+def test_policy_from_environ(environ: dict[str, str], expected: tuple[float, int, int]) -> None:
     assert stragglers.policy_from_environ(environ) == expected
 
 
@@ -104,8 +104,27 @@ def test_policy_from_environ(environ: dict[str, str], expected: tuple[float, int
         ({stragglers.THRESHOLD_ENV: "fast"}, "expected a number"),
         ({stragglers.WINDOW_ENV: "2.5"}, "whole number"),
         ({stragglers.WINDOW_ENV: "-1"}, "whole number"),
+        ({stragglers.WINDOWS_ENV: "0"}, "WINDOWS: must be a whole number of windows, 1 or more"),
     ],
 )
 def test_bad_policy_is_named(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ContractError, match=message):
         stragglers.policy_from_environ(environ)
+
+
+def slow(node_rank: int, first: int, last: int) -> stragglers.Straggler:
+    return stragglers.Straggler(node_rank, 2.0, 0, first, last)
+
+
+def test_a_node_is_named_after_its_windows_in_a_row_over_all_of_them() -> None:
+    named, streaks = stragglers.persisting([slow(1, 1, 20), slow(2, 1, 20)], {}, 2)
+    assert named == [] and streaks == {1: (1, 1), 2: (1, 1)}
+    # Node 2 was fast in the second window: its run starts again; node 1's second slow window names it.
+    named, streaks = stragglers.persisting([slow(1, 21, 40)], streaks, 2)
+    assert named == [slow(1, 1, 40)] and streaks == {1: (2, 1)}
+    named, streaks = stragglers.persisting([slow(1, 41, 60), slow(2, 41, 60)], streaks, 2)
+    assert named == [slow(1, 1, 60)] and streaks == {1: (3, 1), 2: (1, 41)}
+
+
+def test_one_window_names_at_once() -> None:
+    assert stragglers.persisting([slow(3, 21, 40)], {}, 1) == ([slow(3, 21, 40)], {3: (1, 21)})

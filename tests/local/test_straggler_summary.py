@@ -20,6 +20,16 @@ def test_each_named_node_once_with_its_largest_factor_and_the_steps_that_named_i
     ]
 
 
+def test_a_report_over_a_run_of_windows_counts_each_of_them() -> None:
+    """The trainer names a node after two slow windows in a row, over both; a third extends the run."""
+    windows = [window(1, 20), window(21, 40), window(41, 60), window(61, 80)]
+    windows[1]["stragglers"] = [{"nodeRank": 1, "factor": 5.1, "stage": 0, "steps": [1, 40]}]
+    windows[2]["stragglers"] = [{"nodeRank": 1, "factor": 4.8, "stage": 0, "steps": [1, 60]}]
+    assert report.straggler_summary(windows, NODES) == [
+        {"node": "local-1", "nodeRank": 1, "factor": 5.1, "stage": 0, "steps": [1, 60], "windows": "3/4"}
+    ]
+
+
 def test_no_window_named_anyone() -> None:
     assert report.straggler_summary([window(1, 20), window(21, 40)], NODES) == []
     assert report.straggler_summary([], NODES) == []

@@ -40,6 +40,8 @@ def test_a_throttled_node_and_only_it_is_named(tmp_path: pathlib.Path) -> None:
     summary = run(tmp_path, "--throttle-node", "1")
     assert [(s["nodeRank"], s["node"], s["stage"]) for s in summary["stragglers"]] == [(1, "local-1", 0)]
     assert summary["stragglers"][0]["factor"] > 1.3
+    # Named once it was slow in two windows in a row (spec.failurePolicy.stragglers.windows), over both of them.
+    assert summary["stragglers"][0]["steps"] == [1, 40]
     assert "straggler   local-1 (node rank 1, stage 0)" in summary["stdout"]
 
 

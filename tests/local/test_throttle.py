@@ -22,7 +22,7 @@ def test_a_v1_cpu_cgroup_gets_the_quota_and_the_node_joins_it(tmp_path: pathlib.
     (tmp_path / "cpu").mkdir()  # a v1 hierarchy: no cgroup.controllers at the root
     made = throttle.make(1, 0.5, 4, "test", root=tmp_path)
     assert made.cores == pytest.approx(0.5 * throttle.os.cpu_count() / 4)
-    assert (made.path / "cpu.cfs_quota_us").read_text() == f"{max(1000, int(made.cores * 100_000))}\n"
+    assert (made.path / "cpu.cfs_quota_us").read_text() == f"{max(1000, int(made.cores * throttle.PERIOD_US))}\n"
     wrapped = made.wrap(["python", "-m", "x"])
     assert wrapped[-3:] == ["python", "-m", "x"] and str(made.path / "cgroup.procs") in wrapped[2]
 
@@ -30,7 +30,7 @@ def test_a_v1_cpu_cgroup_gets_the_quota_and_the_node_joins_it(tmp_path: pathlib.
 def test_a_v2_hierarchy_gets_cpu_max(tmp_path: pathlib.Path) -> None:
     (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory\n")
     made = throttle.make(0, 1.0, 2, "test", root=tmp_path)
-    assert (made.path / "cpu.max").read_text().endswith(" 100000\n")
+    assert (made.path / "cpu.max").read_text().endswith(f" {throttle.PERIOD_US}\n")
 
 
 def test_no_writable_cgroup_is_one_line(tmp_path: pathlib.Path) -> None:

@@ -42,5 +42,7 @@ def test_without_a_placement_the_node_rank_stays_and_no_name_is_made_up() -> Non
 
 
 def test_the_trainer_gets_the_policy_in_its_environment() -> None:
-    assert env.straggler_env(1.5, 10) == {stragglers.THRESHOLD_ENV: "1.5", stragglers.WINDOW_ENV: "10"}
-    assert stragglers.policy_from_environ(env.straggler_env(1.5, 10)) == (1.5, 10)
+    policy = stragglers.Policy(1.5, 10, 3)
+    expected = {stragglers.THRESHOLD_ENV: "1.5", stragglers.WINDOW_ENV: "10", stragglers.WINDOWS_ENV: "3"}
+    assert env.straggler_env(policy) == expected
+    assert stragglers.policy_from_environ(env.straggler_env(policy)) == policy

@@ -14,6 +14,11 @@ named.
 operator and `paralleljob run` (which read its answer) and users' own scripts. The answer travels on the
 progress channel under the key `stragglers` as compact JSON (`encode`, `decode`): only the nodes named, at most
 MAX_REPORTED of them, so the channel stays bounded however many nodes the job has.
+
+A node is named only after it has been slower than its peers in `windows` consecutive windows (`persisting`,
+like a Prometheus alert's `for`): one window of a node busy with something else (a checkpoint write, a data
+loader's refill, a neighbour on a shared CPU) is not a slow node, and `action: Replace` must not take a healthy node
+out of the job for it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import dataclasses
 import json
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from paralleljob_contract.errors import ContractError
 from paralleljob_contract.layout import Coord, Layout
@@ -31,11 +36,22 @@ from paralleljob_contract.layout import Coord, Layout
 # by more than THRESHOLD over a window of WINDOW_STEPS steps.
 DEFAULT_THRESHOLD = 1.3
 DEFAULT_WINDOW_STEPS = 20
+# ... in this many consecutive windows.
+DEFAULT_WINDOWS = 2
 # The most nodes one report names (the slowest first): the progress channel's value stays under ~2 KiB.
 MAX_REPORTED = 16
 # How the trainer learns the policy (the operator and `paralleljob run` set them from the spec).
 THRESHOLD_ENV = "PARALLELJOB_STRAGGLER_THRESHOLD"
 WINDOW_ENV = "PARALLELJOB_STRAGGLER_WINDOW"
+WINDOWS_ENV = "PARALLELJOB_STRAGGLER_WINDOWS"
+
+
+class Policy(NamedTuple):
+    """spec.failurePolicy.stragglers as the trainer takes it."""
+
+    threshold: float = DEFAULT_THRESHOLD
+    window_steps: int = DEFAULT_WINDOW_STEPS
+    windows: int = DEFAULT_WINDOWS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +92,28 @@ def name_stragglers(
         if ratio > threshold
     ]
     return sorted(named, key=lambda s: (-s.factor, s.node_rank))[:MAX_REPORTED]
+
+
+# A node rank's unbroken run of windows that found it slower than its peers: (windows, first step of the first).
+Streaks = Mapping[int, tuple[int, int]]
+
+
+def persisting(
+    named: Sequence[Straggler], streaks: Streaks, windows: int
+) -> tuple[list[Straggler], dict[int, tuple[int, int]]]:
+    """Of this window's `named` nodes, those slower in `windows` consecutive windows (this one the last), each
+    reported over its whole run of windows; and the streaks to carry into the next window (a node not named in
+    this window starts again from nothing)."""
+    carried = {}
+    for slow in named:
+        count, first = streaks.get(slow.node_rank, (0, slow.first_step))
+        carried[slow.node_rank] = (count + 1, first)
+    reported = [
+        dataclasses.replace(slow, first_step=carried[slow.node_rank][1])
+        for slow in named
+        if carried[slow.node_rank][0] >= windows
+    ]
+    return reported, carried
 
 
 def node_factors(compute_seconds: Sequence[float], layout: Layout, ranks_per_node: int) -> dict[int, tuple[float, int]]:
@@ -153,16 +191,19 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def policy_from_environ(environ: Mapping[str, str]) -> tuple[float, int]:
-    """(threshold, window steps) from the pod's environment, the defaults where unset; ContractError on bad values.
-    A window of 0 turns the timing and the comparison off."""
+def policy_from_environ(environ: Mapping[str, str]) -> Policy:
+    """The policy from the pod's environment, the defaults where unset; ContractError on bad values. A window of
+    0 steps turns the timing and the comparison off."""
     threshold = _number(environ, THRESHOLD_ENV, DEFAULT_THRESHOLD)
     window = _number(environ, WINDOW_ENV, DEFAULT_WINDOW_STEPS)
+    windows = _number(environ, WINDOWS_ENV, DEFAULT_WINDOWS)
     if threshold <= 1.0:
         raise ContractError(f"{THRESHOLD_ENV}: must be above 1.0 (a factor over the peers' median), got {threshold}")
     if window < 0 or window != int(window):
         raise ContractError(f"{WINDOW_ENV}: must be a whole number of steps (0: off), got {window}")
-    return threshold, int(window)
+    if windows < 1 or windows != int(windows):
+        raise ContractError(f"{WINDOWS_ENV}: must be a whole number of windows, 1 or more, got {windows}")
+    return Policy(threshold, int(window), int(windows))
 
 
 def _number(environ: Mapping[str, str], key: str, default: float) -> float:

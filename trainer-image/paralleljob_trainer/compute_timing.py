@@ -178,7 +178,11 @@ class StragglerWindow:
     steps: int
     device: Any
     first_step: int = 1
+    # Consecutive windows a node must be slower in before it is named (spec.failurePolicy.stragglers.windows).
+    windows: int = stragglers.DEFAULT_WINDOWS
     clock: ComputeClock = dataclasses.field(default_factory=lambda: CLOCK)
+    # Rank 0's unbroken runs of windows per node rank (stragglers.persisting).
+    streaks: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
     # This rank's compute seconds of each step of the current window.
     per_step: list[float] = dataclasses.field(default_factory=list)
     # Each node rank's node (PARALLELJOB_NODE_NAME), gathered once: a report names the nodes this gang ran on,
@@ -204,7 +208,8 @@ class StragglerWindow:
             return None
         layout, per_node = self.plan.layout, self.plan.ranks_per_node
         factors = stragglers.node_factors(every, layout, per_node)
-        named = stragglers.name_stragglers(every, layout, per_node, window, self.threshold, self.node_names)
+        slower = stragglers.name_stragglers(every, layout, per_node, window, self.threshold, self.node_names)
+        named, self.streaks = stragglers.persisting(slower, self.streaks, self.windows)
         slowest = max(factors.items(), key=lambda item: item[1][0], default=None)
         return {
             "event": "stragglers",

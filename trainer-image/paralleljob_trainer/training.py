@@ -183,7 +183,7 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     launch = Launch.from_environ(os.environ)
     check_plan_matches(topology, job.plan, launch.world_size)
     check_launch_matches(job.plan, launch)
-    threshold, window_steps = stragglers.policy_from_environ(os.environ)
+    policy = stragglers.policy_from_environ(os.environ)
     stream = data.open_stream(
         job.training.data, job.model.vocab_size, job.model.sequence_length, job.training.seed, _held_out(job)
     )
@@ -205,7 +205,7 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
     network_record = network.to_record() if network else None
     # After the groups exist, before step 1: every link of the layout timed (spec.network.preflight).
     network_record = linkcheck.check_at_start(job.plan.layout, job.plan.ranks_per_node, engine.grid, network_record)
-    if window_steps:
+    if policy.window_steps:
         compute_timing.attach(engine)
     heartbeat.beat()
     hooks = HookCaller(list(options.hooks))
@@ -223,10 +223,10 @@ def run(job: JobConfig, options: RunOptions, env: PodEnvironment | None = None) 
             progress = dataclasses.replace(progress, start_step=start_step, last_checkpoint_step=chosen.step)
             timings = {"verify_s": verify_seconds, "load_s": time.perf_counter() - started}
             writer.write(_resume_record(chosen, job) | timings, hook_method="on_checkpoint")
-        if window_steps:
+        if policy.window_steps:
             device = getattr(engine, "device", "cpu")
             progress.straggler_window = compute_timing.StragglerWindow(
-                job.plan, threshold, window_steps, device, first_step=progress.start_step + 1
+                job.plan, policy.threshold, policy.window_steps, device, progress.start_step + 1, policy.windows
             )
         for step in range(progress.start_step + 1, job.training.steps + 1):
             _train_one_step(job, options, engine, (stream, eval_stream), coords, step, writer, progress)

@@ -130,8 +130,12 @@ def _plot(curve: list[tuple[int, float]], path: Path, title: str, validation: li
 
 
 def straggler_summary(windows: list[dict[str, Any]], node_names: list[str]) -> list[dict[str, Any]]:
-    """One entry per node any window of the trainer named (metrics.jsonl's `stragglers` records)."""
+    """One entry per node any window of the trainer named (metrics.jsonl's `stragglers` records). A report spans
+    the node's run of slow windows (spec.failurePolicy.stragglers.windows), so `windows` counts the windows its
+    reports cover, of all the run's windows."""
     nodes: dict[int, dict[str, Any]] = {}
+    slow_windows: dict[int, set[int]] = {}
+    ends = [int(window["steps"][1]) for window in windows]
     for window in windows:
         for named in window.get("stragglers") or []:
             rank = int(named["nodeRank"])
@@ -140,7 +144,9 @@ def straggler_summary(windows: list[dict[str, Any]], node_names: list[str]) -> l
             entry["factor"] = max(entry["factor"], float(named["factor"]))
             entry["stage"] = named["stage"]
             entry["steps"] = [min(first, entry.get("steps", [first])[0]), last]
-            entry["windows"] = f"{int(entry.get('windows', '0').split('/')[0]) + 1}/{len(windows)}"
+            slow_windows.setdefault(rank, set()).update(end for end in ends if first <= end <= last)
+    for rank, entry in nodes.items():
+        entry["windows"] = f"{len(slow_windows[rank])}/{len(windows)}"
     return sorted(nodes.values(), key=lambda entry: entry["nodeRank"])
 
 

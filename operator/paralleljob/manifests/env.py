@@ -28,7 +28,7 @@ def build_node_env(
     resume_from: str | None = None,
     progress_hook: str | None = None,
     nccl_env: Mapping[str, str] | None = None,
-    stragglers: tuple[float, int] | None = None,
+    stragglers: straggler_channel.Policy | None = None,
 ) -> dict[str, str]:
     """The environment every trainer process of node rank `node_rank` (on node `node_name`) gets.
 
@@ -48,13 +48,17 @@ def build_node_env(
         resume_from=resume_from,
         progress_hook=progress_hook,
     )
-    policy = straggler_env(*stragglers) if stragglers is not None else {}
+    policy = straggler_env(stragglers) if stragglers is not None else {}
     return {"OMP_NUM_THREADS": "1", **dict(nccl_env or {}), **policy, **identity.to_environ()}
 
 
-def straggler_env(threshold: float, window_steps: int) -> dict[str, str]:
-    """spec.failurePolicy.stragglers for the trainer: its threshold and window (0: the timing is off)."""
-    return {straggler_channel.THRESHOLD_ENV: repr(float(threshold)), straggler_channel.WINDOW_ENV: str(window_steps)}
+def straggler_env(policy: straggler_channel.Policy) -> dict[str, str]:
+    """spec.failurePolicy.stragglers for the trainer: its threshold, window (0: the timing is off) and windows."""
+    return {
+        straggler_channel.THRESHOLD_ENV: repr(float(policy.threshold)),
+        straggler_channel.WINDOW_ENV: str(policy.window_steps),
+        straggler_channel.WINDOWS_ENV: str(policy.windows),
+    }
 
 
 def as_env_list(env: Mapping[str, str]) -> list[dict[str, str]]:

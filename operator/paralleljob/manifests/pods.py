@@ -25,6 +25,7 @@ from paralleljob.api import ResolvedJob
 from paralleljob.api.types import spec_to_dict
 from paralleljob.manifests import configmap, env, kueue_topology, labels, security
 from paralleljob_contract import environment, launcher
+from paralleljob_contract import stragglers as straggler_channel
 from paralleljob_contract.jobfile import Plan
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -170,10 +171,10 @@ def volumes(resolved: ResolvedJob) -> tuple[list[dict[str, Any]], list[dict[str,
     return pod_volumes, mounts
 
 
-def straggler_policy(resolved: ResolvedJob) -> tuple[float, int]:
-    """spec.failurePolicy.stragglers' threshold and window, as the trainer takes them."""
+def straggler_policy(resolved: ResolvedJob) -> straggler_channel.Policy:
+    """spec.failurePolicy.stragglers as the trainer takes it."""
     policy = resolved.spec.failure_policy.stragglers
-    return policy.threshold, policy.window_steps
+    return straggler_channel.Policy(policy.threshold, policy.window_steps, policy.windows)
 
 
 def node_env(resolved: ResolvedJob, settings: PodSettings, node_rank: int) -> list[dict[str, Any]]:

@@ -32,6 +32,13 @@ class Stragglers:
         minimum=0,
         json_name="windowSteps",
     )
+    windows: int = api_field(
+        "Consecutive windows a node must be slower in before it is named: one window of a node busy with something "
+        "else (a checkpoint write, a data refill) names nobody. 1 names a node on its first slow window.",
+        default=contract.DEFAULT_WINDOWS,
+        minimum=1,
+        maximum=100,
+    )
     action: StragglerAction = api_field(
         "Report: name the node (condition Straggler, Event SlowNode, status.progress.stragglers). Replace: also "
         "take it out of the job: a hot spare takes its node rank, or without a spare the gang restarts "
