@@ -11,9 +11,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, and for `from package import name` also `package.name` (which may be a module:
+    `from tests.api import test_cel_rules` imported a test module past a check of `from` modules alone)."""
     tree = ast.parse(path.read_text())
     found = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    return found | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found.add(node.module or "")
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
 
 
 def python_files() -> list[Path]:

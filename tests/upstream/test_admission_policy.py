@@ -1,6 +1,6 @@
 """The chart's ValidatingAdmissionPolicy on the real kube-apiserver: installed by `helm upgrade` with the policy
 on, type-checked against the CRD's schema without a warning, refusing exactly the jobs the operator's own policy
-check refuses (the jobs of tests/chart/test_admission_policy.py, default and widened policy) with a message that
+check refuses (the jobs of tests/chart/admission_jobs.py, default and widened policy) with a message that
 names the field, and passed by a user who may create pods (the `authorizer` bypass) but not by one who may not.
 
 What was verified offline only (cel-python has no authorizer, no type checker, no cost estimate) is verified here.
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from testcluster.api import CHART, RELEASE, RELEASE_NAMESPACE, Api, Tool
-from tests.chart import test_admission_policy as offline
+from tests.chart import admission_jobs as offline
 
 JOBS = "/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs"
 POLICY = f"{RELEASE}-paralleljob-operator-jobs"

@@ -3,7 +3,7 @@ jobs its Python twin refuses, with the rule's own message at its field; the stru
 and prunes as generated, on status writes too; and what a user does with kubectl (apply without
 `--validate=false`, server-side apply, explain, the printer columns) works.
 
-The jobs are the CEL table of tests/api/test_cel_rules.py, which exercises every rule both ways. They are sent
+The jobs are the CEL table of tests/api/cel_cases.py, which exercises every rule both ways. They are sent
 as dry-run creates: the API server defaults, validates and runs CEL (costs included) exactly as for a create,
 and stores nothing.
 """
@@ -20,7 +20,7 @@ import yaml
 
 from paralleljob.api import crd, parsing, rules
 from testcluster.api import REPO, Api, Tool
-from tests.api import test_cel_rules
+from tests.api import cel_cases
 from tests.api.jobs import DELETE, job
 
 JOBS = "/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs"
@@ -33,7 +33,7 @@ def job_of(edits: dict[str, Any]) -> dict[str, Any]:
 
 def refusing_rules(doc: dict[str, Any]) -> set[str]:
     """The messages of the rules whose Python twin refuses the job, as the server defaults it first."""
-    spec, problems = parsing.parse_spec(crd.apply_defaults(test_cel_rules.SPEC_SCHEMA, doc["spec"]))
+    spec, problems = parsing.parse_spec(crd.apply_defaults(cel_cases.SPEC_SCHEMA, doc["spec"]))
     assert spec is not None, problems
     return {rule.message for rule in rules.RULES if rule.check(spec) is not None}
 
@@ -48,11 +48,11 @@ def server_refusals(api: Api, namespace: str, doc: dict[str, Any]) -> tuple[int,
     return response.status_code, [c | {"message": c["message"].removeprefix("Invalid value: ")} for c in causes]
 
 
-@pytest.mark.parametrize("case", test_cel_rules.CASES, ids=list(test_cel_rules.CASES))
+@pytest.mark.parametrize("case", cel_cases.CASES, ids=list(cel_cases.CASES))
 def test_the_real_server_refuses_exactly_what_the_python_twins_refuse(
     chart: str, admin_api: Api, namespace: str, case: str
 ) -> None:
-    doc = job_of(test_cel_rules.CASES[case])
+    doc = job_of(cel_cases.CASES[case])
     wanted = refusing_rules(doc)
     code, causes = server_refusals(admin_api, namespace, doc)
     by_message = {cause["message"]: cause.get("field") for cause in causes}
@@ -66,7 +66,7 @@ def test_the_real_server_refuses_exactly_what_the_python_twins_refuse(
 def test_every_rule_of_the_crd_is_a_rule_the_table_refuses_once(chart: str, admin_api: Api, namespace: str) -> None:
     """The server's CRD has every rule of the Python table, and each refuses at least one job of the table."""
     refused: set[str] = set()
-    for edits in test_cel_rules.CASES.values():
+    for edits in cel_cases.CASES.values():
         _, causes = server_refusals(admin_api, namespace, job_of(edits))
         refused |= {cause["message"] for cause in causes}
     assert refused == {rule.message for rule in rules.RULES}
