@@ -58,7 +58,8 @@ class Cluster:
         return self.state.kubeconfig
 
     def fault(self, kind: str, **where: str) -> None:
-        """A kubelet fault: silence / resume a node, kill-node (its processes die too), kill-container."""
+        """A kubelet fault: silence / resume a node, kill-node (its processes die too), kill-container, throttle (a
+        pod held to `cores` CPUs by a cgroup quota)."""
         port = (self.folder / "kubelet-faults-port").read_text().strip()
         query = "&".join(f"{key}={value}" for key, value in where.items())
         request = urllib.request.Request(f"http://127.0.0.1:{port}/faults/{kind}?{query}", method="POST")

@@ -206,6 +206,14 @@ def container_status(
     }
 
 
+def process_family(pid: int) -> list[int]:
+    """The container's process and every process it started, however deep (torchrun's ranks included)."""
+    try:
+        return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def send_signal(pid: int, signum: int) -> None:
     """SIGTERM to the container's process group (torchrun passes it on to its ranks); SIGKILL to every process
     the container started, as a runtime kills a container's cgroup (torchrun starts each rank in a session of

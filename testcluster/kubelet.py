@@ -50,6 +50,7 @@ from typing import Any
 import requests
 
 from paralleljob.k8s import timestamps
+from paralleljob.local import throttle as throttle_cgroup
 from testcluster import containers, controlplane, images
 from testcluster import sandbox as sandbox_program
 
@@ -108,6 +109,8 @@ class Running:
     started_at: str
     image_id: str = ""
     stopping: bool = False
+    # The CPU cgroup a `throttle` fault put the container's processes in, removed when the container ends.
+    throttle: throttle_cgroup.Throttle | None = None
 
 
 class Kubelet:
@@ -509,6 +512,8 @@ class Kubelet:
 
     def wait(self, running: Running) -> None:
         code = running.process.wait()
+        if running.throttle is not None:
+            threading.Thread(target=running.throttle.remove, daemon=True).start()
         with self.lock:
             self.running.pop(running.uid, None)
             self.finished.add(running.uid)
@@ -556,7 +561,7 @@ class Kubelet:
 
     # -- faults -------------------------------------------------------------------------------------------
 
-    def fault(self, kind: str, node: str = "", namespace: str = "", pod: str = "") -> None:
+    def fault(self, kind: str, node: str = "", namespace: str = "", pod: str = "", cores: str = "") -> None:
         with self.lock:
             if kind == "silence":  # the node's kubelet stops: no heartbeats, no reports
                 self.silent.add(node)
@@ -571,8 +576,27 @@ class Kubelet:
                 for running in list(self.running.values()):
                     if (running.namespace, running.name) == (namespace, pod):
                         self.signal(running, signal.SIGKILL)
+            elif kind == "throttle":  # a slow device: the pod's processes held to `cores` CPUs by a cgroup quota
+                self.throttle(namespace, pod, float(cores or "0.1"))
             else:
                 raise ValueError(f"unknown fault {kind!r}")
+
+    def throttle(self, namespace: str, pod: str, cores: float) -> None:
+        """Move the container's processes (the rank processes torchrun starts in sessions of their own included)
+        into a CPU cgroup of `cores` CPUs, the one `paralleljob run --throttle-node` makes (a 10 ms quota
+        period, so every step is slow). Processes forked later inherit it; two passes catch one forked between."""
+        running = next((r for r in self.running.values() if (r.namespace, r.name) == (namespace, pod)), None)
+        if running is None:
+            raise ValueError(f"throttle: no running container of pod {namespace}/{pod}")
+        try:
+            made = throttle_cgroup.make(0, cores / (os.cpu_count() or 1), 1, f"kubelet-{running.uid[:8]}")
+        except throttle_cgroup.ThrottleError as error:
+            raise ValueError(f"throttle: {error}") from None
+        for _ in range(2):
+            for pid in containers.process_family(running.process.pid):
+                with contextlib.suppress(OSError):
+                    (made.path / "cgroup.procs").write_text(f"{pid}\n")
+        running.throttle = made
 
 
 def _http_get(url: str, timeout: float) -> str:
