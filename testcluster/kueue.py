@@ -129,8 +129,14 @@ def webhook_configurations(state: controlplane.State, port: int) -> list[dict[st
     return found
 
 
-def configuration(folder: Path, webhook_port: int, health_port: int) -> dict[str, Any]:
+def configuration(folder: Path, webhook_port: int, health_port: int, *, multikueue: bool = False) -> dict[str, Any]:
+    """Kueue's Configuration; `multikueue`: a manager cluster's, whose generic MultiKueue adapter dispatches
+    ParallelJobs (`testcluster.multikueue`)."""
+    extra: dict[str, Any] = {}
+    if multikueue:
+        extra["multiKueue"] = {"externalFrameworks": [{"name": EXTERNAL_FRAMEWORK}], "gcInterval": "10s"}
     return {
+        **extra,
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
@@ -184,8 +190,9 @@ def _serving(state: controlplane.State, port: int) -> bool:
     return True
 
 
-def up(state: controlplane.State) -> None:
-    """Install Kueue's CRDs, start its controller and register its webhooks; returns once they answer."""
+def up(state: controlplane.State, *, multikueue: bool = False) -> None:
+    """Install Kueue's CRDs, start its controller and register its webhooks; returns once they answer.
+    `multikueue`: as a MultiKueue manager cluster (`configuration`)."""
     binary = controlplane.binary(BINARY)
     folder = state.folder / "kueue"
     folder.mkdir(parents=True, exist_ok=True)
@@ -200,7 +207,7 @@ def up(state: controlplane.State) -> None:
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     _create(state, "/api/v1/namespaces", namespace)
     config = folder / "config.yaml"
-    config.write_text(yaml.safe_dump(configuration(folder, webhook_port, health_port)))
+    config.write_text(yaml.safe_dump(configuration(folder, webhook_port, health_port, multikueue=multikueue)))
     sandbox = {
         "root": str(folder / "root"),
         "hostname": "kueue",

@@ -38,6 +38,7 @@ def update_allowed(old: dict, new: dict) -> bool:
         ({"spec.template.env": [{"name": "A", "value": "1"}]}, True),
         ({"spec.failurePolicy.backoffLimit": 9}, True),
         ({"spec.deepspeed.gradient_clipping": 0.5}, True),
+        ({"spec.managedBy": "kueue.x-k8s.io/multikueue"}, False),
     ],
     ids=[
         "unchanged",
@@ -51,6 +52,7 @@ def update_allowed(old: dict, new: dict) -> bool:
         "template",
         "backoff",
         "clipping",
+        "managed-by-set",
     ],
 )
 def test_layout_model_and_batch_cannot_change_after_creation_but_the_rest_can(edit, allowed):

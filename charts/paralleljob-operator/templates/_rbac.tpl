@@ -90,10 +90,11 @@ does a call no rule allows. Nothing here touches Secrets, and no rule uses a wil
 {{- if .Values.kueue.enabled }}
 # Application: Kueue (kueue.enabled). The Workload of each job labelled kueue.x-k8s.io/queue-name, created and
 # owned by the job, watched (selected by the job label) for Kueue's admission and eviction; its status patched
-# to give the quota back (an evicted gang stopped, a gang that cannot be placed) and to say Finished.
+# to give the quota back (an evicted gang stopped, a gang that cannot be placed) and to say Finished. On a
+# MultiKueue worker, the Workload Kueue made for a dispatched job is patched once: the job becomes its owner.
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
-  verbs: [get, list, watch, create]
+  verbs: [get, list, watch, create, patch]
 # The LocalQueue a job names, read once when its Workload is created: which ClusterQueue (and Topology) it uses.
 - apiGroups: [kueue.x-k8s.io]
   resources: [localqueues]

@@ -112,6 +112,7 @@ SPEC_IMMUTABLE_FIELDS = (
     "deepspeed.train_batch_size",
     "deepspeed.train_micro_batch_size_per_gpu",
     "deepspeed.gradient_accumulation_steps",
+    "managedBy",
 )
 
 
@@ -119,8 +120,8 @@ SPEC_IMMUTABLE_CEL = " && ".join(unchanged(path) for path in SPEC_IMMUTABLE_FIEL
 
 
 SPEC_IMMUTABLE_MESSAGE = (
-    "parallelism, gpusPerNode, the model's shape and precision, and the DeepSpeed batch sizes cannot change after "
-    "creation: delete the ParallelJob and create it again (training resumes from the checkpoint volume)"
+    "parallelism, gpusPerNode, the model's shape and precision, the DeepSpeed batch sizes and managedBy cannot "
+    "change after creation: delete the ParallelJob and create it again (training resumes from the checkpoint volume)"
 )
 
 

@@ -221,6 +221,15 @@ class ParallelJobSpec:
         "them with the paralleljob_contract package (docs/contract.md).",
         default=None,
     )
+    managed_by: str | None = api_field(
+        "The controller that runs the job, when not this operator. kueue.x-k8s.io/multikueue: Kueue's MultiKueue "
+        "dispatches it to a worker cluster (docs/install.md, MultiKueue); the operator here keeps only its "
+        "Workload, never creates its pods, and the worker's status is mirrored into this one. Cannot change "
+        "after creation.",
+        default=None,
+        max_length=63,
+        json_name="managedBy",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,8 @@ The reconcile pass (`handlers.reconcile`) calls three hooks, each a no-op for a 
   (`handlers.queue_topology`) the Workload asks for the layout's topology, the gang is planned on exactly the
   nodes Kueue assigned, and an assignment that breaks a rule of the layout gives the quota back unrequeued
   (TopologyRuleBroken), since the same request would be answered alike; a lost assigned node is waited for
-  (Kueue replaces it in place).
+  (Kueue replaces it in place). Under MultiKueue (`handlers.multikueue`) a worker's job adopts the Workload
+  Kueue made for it, and a manager's job dispatched to a worker goes no further than its Workload.
 - `supervise`, before a placed gang is supervised: Kueue evicted the Workload (preemption, a lost admission
   check, a stopped queue). If the job keeps checkpoints, its pods run and rank 0's last checkpoint is older than
   `Settings.kueue_checkpoint_grace_seconds`, rank 0 is asked for one (`checkpointRequest` in its progress
@@ -46,7 +47,7 @@ from typing import Any
 import kopf
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import passes, queue_topology
+from paralleljob.handlers import multikueue, passes, queue_topology
 from paralleljob.k8s import reads, timestamps, workloads, writes
 from paralleljob.manifests import kueue_topology, labels
 from paralleljob.manifests import workload as wl
@@ -104,11 +105,18 @@ def gate(p: passes.Pass, current: ResolvedJob) -> passes.Outcome | ResolvedJob:
     if p.record is not None and p.record.evicted and (stopping := _stop_evicted_pods(p)) is not None:
         return stopping
     found = workloads.get(p.session, p.namespace, p.name)
+    if found is not None and not wl.owned_by(found, p.uid) and multikueue.adopt(p, found):
+        found = workloads.get(p.session, p.namespace, p.name)  # MultiKueue's prebuilt Workload, now the job's
     if found is not None and not wl.owned_by(found, p.uid):
         message = f"Workload {wl.workload_name(p.name)} belongs to another object; waiting until it is gone"
         return _queued(p, queue, "WorkloadNameTaken", message, recheck=QUEUED_RECHECK_SECONDS)
+    if found is None and (named := multikueue.prebuilt(p.job)) is not None:
+        message = f"waiting for Workload {named}, which MultiKueue creates (this operator names it {wl.workload_name(p.name)})"
+        return _queued(p, queue, "Pending", message)
     if found is None:
         return _create_workload(p, current, queue)
+    if multikueue.managed_elsewhere(current) and multikueue.dispatched(found):
+        return passes.Outcome("dispatched")  # Kueue runs it on a worker and copies its status here
     if (evicted := wl.eviction(found)) is not None:
         if wl.holds_quota(found):
             reason, message = evicted

@@ -24,6 +24,16 @@ def get(session: Session, namespace: str, job: str) -> dict[str, Any] | None:
     return dict(reply.body) if reply.body is not None else None
 
 
+def patch_metadata(session: Session, workload: Mapping[str, Any], metadata: Mapping[str, Any]) -> None:
+    """One merge patch of the Workload's metadata at the resourceVersion read (a 409 retries the pass)."""
+    found = workload["metadata"]
+    body = {"metadata": {"resourceVersion": found.get("resourceVersion"), **metadata}}
+    call = session.custom.patch_namespaced_custom_object
+    reply = session.send(call, wl.GROUP, wl.VERSION, found["namespace"], wl.PLURAL, found["name"], body, tolerate={404})
+    if reply.status == 404:
+        raise writes.Gone(f"Workload {found['namespace']}/{found['name']}")
+
+
 def create(session: Session, body: Mapping[str, Any]) -> dict[str, Any] | None:
     """Create the Workload; None when one of that name exists already (the next pass reads it)."""
     call = session.custom.create_namespaced_custom_object

@@ -120,14 +120,7 @@ def build_workload(
     if priority is not None:
         spec["priorityClassRef"] = {"group": priority.group, "kind": priority.kind, "name": priority.name}
         spec["priority"] = priority.value
-    owner = {
-        "apiVersion": api_types.API_VERSION,
-        "kind": api_types.KIND,
-        "name": metadata["name"],
-        "uid": metadata["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    owner = owner_reference(job)
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
@@ -138,6 +131,19 @@ def build_workload(
             "ownerReferences": [owner],
         },
         "spec": spec,
+    }
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The Workload's controller reference to its job, as Kueue's own integrations set it."""
+    metadata = job["metadata"]
+    return {
+        "apiVersion": api_types.API_VERSION,
+        "kind": api_types.KIND,
+        "name": metadata["name"],
+        "uid": metadata["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
     }
 
 
