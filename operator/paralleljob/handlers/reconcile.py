@@ -49,17 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import (
-    conditions,
-    failures,
-    gang,
-    observe,
-    placement,
-    queue_topology,
-    queueing,
-    reported,
-    specs,
-)
+from paralleljob.handlers import conditions, failures, gang, observe, placement, queue_topology, queueing, specs
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.observed import PREVIOUS_JOB_RECHECK_SECONDS
 from paralleljob.handlers.passes import AdmissionRequest, NodeView, Outcome, Pass
@@ -225,8 +215,6 @@ def _first_step_that_applies(p: Pass) -> Outcome:
                 return replacement.top_up(p, pinned, cluster, view.held)
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.
             return Outcome("placed", requeue_after=0.0)
-        # What a pass killed between the record and the status left unreported (issue 39): the status follows it.
-        reported.report(p, pinned)
         # Kueue hook (handlers.queueing.supervise): Kueue evicted the Workload: checkpoint, stop, back to Queued.
         if (evicting := queueing.supervise(p, pinned, pods)) is not None:
             return evicting
