@@ -27,7 +27,7 @@ import pytest
 import requests
 import yaml
 
-from testcluster import controlplane
+from testcluster import controlplane, polling
 from testcluster.api import CHART, RELEASE, REPO
 from testcluster.product import Product
 from testcluster.prometheus import Prometheus
@@ -130,17 +130,26 @@ def check_the_dashboard(product: Product, prometheus: Prometheus) -> None:
     namespaces = {s["namespace"] for s in prometheus.series("paralleljob_job_info")}
     jobs = {s["name"] for s in prometheus.series('paralleljob_job_info{namespace=~"default"}')}
     assert "default" in namespaces and JOB in jobs, "the namespace and job variables list the job"
-    empty = []
-    for panel in DASHBOARD["panels"]:
-        for target in panel["targets"]:
-            expr = for_the_job(target["expr"])
-            result = prometheus.query(expr)
-            if any(metric in expr for metric in NOT_REPORTED):
-                continue
-            per_job = "paralleljob_job_" in expr and "sum by (phase)" not in expr
-            if not result or (per_job and not has_job(result)):
-                empty.append(f"{panel['title']}: {expr}")
-    assert empty == [], "dashboard queries without data for the running job"
+
+    def without_data() -> list[str]:
+        empty = []
+        for panel in DASHBOARD["panels"]:
+            for target in panel["targets"]:
+                expr = for_the_job(target["expr"])
+                result = prometheus.query(expr)
+                if any(metric in expr for metric in NOT_REPORTED):
+                    continue
+                per_job = "paralleljob_job_" in expr and "sum by (phase)" not in expr
+                if not result or (per_job and not has_job(result)):
+                    empty.append(f"{panel['title']}: {expr}")
+        return empty
+
+    # A rate() needs two scrapes of its counter: a CI rehearsal's job reached its first checkpoint so soon that the
+    # controller's rate panels had one; the queries are asked again until each has data (a minute at most).
+    try:
+        polling.wait_for(lambda: not without_data(), 60, "every dashboard query with data")
+    except TimeoutError:
+        assert without_data() == [], "dashboard queries without data for the running job"
 
 
 def check_the_stall_alert(product: Product, prometheus: Prometheus) -> None:
