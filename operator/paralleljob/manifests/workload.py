@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.api import types as api_types
 from paralleljob.manifests import labels
 
 GROUP, VERSION, PLURAL, KIND = "kueue.x-k8s.io", "v1beta2", "workloads", "Workload"
@@ -135,16 +134,9 @@ def build_workload(
 
 
 def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
-    """The Workload's controller reference to its job, as Kueue's own integrations set it."""
-    metadata = job["metadata"]
-    return {
-        "apiVersion": api_types.API_VERSION,
-        "kind": api_types.KIND,
-        "name": metadata["name"],
-        "uid": metadata["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    """The Workload's controller reference to its job: the children's one
+    (`labels.owner_reference`) with `blockOwnerDeletion`, as Kueue's integrations set it."""
+    return {**labels.owner_reference(job), "blockOwnerDeletion": True}
 
 
 def condition(workload: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
