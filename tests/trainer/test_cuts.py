@@ -98,6 +98,19 @@ def test_a_re_cut_rank_reads_only_the_saved_slices_that_overlap_its_own(key: str
         assert not recut.any(), "a slice of padding rows is zero"
 
 
+@pytest.mark.parametrize("rank", [2, 3], ids=["real-and-padding-rows", "padding-rows-only"])
+def test_a_re_cut_into_a_used_buffer_sets_the_vocabulary_padding_to_zero(rank: int) -> None:
+    """A re-cut writes each element once, into the buffer it lives in (ZeRO 1's flat partition), never zeroing it
+    first: the rows no saved slice covers are set to zero, whatever the buffer held."""
+    config, new = _config("llama"), TensorParallel(rank=rank, size=4)
+    old_cut, new_cut = hf_layout.cut_of(config, "tokens.weight", 2), hf_layout.cut_of(config, "tokens.weight", 4)
+    plan = cuts.recut_plan(old_cut, new_cut, 300, 2, new)
+    saved = [_layers("llama", 2, saved_rank)["tokens.weight"] for saved_rank in range(2)]
+    target = _layers("llama", 4, rank)["tokens.weight"]
+    used = torch.full_like(target, float("nan"))
+    assert torch.equal(cuts.assemble_into(plan, used, saved.__getitem__), target)
+
+
 @pytest.mark.parametrize("key", GPT_KEYS)
 def test_merging_every_rank_s_slice_gives_the_one_process_tensor(key: str) -> None:
     config = _config("gpt")

@@ -180,11 +180,25 @@ def recut_plan(old: Cut, new: Cut, length: int, old_tp: int, new_tp: TensorParal
 def assemble(
     plan: Sequence[Copy], shape: Sequence[int], read: Callable[[int], torch.Tensor], dtype: torch.dtype
 ) -> torch.Tensor:
-    """The new slice (of `shape`) from `plan`, `read(source)` giving saved rank `source`'s slice (`dtype`: when no
-    block does, a slice of padding rows only); what no block covers (the vocabulary's padding) is zero. Only the
-    blocks are copied: from a memory-mapped file, only their pages are read."""
-    out = torch.zeros(tuple(shape), dtype=read(plan[0].source).dtype if plan else dtype)
-    for copy in plan:
+    """The new slice (of `shape`) from `plan`, `read(source)` giving saved rank `source`'s slice, in that slice's
+    dtype (`dtype` when no block reads one: a slice of padding rows only). See `assemble_into`."""
+    out = torch.empty(tuple(shape), dtype=read(plan[0].source).dtype if plan else dtype)
+    return assemble_into(plan, out, read)
+
+
+def assemble_into(plan: Sequence[Copy], out: torch.Tensor, read: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """Fill `out` (the new slice, or a view of a larger buffer where it lives) from `plan`; what no block covers (the
+    vocabulary's padding) is set to zero. Only the blocks are copied, each element written once: from a
+    memory-mapped file only their pages are read, and a fresh `out` is never zeroed first."""
+    if not plan:
+        return out.zero_()
+    axis, filled = plan[0].axis, 0
+    for copy in sorted(plan, key=lambda block: block.dst.start):
+        if copy.dst.start > filled:
+            out.narrow(axis, filled, copy.dst.start - filled).zero_()
         block = read(copy.source).narrow(copy.axis, copy.src.start, copy.src.stop - copy.src.start)
         out.narrow(copy.axis, copy.dst.start, copy.dst.stop - copy.dst.start).copy_(block)
+        filled = max(filled, copy.dst.stop)
+    if filled < out.shape[axis]:
+        out.narrow(axis, filled, out.shape[axis] - filled).zero_()
     return out

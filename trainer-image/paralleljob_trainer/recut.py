@@ -12,10 +12,12 @@ parameters, in three steps:
    `hf_layout`'s table gives the tensor): the weight from the layer files, AdamW's moments (and under ZeRO 1
    the fp32 master weight) from the optimizer state, cut exactly like the weight. No tensor is merged whole,
    and a saved TP rank's files are opened only when one of its slices overlaps this rank's;
-3. load them: weights into the module; the moments and the step into the torch optimizer (ZeRO 0) or, as one
-   elastic shard of this (stage, TP rank), into DeepSpeed's ZeRO 1 optimizer, which cuts it for the new DP
-   (`checkpoint.load_zero_shards`); the learning-rate schedule and DeepSpeed's step counters from rank 0's
-   model-states file. The data position needs nothing: a batch is a function of the seed and the step.
+3. load them: weights straight into the module's parameters; the moments and the step into the torch optimizer
+   (ZeRO 0) or, under ZeRO 1, only this DP rank's partition of the flat group: the fp32 master weights written in
+   place, the moments into tensors of the partition's size, handed to DeepSpeed's optimizer as the state this
+   rank would have saved, which it loads without merging or cutting anything again. The learning-rate schedule
+   and DeepSpeed's step counters come from rank 0's model-states file. The data position needs nothing: a
+   batch is a function of the seed and the step.
 
 Every file is memory-mapped (`torch.load(mmap=True)`) and only the overlapping blocks are copied out, so a rank
 reads the pages of its own rows and columns. Re-cutting at load, rather than converting once into another
@@ -27,11 +29,13 @@ DeepSpeed's bf16/fp16 optimizer keeps its fp32 state in a form with no per-param
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from paralleljob_contract.jobfile import JobConfig
 from paralleljob_trainer import checkpoint, cuts, hf_layout
@@ -42,7 +46,6 @@ _TIED_LAYER = 0  # the one tied module is the token embedding, pipeline layer 0
 _LEGACY_MODEL = {"architecture": "gpt", "kv_heads": None, "tie_embeddings": False}
 Key = tuple[int, str]  # (global pipeline layer, tensor name in the layer's state dict)
 State = tuple[dict[str, torch.Tensor], dict[str, Any]]  # (per-element state by kind, scalars such as the step)
-Pieces = dict[str, torch.Tensor]  # kind (weight, master, exp_avg, ...): this rank's slice
 
 
 class _Saved:
@@ -116,16 +119,14 @@ def _load(engine: Any, chosen: checkpoint.Chosen) -> None:
     named = dict(engine.module.named_parameters())
     saved = _Saved(chosen, {key_of(name) for name in named})
     tp = engine.module.tensor_parallel
-    pieces: dict[str, Pieces] = {}
-    scalars: dict[str, dict[str, Any]] = {}
-    for name, parameter in named.items():
-        pieces[name], scalars[name] = _recut(model, name, parameter, saved, tp)
-        with torch.no_grad():
-            parameter.copy_(pieces[name]["weight"])
+    tensors = {name: _Tensor.of(model, name, parameter.shape, saved, tp) for name, parameter in named.items()}
+    with torch.no_grad():
+        for name, parameter in named.items():
+            tensors[name].into("weight", parameter)
     if engine.zero_optimization_stage():
-        _load_zero_state(engine, chosen, pieces, scalars)
+        _load_zero_state(engine, chosen, tensors)
     else:
-        _load_torch_state(engine, named, pieces, scalars)
+        _load_torch_state(engine, named, tensors)
     _load_schedule_and_counters(engine, chosen.folder)
 
 
@@ -200,62 +201,117 @@ def _flat_range(parts: list[torch.Tensor], start: int, stop: int) -> torch.Tenso
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
-def _recut(
-    model: Mapping[str, Any], name: str, parameter: torch.Tensor, saved: _Saved, tp: Any
-) -> tuple[Pieces, dict[str, Any]]:
-    """This rank's slice of the weight `name` and of each of its optimizer states, and the states' scalars."""
-    key = key_of(name)
-    old, new = hf_layout.cut_of(model, key[1], saved.tensor), hf_layout.cut_of(model, key[1], tp.size)
-    axis = cuts.shared_axis(old, new)
-    length = new.whole_length(parameter.shape[axis], tp.size, int(model["vocab_size"]))
-    plan = cuts.recut_plan(old, new, length, saved.tensor, tp)
-    expected = list(parameter.shape)
-    expected[axis] = old.local_length(length, saved.tensor)
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+    """One parameter's re-cut: the blocks of the saved TP slices that make this rank's slice of it."""
 
-    def weight(rank: int) -> torch.Tensor:
-        found = saved.weight(key, rank)
-        if list(found.shape) != expected:
+    name: str
+    key: Key
+    shape: torch.Size
+    plan: list[cuts.Copy]
+    saved: _Saved
+    saved_shape: list[int]  # a saved TP slice's shape
+
+    @classmethod
+    def of(cls, model: Mapping[str, Any], name: str, shape: torch.Size, saved: _Saved, tp: Any) -> _Tensor:
+        key = key_of(name)
+        old, new = hf_layout.cut_of(model, key[1], saved.tensor), hf_layout.cut_of(model, key[1], tp.size)
+        axis = cuts.shared_axis(old, new)
+        length = new.whole_length(shape[axis], tp.size, int(model["vocab_size"]))
+        saved_shape = list(shape)
+        saved_shape[axis] = old.local_length(length, saved.tensor)
+        return cls(name, key, shape, cuts.recut_plan(old, new, length, saved.tensor, tp), saved, saved_shape)
+
+    def state(self) -> State:
+        """The optimizer state of the saved slice the first block comes from: its kinds, and its scalars."""
+        return self.saved.state(self.key, self.plan[0].source if self.plan else 0)
+
+    def into(self, kind: str, out: torch.Tensor) -> torch.Tensor:
+        """Fill `out` (shaped like this rank's slice) with this rank's slice of `kind`: the weight, or an optimizer
+        state (AdamW's moments, ZeRO 1's fp32 master weight), each cut exactly like the weight."""
+        return cuts.assemble_into(self.plan, out, self._reader(kind))
+
+    def new(self, kind: str) -> torch.Tensor:
+        """This rank's slice of `kind` in a tensor of its own, in the saved dtype."""
+        return cuts.assemble(self.plan, self.shape, self._reader(kind), torch.float32)
+
+    def _weight(self, rank: int) -> torch.Tensor:
+        found = self.saved.weight(self.key, rank)
+        if list(found.shape) != self.saved_shape:
             raise checkpoint.CheckpointError(
-                f"{name}: TP rank {rank} saved a slice of {list(found.shape)}, this model at TP {saved.tensor} "
-                f"holds {expected}"
+                f"{self.name}: TP rank {rank} saved a slice of {list(found.shape)}, this model at TP "
+                f"{self.saved.tensor} holds {self.saved_shape}"
             )
         return found
 
-    def state_of(kind: str) -> Callable[[int], torch.Tensor]:
-        return lambda rank: saved.state(key, rank)[0][kind]
-
-    state, scalars = saved.state(key, plan[0].source if plan else 0)
-    pieces = {"weight": cuts.assemble(plan, parameter.shape, weight, parameter.dtype)}
-    for kind in state:
-        pieces[kind] = cuts.assemble(plan, parameter.shape, state_of(kind), torch.float32)
-    return pieces, dict(scalars)
+    def _reader(self, kind: str) -> Callable[[int], torch.Tensor]:
+        """Saved TP rank `rank`'s slice of `kind` (`rank` -> tensor)."""
+        if kind == "weight":
+            return self._weight
+        return lambda rank: self.saved.state(self.key, rank)[0][kind]
 
 
-def _load_torch_state(
-    engine: Any, named: dict[str, Any], pieces: dict[str, Pieces], scalars: dict[str, dict[str, Any]]
-) -> None:
+def _load_torch_state(engine: Any, named: dict[str, Any], tensors: dict[str, _Tensor]) -> None:
     """ZeRO 0: each parameter's moments and step into the torch optimizer, as its load_state_dict would."""
     optimizer = engine.optimizer
     for name, parameter in named.items():
-        state = {kind: value for kind, value in pieces[name].items() if kind != "weight"}
-        optimizer.state[parameter] = {**copy.deepcopy(scalars[name]), **state}
+        state, scalars = tensors[name].state()
+        optimizer.state[parameter] = {**copy.deepcopy(scalars), **{kind: tensors[name].new(kind) for kind in state}}
 
 
-def _load_zero_state(
-    engine: Any, chosen: checkpoint.Chosen, pieces: dict[str, Pieces], scalars: dict[str, dict[str, Any]]
-) -> None:
-    """ZeRO 1: this (stage, TP rank)'s whole flat group as one elastic shard, which the optimizer cuts for DP."""
-    order = list(engine._get_zero_param_shapes()[0])
-    template = _zero_shard(chosen.folder, 0, 0)
-    shard = dict(template)  # the global state (loss scaler, clipping, version) is the same on every rank
-    shard[checkpoint.FP32_PARTITIONS] = [torch.cat([pieces[name]["master"].reshape(-1) for name in order])]
-    kinds = [kind for kind in pieces[order[0]] if kind not in ("weight", "master")]
-    state = {kind: torch.cat([pieces[name][kind].reshape(-1) for name in order]) for kind in kinds}
-    shard[checkpoint.BASE_OPTIMIZER_STATE] = [{**scalars[order[0]], **state}]
-    shard.pop(checkpoint.BASE_OPTIMIZER_STATE_STEP, None)
-    if hasattr(engine.optimizer, "round_robin_bit16_padding"):
-        shard["param_alignment_paddings"] = copy.deepcopy(engine.optimizer.round_robin_bit16_padding)
-    checkpoint.load_zero_shards(engine, [shard])
+def _load_zero_state(engine: Any, chosen: checkpoint.Chosen, tensors: dict[str, _Tensor]) -> None:
+    """ZeRO 1: this DP rank's partition of the flat group, the fp32 master weights written in place and the moments
+    into tensors of the partition's size, handed to DeepSpeed's optimizer as the state this rank would have saved
+    (its rigid form), which it loads as it is: no whole flat group is built, merged or cut again."""
+    optimizer = engine.optimizer
+    if len(optimizer.optimizer.param_groups) != 1:
+        raise checkpoint.CheckpointError(
+            f"a ZeRO optimizer with {len(optimizer.optimizer.param_groups)} parameter groups; the re-cut fills one"
+        )
+    master = optimizer.single_partition_of_fp32_groups[0]
+    names = {id(parameter): name for name, parameter in engine.module.named_parameters()}
+    order, offsets = optimizer.round_robin_bit16_groups[0], optimizer.round_robin_bit16_offsets[0]
+    flat = [(tensors[names[id(parameter)]], offset) for parameter, offset in zip(order, offsets, strict=True)]
+    state, scalars = flat[0][0].state()
+    partition = {kind: master if kind == "master" else torch.empty_like(master) for kind in state}
+    start = dist.get_rank(group=optimizer.real_dp_process_group[0]) * master.numel()
+    with torch.no_grad():
+        for kind, buffer in partition.items():
+            _fill_partition(buffer, start, kind, flat)
+    shard = dict(_zero_shard(chosen.folder, 0, 0))  # the global state (loss scaler, clipping, version)
+    shard[checkpoint.FP32_PARTITIONS] = [master]
+    moments = {kind: buffer for kind, buffer in partition.items() if kind != "master"}
+    shard[checkpoint.BASE_OPTIMIZER_STATE] = {
+        "state": {0: {**copy.deepcopy(scalars), **moments}},
+        "param_groups": optimizer.optimizer.state_dict()["param_groups"],
+    }
+    shard["param_alignment_paddings"] = copy.deepcopy(optimizer.round_robin_bit16_padding)
+    data_parallel = dist.get_world_size(group=optimizer.dp_process_group)
+    optimizer.load_state_dict(
+        state_dict_list=[shard] * data_parallel,
+        load_optimizer_states=True,
+        load_from_fp32_weights=engine.zero_load_from_fp32_weights(),
+    )
+
+
+def _fill_partition(buffer: torch.Tensor, start: int, kind: str, flat: list[tuple[_Tensor, int]]) -> None:
+    """Elements [start, start + len(buffer)) of the flat group of `kind` (each tensor at its offset in it) into
+    `buffer`, the alignment padding zero. A tensor wholly inside is assembled in place; one the partition's edge
+    cuts, whole and then copied in part."""
+    filled = 0
+    for tensor, offset in flat:
+        size = tensor.shape.numel()
+        low, high = max(offset, start), min(offset + size, start + buffer.numel())
+        if low >= high:
+            continue
+        buffer[filled : low - start].zero_()
+        target = buffer[low - start : high - start]
+        if high - low == size:
+            tensor.into(kind, target.view(tensor.shape))
+        else:
+            target.copy_(tensor.new(kind).reshape(-1)[low - offset : high - offset])
+        filled = high - start
+    buffer[filled:].zero_()
 
 
 def _load_schedule_and_counters(engine: Any, folder: Path) -> None:
