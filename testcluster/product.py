@@ -75,10 +75,14 @@ class Product:
                 return int(pids[str(rank)])
         return None
 
+    def corpus_folder(self, namespace: str = "default") -> Path:
+        """The corpus claim's folder (the kubelet's folder for the claim), where a user's data set goes."""
+        return self.cluster.folder / "kubelet" / "pvc" / namespace / CORPUS_CLAIM
+
     def fill_corpus(self, namespace: str = "default", text: Path | None = None) -> Path:
         """Put this repository's Python sources (the corpus `paralleljob run` reads for the quickstart), or the
         one file `text`, in the corpus claim's folder, as a user copies a data set onto a shared volume."""
-        folder = self.cluster.folder / "kubelet" / "pvc" / namespace / CORPUS_CLAIM
+        folder = self.corpus_folder(namespace)
         shutil.rmtree(folder, ignore_errors=True)
         if text is None:
             shutil.copytree(REPO / "operator" / "paralleljob", folder, ignore=shutil.ignore_patterns("__pycache__"))
