@@ -85,6 +85,9 @@ WATCH_SERVER_SECONDS = 300
 WATCH_CLIENT_SECONDS = 330
 CONNECT_SECONDS = 10
 REQUEST_SECONDS = 60
+# A start that raised is run again this soon (kopf's default is 60 s): until then the replica neither acts nor
+# stands by.
+STARTUP_RETRY_SECONDS = 5.0
 
 
 def configure(
@@ -284,8 +287,13 @@ def _login_with_kubeconfig(**_: Any) -> kopf.ConnectionInfo:
     )
 
 
-@kopf.on.startup()
+@kopf.on.startup(backoff=STARTUP_RETRY_SECONDS)
 async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """What can fail (the connection, the metrics port) comes before anything that runs on its own (the watches,
+    the admission worker, the campaign for the Lease): kopf runs a start that raised again, and one that had
+    campaigned before it raised left its first candidacy renewing the Lease while the second, which the fence
+    asks, never got it. That replica held the Lease and acted on nothing, so no standby could take over (issue
+    39: two replicas on one host network, the second's metrics port taken)."""
     # Our Events are posted by paralleljob.k8s.events; kopf's own log-to-Event posting would add writes.
     settings.posting.enabled = False
     settings.watching.server_timeout = WATCH_SERVER_SECONDS
@@ -293,10 +301,11 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = CONNECT_SECONDS
     settings.networking.connect_timeout = CONNECT_SECONDS
     settings.networking.request_timeout = REQUEST_SECONDS
-    RUNTIME.session = await asyncio.to_thread(connect, RUNTIME.kubeconfig)
+    connected = await asyncio.to_thread(connect, RUNTIME.kubeconfig)
+    metrics.serve(RUNTIME.metrics_port)
+    RUNTIME.session = session = connected
     RUNTIME.loop = asyncio.get_running_loop()
     RUNTIME.coalescer = Coalescer(_pass, on_failure=_report_failure)
-    session = RUNTIME.session
     RUNTIME.priorities = PriorityValues(lambda name: reads.priority_value(session, name))
     wake = lambda: on_loop(lambda: _request(RECHECK))  # noqa: E731 - called from the informers' threads
     RUNTIME.informers = [
@@ -313,11 +322,11 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         metrics.LEADER.set(1)
     else:
         RUNTIME.election = leadership.Leadership(session, RUNTIME.lease, on_rivals=_report_rivals)
-        RUNTIME.election.start(on_leading=_now_leading)
     if RUNTIME.lock_settings is not None:
         holder = RUNTIME.election.identity if RUNTIME.election is not None else leadership.identity()
         RUNTIME.lock = admission_lock.AdmissionLock(session, RUNTIME.lock_settings, holder)
-    metrics.serve(RUNTIME.metrics_port)
+    if RUNTIME.election is not None:  # last: once it leads, its passes use all of the above
+        RUNTIME.election.start(on_leading=_now_leading)
     log.info("paralleljob operator started: %s", RUNTIME.settings)
 
 
