@@ -111,3 +111,31 @@ def test_one_signal_alone_is_a_blip_and_costs_nothing_until_the_other_agrees(clu
     else:
         report_lost(cluster, report)
     wait_for(lambda: moved_events(cluster), timeout=30, what="the move to the spare")
+
+
+def test_a_lease_going_stale_in_the_middle_of_a_pass_moves_the_node_rank_not_the_gang(cluster, server, operator):
+    """A pass weighs the gang's report once for all its steps. Each Lease read here takes 6 s, so the Lease
+    (renewed 15 s ago, threshold 20 s) is fresh when the pass first reads it and stale 6 s later: a pass that
+    read it again in supervision, after its spare step had found nothing, restarted the whole gang (a CI
+    rehearsal's failure of the test above, when its report landed between those two reads)."""
+    placed, uids = running_with_a_spare(cluster)
+    lost = placed[2]
+    server.latency[("get", "leases")] = 6.0
+    renew(cluster, lost, 15)
+    report_lost(cluster, f'[{{"nodeRank":2,"node":"{lost}","silentSeconds":8.0}}]')
+
+    def reasons() -> list[str]:
+        return [event["reason"] for event in cluster.events()]
+
+    wait_for(lambda: {"SpareTaken", "Restarting"} & set(reasons()), timeout=60, what="the lost node acted on")
+    (message,) = moved_events(cluster)
+    assert f"node rank 2 from {lost} (stopped answering its gang" in message
+
+    def made_again() -> list | None:
+        return [pod for pod in cluster.pods() if pod["metadata"]["uid"] not in uids.values()] or None
+
+    new = wait_for(made_again, timeout=30, what="gpt-2 made again on the spare")
+    assert [pod["metadata"]["name"] for pod in new] == ["gpt-2"]
+    for name in ("gpt-0", "gpt-1", "gpt-3"):
+        assert next(p for p in cluster.pods() if p["metadata"]["name"] == name)["metadata"]["uid"] == uids[name]
+    assert "Restarting" not in reasons() and cluster.status().get("restarts", 0) == 0

@@ -51,9 +51,21 @@ def decide(reported: Mapping[str, float], lease_age: Mapping[str, float | None],
     return Evidence(lost, due)
 
 
+def weighed(p: Pass, nodes: Collection[str | None]) -> Pass:
+    """The pass with the evidence on these nodes (every node its steps judge: the gang's, its spares', its
+    pods') fixed, so that `observe` answers from it. Read twice, a report landing or a Lease going stale between
+    the reads made the spare step see nothing and supervision a lost node, which restarted the whole gang where
+    the spare should have taken one node rank (seen in a CI rehearsal)."""
+    found = observe(p, nodes)
+    return dataclasses.replace(p, gang_lost=(found.lost, found.recheck_in))
+
+
 def observe(p: Pass, nodes: Collection[str | None]) -> Evidence:
     """The evidence on these nodes (a gang's, its spares'): the gang's report read from the progress ConfigMap
-    (the job's own), and the Lease of each node it names among them."""
+    (the job's own), and the Lease of each node it names among them; the pass's own when it was `weighed`."""
+    if p.gang_lost is not None:
+        lost, recheck_in = p.gang_lost
+        return Evidence({node: why for node, why in lost.items() if node in nodes}, recheck_in)
     if p.settings.lost_node_lease_seconds <= 0:
         return Evidence()
     found = reads.get_config_map(p.session, p.namespace, labels.progress_config_map_name(p.name))
