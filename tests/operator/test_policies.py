@@ -114,6 +114,30 @@ def aged(rank, seconds, scheduled=None, **status):
     return stalled
 
 
+def done(rank, seconds_ago):
+    """A Succeeded pod whose container finished `seconds_ago`."""
+    finished = {"state": {"terminated": {"exitCode": 0, "finishedAt": ago(seconds_ago)}}}
+    return pod(rank, "Succeeded", containerStatuses=[{"name": "trainer", **finished}])
+
+
+@pytest.mark.parametrize(
+    ("pods", "verdict", "recheck_in"),
+    [
+        ([done(0, 5), pod(1), pod(2)], "finishing", gang.FINISH_GRACE_SECONDS - 5),
+        ([done(0, 5), done(1, 1), pod(2, "Failed")], "succeeded", None),
+        ([done(0, 5), pod(1, metadata={"deletionTimestamp": "now"})], "finishing", gang.FINISH_GRACE_SECONDS - 5),
+        ([done(0, gang.FINISH_GRACE_SECONDS + 1), pod(1)], "succeeded", None),
+        ([done(0, 5)], "succeeded", None),
+    ],
+    ids=["others-still-exiting", "all-ended", "other-being-deleted", "grace-ran-out", "others-gone"],
+)
+def test_a_finished_rank_0_gives_the_others_a_grace_to_exit_before_the_job_ends(pods, verdict, recheck_in):
+    state = gang.judge(pods, 3, at=NOW)
+    assert (state.verdict, state.recheck_in) == (verdict, pytest.approx(recheck_in) if recheck_in else None)
+    if verdict == "finishing":
+        assert "gpt-1" in state.reason and "gpt-0" not in state.reason
+
+
 @pytest.mark.parametrize(
     ("stuck", "pulls", "verdict", "cause", "recheck_in"),
     [

@@ -1,6 +1,8 @@
 """The gang policy: what the pods of the current attempt say about the job. Pure, with a table test.
 
-Rank 0 Succeeded means the trainer finished (the other ranks may still be exiting). Any pod Failed (evicted
+Rank 0 Succeeded means the trainer finished; the other ranks are exiting, and get `FINISH_GRACE_SECONDS`
+from rank 0's finish to end on their own (verdict finishing) before the job is Succeeded and the pods still
+running are deleted: so a rank that is a moment behind keeps its logs, and a hung one frees its GPUs. Any pod Failed (evicted
 pods are Failed with reason Evicted), being deleted, missing after the gang was complete, or on a lost node
 (NotReady, or deleted from the cluster) breaks the gang: every rank waits on NCCL for the lost one, so the
 whole gang restarts. So does a gang that cannot start (`handlers.start_failures`: a pod the scheduler refuses,
@@ -19,10 +21,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from paralleljob.handlers.start_failures import Limits, describe, overdue, stall_of, waiting_note
+from paralleljob.k8s import timestamps
 from paralleljob.manifests import labels
 from paralleljob_contract.network import NetworkFailure, parse_failure, slow_nodes
 
-Verdict = Literal["succeeded", "broken", "running", "starting"]
+Verdict = Literal["succeeded", "finishing", "broken", "running", "starting"]
+# How long the other ranks have, from rank 0's finish, to end on their own before the job ends without them.
+FINISH_GRACE_SECONDS = 30.0
 NO_LIMITS = Limits()  # no timeouts: a stalled gang waits (the table tests pass their own)
 # Causes, used as condition reasons: GangRestart for a lost or failed pod; the others name what happened.
 BROKEN, START_TIMEOUT, CREATE_FAILED = "GangRestart", "StartTimeout", "CreateFailed"
@@ -127,8 +132,9 @@ def judge(
     by_rank = {_rank(p): p for p in pods}
     ready = sum(1 for p in pods if _phase(p) == "Running")
     rank0 = by_rank.get(0)
+    moment = at or datetime.datetime.now(datetime.UTC)
     if rank0 is not None and _phase(rank0) == "Succeeded":
-        return GangState("succeeded", ready)
+        return _finished(pods, rank0, ready, moment)
     ordered = sorted(pods, key=_rank)
     for pod in ordered:
         if network := network_failure_of(pod):
@@ -145,8 +151,34 @@ def judge(
         return GangState("broken", ready, f"pod of node rank {missing[0]} was deleted", None, node)
     if ready == expected:
         return GangState("running", ready)
-    moment = at or datetime.datetime.now(datetime.UTC)
     return _start_timeout(pods, ready, limits, moment, pull_failures or {}) or GangState("starting", ready)
+
+
+def _finished(
+    pods: Sequence[Mapping[str, Any]], rank0: Mapping[str, Any], ready: int, at: datetime.datetime
+) -> GangState:
+    """Rank 0 Succeeded: succeeded once every other pod has ended (or is gone) or `FINISH_GRACE_SECONDS` have
+    passed since rank 0's container finished (at once when its status does not say when); until then
+    finishing, to be looked at again when the grace runs out."""
+    running = [p for p in pods if _phase(p) not in ("Succeeded", "Failed")]
+    finished = _finished_at(rank0)
+    if not running or finished is None:
+        return GangState("succeeded", ready)
+    left = FINISH_GRACE_SECONDS - (at - finished).total_seconds()
+    if left <= 0:
+        return GangState("succeeded", ready)
+    names = ", ".join(p["metadata"]["name"] for p in running)
+    return GangState(
+        "finishing", ready, f"rank 0 finished; waiting up to {left:.0f}s for {names} to exit", recheck_in=left
+    )
+
+
+def _finished_at(pod: Mapping[str, Any]) -> datetime.datetime | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        stamp = ((status.get("state") or {}).get("terminated") or {}).get("finishedAt")
+        if stamp:
+            return timestamps.parse(str(stamp))
+    return None
 
 
 def slow_link_restart(state: GangState) -> GangState | None:

@@ -47,6 +47,7 @@ def watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> 
         state = dataclasses.replace(state, recheck_in=min(due, state.recheck_in if state.recheck_in else due))
     handlers: dict[str, Callable[[Pass, ResolvedJob, Sequence[Mapping[str, Any]], gang.GangState], Outcome]] = {
         "succeeded": _succeeded,
+        "finishing": _finishing,
         "broken": broken,
         "running": _running,
         "starting": _starting,
@@ -106,6 +107,11 @@ def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]
     cond = p.condition("Ready", "False", "Finished", message)
     cond = p.condition("Succeeded", "True", "TrainingFinished", message, base=cond)
     return end(p, pods, "Succeeded", message, cond, ("Normal", "Completed"))
+
+
+def _finishing(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
+    # Rank 0 finished and the others are exiting: the pods' own updates, or the grace running out, end the job.
+    return Outcome("finishing", requeue_after=state.recheck_in)
 
 
 def broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
