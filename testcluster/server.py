@@ -53,6 +53,8 @@ CRD_NAME = "paralleljobs.paralleljob.io"
 # (CI lost the operator's ServiceAccount and a test's ConfigMap so; tests/operator/test_server_reset.py).
 CONTROLLERS = "*,-node-lifecycle-controller,-namespace-controller"
 KUBELET_AGENT = "paralleljob-test-node-agent"
+# Namespaces the API server makes and the tests never delete, whose Leases, Roles and RoleBindings a reset removes.
+SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease")
 
 
 class Change(NamedTuple):
@@ -387,10 +389,12 @@ class UpstreamServer:
             "priorityclasses": {p.metadata.name for p in scheduling.list_priority_class().items},
             "policies": {p.metadata.name for p in admission.list_validating_admission_policy().items},
             "bindings": {p.metadata.name for p in admission.list_validating_admission_policy_binding().items},
-            "leases": {x.metadata.name for x in leases.list_namespaced_lease("kube-system").items},
-            # The chart's Role and RoleBinding for the admission Lease live in kube-system.
-            "roles": {r.metadata.name for r in rbac.list_namespaced_role("kube-system").items},
-            "rolebindings": {r.metadata.name for r in rbac.list_namespaced_role_binding("kube-system").items},
+            # The chart's Role and RoleBinding for the admission Lease live in kube-system, those for reading the
+            # node Leases in kube-node-lease (where the lost-peer tests play the kubelets' Leases): namespaces
+            # the tests never delete, so their objects are named here as "namespace/name".
+            "leases": _in_system_namespaces(leases.list_namespaced_lease),
+            "roles": _in_system_namespaces(rbac.list_namespaced_role),
+            "rolebindings": _in_system_namespaces(rbac.list_namespaced_role_binding),
         }
 
     def begin(self) -> None:
@@ -419,7 +423,8 @@ class UpstreamServer:
         now = self._cluster_objects()
         # The cluster's own (bootstrap roles, system priority classes) are never the tests', whenever they came.
         new = {
-            kind: {n for n in names - self.baseline[kind] if not n.startswith("system")} for kind, names in now.items()
+            kind: {n for n in names - self.baseline[kind] if not n.rsplit("/", 1)[-1].startswith("system")}
+            for kind, names in now.items()
         }
         rbac = kubernetes.client.RbacAuthorizationV1Api(self.client)
         scheduling = kubernetes.client.SchedulingV1Api(self.client)
@@ -439,9 +444,9 @@ class UpstreamServer:
             *((scheduling.delete_priority_class, (n,)) for n in new["priorityclasses"]),
             *((admission.delete_validating_admission_policy_binding, (n,)) for n in new["bindings"]),
             *((admission.delete_validating_admission_policy, (n,)) for n in new["policies"]),
-            *((leases.delete_namespaced_lease, (n, "kube-system")) for n in new["leases"]),
-            *((rbac.delete_namespaced_role, (n, "kube-system")) for n in new["roles"]),
-            *((rbac.delete_namespaced_role_binding, (n, "kube-system")) for n in new["rolebindings"]),
+            *((leases.delete_namespaced_lease, tuple(reversed(n.split("/")))) for n in new["leases"]),
+            *((rbac.delete_namespaced_role, tuple(reversed(n.split("/")))) for n in new["roles"]),
+            *((rbac.delete_namespaced_role_binding, tuple(reversed(n.split("/")))) for n in new["rolebindings"]),
         ]
         for delete, args in deletions:
             _ignore_missing(delete, *args)
@@ -525,6 +530,11 @@ def _drop_rules(schema: dict[str, Any]) -> None:
     for key in ("items", "additionalProperties"):
         if isinstance(schema.get(key), dict):
             _drop_rules(schema[key])
+
+
+def _in_system_namespaces(list_namespaced: Any) -> set[str]:
+    """ "namespace/name" of the objects a namespaced list call finds in the namespaces the tests never delete."""
+    return {f"{ns}/{x.metadata.name}" for ns in SYSTEM_NAMESPACES for x in list_namespaced(ns).items}
 
 
 def _ignore_missing(call: Any, *args: Any, **kwargs: Any) -> None:

@@ -25,6 +25,10 @@ RESTART_HOLD_SECONDS = 30.0
 RESYNC_SECONDS = 60.0
 # A NotReady node breaks its gang only after this long: Kubernetes' default not-ready toleration.
 NOT_READY_GRACE_SECONDS = 300.0
+# A node whose gang reports it lost (node rank 0's coordinator no longer hears from it) breaks the gang once its
+# Lease in kube-node-lease has gone this long unrenewed (the kubelet renews it every 10 s), without waiting out the
+# NotReady grace. 0: the gang's report is not acted on.
+LOST_NODE_LEASE_SECONDS = 20.0
 # Before Kueue's eviction stops a gang, rank 0 is asked for a checkpoint when its last one is older than this.
 KUEUE_CHECKPOINT_GRACE_SECONDS = 300.0
 # Prometheus metrics port (0: off).

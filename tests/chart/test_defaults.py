@@ -25,6 +25,7 @@ WHERE = {
     "RESTART_HOLD_SECONDS": ("restart_hold", "restart_hold_seconds", "recovery.restartHoldSeconds"),
     "RESYNC_SECONDS": ("resync_period", "resync_seconds", "recovery.resyncPeriodSeconds"),
     "NOT_READY_GRACE_SECONDS": ("not_ready_grace", "not_ready_grace_seconds", "recovery.notReadyGraceSeconds"),
+    "LOST_NODE_LEASE_SECONDS": ("lost_node_lease", "lost_node_lease_seconds", "recovery.lostNodeLeaseSeconds"),
     "KUEUE_CHECKPOINT_GRACE_SECONDS": (
         "kueue_checkpoint_grace", "kueue_checkpoint_grace_seconds", "kueue.checkpointGraceSeconds"
     ),

@@ -94,3 +94,11 @@ def test_the_charts_recovery_defaults_are_the_binarys_and_its_values_reach_the_o
     assert [getattr(defaults, flag) for flag in RECOVERY_FLAGS] == [getattr(binary, flag) for flag in RECOVERY_FLAGS]
     custom = parse_rendered_args({"recovery": RECOVERY})
     assert [getattr(custom, flag) for flag in RECOVERY_FLAGS] == list(RECOVERY.values())
+
+
+def test_the_lost_node_lease_and_the_slow_node_label_reach_the_operator() -> None:
+    defaults = parse_rendered_args({})
+    assert (defaults.lost_node_lease, defaults.not_ready_grace, defaults.slow_node_label) == (20.0, 300.0, "")
+    values = {"recovery": {"lostNodeLeaseSeconds": 30}, "slowNodeLabel": {"enabled": True, "key": "example.com/slow"}}
+    args = parse_rendered_args(values)
+    assert (args.lost_node_lease, args.slow_node_label) == (30.0, "example.com/slow")

@@ -65,14 +65,16 @@ def test_no_rule_grants_escalate_bind_or_impersonate(case: str) -> None:
     assert verbs.isdisjoint({"escalate", "bind", "impersonate", "deletecollection"})
 
 
-def test_all_namespaces_get_one_cluster_role_for_jobs_and_only_the_two_lease_roles() -> None:
+def test_all_namespaces_get_one_cluster_role_for_jobs_and_only_the_three_lease_roles() -> None:
     objects = render()
     roles = [f"{o['kind']}/{o['metadata']['name']}" for o in objects if o["kind"] in {"Role", "RoleBinding"}]
     assert sorted(roles) == [
         "Role/pj-paralleljob-operator-admission-lock",
         "Role/pj-paralleljob-operator-leader-election",
+        "Role/pj-paralleljob-operator-node-leases",
         "RoleBinding/pj-paralleljob-operator-admission-lock",
         "RoleBinding/pj-paralleljob-operator-leader-election",
+        "RoleBinding/pj-paralleljob-operator-node-leases",
     ]
     binding = only(objects, "ClusterRoleBinding", "-jobs")
     assert binding["roleRef"]["name"] == only(objects, "ClusterRole", "-jobs")["metadata"]["name"]
@@ -130,7 +132,8 @@ def test_leader_election_renews_only_its_own_lease_and_only_lists_the_others(cas
 
 
 def test_without_leader_election_and_admission_lock_there_is_no_lease_permission() -> None:
-    objects = render({"leaderElection": {"enabled": False}, "admissionLock": {"enabled": False}})
+    off = {"leaderElection": {"enabled": False}, "admissionLock": {"enabled": False}}
+    objects = render({**off, "recovery": {"lostNodeLeaseSeconds": 0}})
     assert {g for g in grants(objects, {"ClusterRole", "Role"}) if g[1] == "leases"} == set()
     assert [o for o in objects if o["kind"] in {"Role", "RoleBinding"}] == []
 
@@ -185,6 +188,30 @@ def test_nodes_are_read_only_and_cluster_wide() -> None:
     for values in CASES.values():
         node_grants = {(g, r, v) for g, r, v in grants(render(values), {"ClusterRole"}) if r == "nodes"}
         assert node_grants == {("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch")}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_labelling_slow_nodes_grants_node_patch_and_passes_the_key_only_when_enabled(case: str) -> None:
+    def node_verbs_and_flags(values: dict[str, Any]) -> tuple[set[str], list[str]]:
+        objects = render({**CASES[case], **values})
+        args = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        verbs = {v for _, r, v in grants(objects, {"ClusterRole", "Role"}) if r == "nodes"}
+        return verbs, [a for a in args if a.startswith("--slow-node-label")]
+
+    assert node_verbs_and_flags({}) == ({"get", "list", "watch"}, [])
+    enabled = {"slowNodeLabel": {"enabled": True, "key": "example.com/slow"}}
+    assert node_verbs_and_flags(enabled) == ({"get", "list", "watch", "patch"}, ["--slow-node-label=example.com/slow"])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_node_leases_are_read_in_kube_node_lease_only_while_the_gang_s_report_is_acted_on(case: str) -> None:
+    role = only(render(CASES[case]), "Role", "-node-leases")
+    assert role["metadata"]["namespace"] == "kube-node-lease"
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}]
+    off = render({**CASES[case], "recovery": {"lostNodeLeaseSeconds": 0}})
+    assert [o for o in off if o["metadata"]["name"].endswith("-node-leases")] == []
+    args = only(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--lost-node-lease=0" in args
 
 
 def test_namespaces_are_listed_only_when_the_operator_watches_listed_namespaces() -> None:

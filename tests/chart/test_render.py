@@ -54,6 +54,8 @@ def test_the_expected_kinds_are_rendered(case: str) -> None:
                 "ClusterRoleBinding",
                 "Role",
                 "Role",
+                "Role",
+                "RoleBinding",
                 "RoleBinding",
                 "RoleBinding",
                 "Deployment",
@@ -63,7 +65,8 @@ def test_the_expected_kinds_are_rendered(case: str) -> None:
         )
     else:
         # Two watched namespaces: a Role and a RoleBinding in each (and the leader election's in the release
-        # namespace, the admission lock's in its own), and the ServiceMonitor, the dashboard and the rules are on.
+        # namespace, the admission lock's in its own, the node Leases' in kube-node-lease), and the ServiceMonitor,
+        # the dashboard and the rules are on.
         assert kinds == sorted(
             [
                 "CustomResourceDefinition",
@@ -74,6 +77,8 @@ def test_the_expected_kinds_are_rendered(case: str) -> None:
                 "Role",
                 "Role",
                 "Role",
+                "Role",
+                "RoleBinding",
                 "RoleBinding",
                 "RoleBinding",
                 "RoleBinding",
@@ -108,5 +113,6 @@ def test_every_namespaced_object_is_in_the_release_namespace_or_a_watched_one() 
         for o in objects
         if o["kind"] not in {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", *NEWER_KINDS}
     }
-    # ... or the dashboard's, which goes where the Grafana sidecar looks (grafanaDashboard.namespace).
-    assert namespaces == {"platform", "ml-team-a", "ml-team-b", "monitoring"}
+    # ... or the dashboard's, which goes where the Grafana sidecar looks (grafanaDashboard.namespace), or the
+    # Role that reads the node Leases, in kube-node-lease where the kubelets keep them.
+    assert namespaces == {"platform", "ml-team-a", "ml-team-b", "monitoring", "kube-node-lease"}

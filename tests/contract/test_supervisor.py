@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-import socket
 import subprocess
 import sys
 
@@ -19,8 +18,7 @@ from paralleljob_contract import launcher
 from paralleljob_contract.coordinator import GangState
 from paralleljob_contract.ranks import EXIT_PEER
 from paralleljob_contract.supervisor import EXIT_NO_PROGRESS
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.contract.helpers import ROOT, free_port_pair
 
 
 @pytest.mark.parametrize(
@@ -57,18 +55,6 @@ if generation < int(os.environ["FAIL_UNTIL"]):
         sys.exit(1)
     time.sleep(60)
 """
-
-
-def free_port_pair() -> int:
-    while True:
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return int(port)
 
 
 def run_gang(

@@ -96,7 +96,11 @@ def progress_role_needs() -> set[tuple[str, str, str]]:
 UNUSED_BUT_INTENDED = {("", "nodes", "get"), ("", "pods", "get"), ("scheduling.k8s.io", "priorityclasses", "get")}
 # - events create in the release namespace: the RivalOperator Event on the operator's Lease, posted only when
 #   another operator manages the same namespaces (tests/operator/test_leader_election.py).
-UNUSED_IN_SCOPE_BUT_INTENDED = {(RELEASE_NAMESPACE, "", "events", "create")}
+# - leases get in kube-node-lease: read only when a gang reports a peer lost (tests/operator/test_lost_peers.py).
+UNUSED_IN_SCOPE_BUT_INTENDED = {
+    (RELEASE_NAMESPACE, "", "events", "create"),
+    ("kube-node-lease", "coordination.k8s.io", "leases", "get"),
+}
 
 
 def unused_grants(

@@ -53,3 +53,21 @@ def test_when_a_slow_node_event_is_due(before: dict | None, named: list | None, 
 )
 def test_which_nodes_replace_takes_out(named: list | None, action: str, excluded: list, expected: dict) -> None:
     assert stragglers.to_replace(named, ["gpu-a", "gpu-b"], excluded, action) == expected
+
+
+@pytest.mark.parametrize(
+    ("named", "labels", "key", "expected"),
+    [
+        ([SLOW], {"gpu-b": {}}, "paralleljob.io/slow-node", ["gpu-b"]),
+        # Labelled once: a node that carries the label already is not patched again.
+        ([SLOW], {"gpu-b": {"paralleljob.io/slow-node": "true"}}, "paralleljob.io/slow-node", []),
+        # The chart's slowNodeLabel off: no label at all.
+        ([SLOW], {"gpu-b": {}}, "", []),
+        # A node that is gone, or an entry without a node, is not labelled.
+        ([SLOW, {**SLOW, "node": None}], {}, "paralleljob.io/slow-node", []),
+        (None, {"gpu-b": {}}, "paralleljob.io/slow-node", []),
+    ],
+    ids=["named", "already-labelled", "off", "gone", "none-named"],
+)
+def test_the_nodes_labelled_for_administrators(named: list | None, labels: dict, key: str, expected: list) -> None:
+    assert stragglers.to_label(named, labels, key) == expected

@@ -15,15 +15,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from paralleljob_contract import peers
 
 POLL_SECONDS = 0.2
 # The longest a long poll of the coordinator is held.
 MAX_WAIT_SECONDS = 10.0
 # How long a supervisor waits for the coordinator (node rank 0's pod) before it takes the node as lost.
 COORDINATOR_TIMEOUT_SECONDS = 60.0
+# How often node rank 0 looks for peers that stopped answering (`paralleljob_contract.peers`).
+PEER_CHECK_SECONDS = 1.0
 
 
 def log(node_rank: int, message: str) -> None:
@@ -42,6 +46,22 @@ class GangState:
     finished: set[int] = dataclasses.field(default_factory=set)
     failed: str | None = None
     reasons: list[str] = dataclasses.field(default_factory=list)
+    # When each node rank last sent a request, and its node's name (time.monotonic()), and when the current
+    # generation began: what `peers.not_answering` reads.
+    last_seen: dict[int, float] = dataclasses.field(default_factory=dict)
+    names: dict[int, str] = dataclasses.field(default_factory=dict)
+    generation_since: float = dataclasses.field(default_factory=time.monotonic)
+
+    def heard_from(self, node: int, name: str) -> None:
+        self.last_seen[node] = time.monotonic()
+        if name:
+            self.names[node] = name
+
+    def not_answering(self) -> dict[int, float]:
+        """The node ranks that stopped answering (`peers.not_answering`), with seconds since last heard."""
+        ready = self.ready.get(self.generation, set())
+        args = (self.nodes, self.last_seen, ready, self.finished, self.generation, self.generation_since)
+        return peers.not_answering(*args, time.monotonic())
 
     def report_failure(self, generation: int, node: int, reason: str, permanent: bool) -> None:
         """A rank of `node` failed in `generation`: restart in place while the budget lasts, else give up.
@@ -53,6 +73,7 @@ class GangState:
             self.failed = f"node {node}: {reason}{spent}"
             return
         self.generation += 1
+        self.generation_since = time.monotonic()
         self.reasons.append(f"node {node}: {reason}")
         # The one line per in-place restart, in node rank 0's log, that `paralleljob run` reads (IN_PLACE_LINE).
         log(0, f"in-place restart {self.generation}/{self.in_place_restarts}: node {node}: {reason}")
@@ -81,11 +102,15 @@ class GangState:
 
 
 class Coordinator:
-    """Serves a GangState over HTTP on (host, port), in a thread of node rank 0's supervisor."""
+    """Serves a GangState over HTTP on (host, port), in a thread of node rank 0's supervisor; with
+    `report_peers`, calls it with the `lostPeers` report (`peers.encode`) each time the report changes."""
 
-    def __init__(self, state: GangState, host: str, port: int) -> None:
+    def __init__(
+        self, state: GangState, host: str, port: int, report_peers: Callable[[str], None] | None = None
+    ) -> None:
         self.state = state
         changed = threading.Condition()
+        self.changed = changed
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
@@ -115,8 +140,31 @@ class Coordinator:
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="coordinator", daemon=True)
         self.thread.start()
+        self.closed = threading.Event()
+        if report_peers is not None:
+            watch = threading.Thread(target=self.watch_peers, args=(report_peers,), name="peers", daemon=True)
+            watch.start()
+
+    def watch_peers(self, report: Callable[[str], None]) -> None:
+        """Report the peers not answering whenever they change ("[]" first, so that no report of an earlier
+        gang stays in the channel); a report that raises is logged and tried again on the next change."""
+        sent: list[int] | None = None
+        while not self.closed.wait(0 if sent is None else PEER_CHECK_SECONDS):
+            with self.changed:
+                quiet = self.state.not_answering()
+                text = peers.encode(quiet, self.state.names)
+            if sorted(quiet) == sent:  # the same nodes: their growing silence is not news
+                continue
+            sent = sorted(quiet)
+            try:
+                report(text)
+            except Exception as error:  # reporting must never cost the gang its coordinator
+                log(0, f"could not report the peers not answering ({type(error).__name__}: {error})")
+            if quiet:
+                log(0, f"peers not answering: {text}")
 
     def close(self) -> None:
+        self.closed.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -124,6 +172,7 @@ class Coordinator:
 def apply_request(state: GangState, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """One request to the coordinator: `/fail`, `/ready`, `/finished` or `/state`; the answer is the state."""
     generation, node = int(body.get("generation", 0)), int(body.get("node", -1))
+    state.heard_from(node, str(body.get("nodeName") or ""))
     if path == "/fail":
         state.report_failure(generation, node, str(body.get("reason", "")), bool(body.get("permanent")))
     elif path == "/ready":
@@ -136,15 +185,16 @@ def apply_request(state: GangState, path: str, body: Mapping[str, Any]) -> dict[
 class CoordinatorClient:
     """A supervisor's view of the coordinator; `post` raises OSError when it cannot be reached."""
 
-    def __init__(self, host: str, port: int, node_rank: int) -> None:
+    def __init__(self, host: str, port: int, node_rank: int, node_name: str = "") -> None:
         self.url = f"http://{host}:{port}"
         self.host, self.port = host, port
-        self.node_rank = node_rank
+        self.node_rank, self.node_name = node_rank, node_name
         # The coordinator's last answer.
         self.last: dict[str, Any] = {}
 
     def post(self, path: str, generation: int, **fields: Any) -> dict[str, Any]:
-        body = json.dumps({"generation": generation, "node": self.node_rank, **fields}).encode()
+        sender = {"generation": generation, "node": self.node_rank, "nodeName": self.node_name}
+        body = json.dumps({**sender, **fields}).encode()
         request = urllib.request.Request(self.url + path, data=body, method="POST")
         request.add_header("Content-Type", "application/json")
         with urllib.request.urlopen(request, timeout=10 + float(fields.get("wait", 0))) as answer:

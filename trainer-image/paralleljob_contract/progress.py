@@ -4,7 +4,7 @@ Rank 0's progress hook (paralleljob_trainer.k8s_status) merge-patches `data` wit
 string; its ServiceAccount may patch this one ConfigMap and nothing else. The operator creates the ConfigMap,
 owned by the job, validates what it finds there and copies it into `status.progress` and
 `status.lastCheckpointStep` (and the network verdict into `status.network`), which are for people: the operator never acts on them,
-except on the answer to its own checkpoint request.
+except on the answer to its own checkpoint request, and on LOST_PEERS together with the Node's Lease.
 
 The one key the operator writes is CHECKPOINT_REQUEST (an id), before it stops a gang that Kueue evicted. Rank 0
 reads it in the answer to its own next patch (the API returns the object patched, so its account needs no
@@ -49,6 +49,10 @@ MODELED_STEP_SECONDS = "modeledStepSeconds"
 # The nodes the last window of compute times named as stragglers (paralleljob_contract.stragglers.encode: a
 # compact JSON list, "[]" when none), sent at the end of each window.
 STRAGGLERS = "stragglers"
+# The nodes node rank 0's coordinator no longer hears from (paralleljob_contract.peers.encode: a compact JSON
+# list, "[]" when every node answers), written by node rank 0's supervisor through the same hook. The operator
+# acts on it, but only with the Node's own Lease also no longer renewed (docs/operator.md).
+LOST_PEERS = "lostPeers"
 
 
 def config_map_name(job: str) -> str:

@@ -30,6 +30,7 @@ import argparse
 import atexit
 import contextlib
 import dataclasses
+import importlib
 import os
 import re
 import shutil
@@ -49,6 +50,7 @@ from paralleljob_contract.coordinator import (
     GangState,
     log,
 )
+from paralleljob_contract.environment import NODE_NAME, PROGRESS_HOOK
 from paralleljob_contract.ranks import (
     EXIT_PEER,
     Heartbeats,
@@ -79,7 +81,7 @@ class GangFollower:
 
     def __init__(self, client: CoordinatorClient, generation: int) -> None:
         # A client of its own: the supervisor's keeps its last answer for the supervisor's thread.
-        self.client = CoordinatorClient(client.host, client.port, client.node_rank)
+        self.client = CoordinatorClient(client.host, client.port, client.node_rank, client.node_name)
         self.generation = generation
         self.latest: dict[str, Any] | None = None
         self.stopped = threading.Event()
@@ -286,8 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     coordinator = None
     if spec.node_rank == 0:
         state = GangState(nodes=spec.nodes, in_place_restarts=arguments.in_place_restarts)
-        coordinator = Coordinator(state, "", spec.master_port)
-    client = CoordinatorClient(spec.master_addr, spec.master_port, spec.node_rank)
+        coordinator = Coordinator(state, "", spec.master_port, peer_reporter(os.environ))
+    client = CoordinatorClient(spec.master_addr, spec.master_port, spec.node_rank, os.environ.get(NODE_NAME, ""))
     starter = rank_starter(arguments.entrypoint, arguments.preload, command)
     supervisor = Supervisor(spec, client, starter, dict(os.environ))
     if arguments.progress_timeout > 0:
@@ -305,6 +307,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_ranks(supervisor.ranks)
         if coordinator is not None:
             coordinator.close()
+
+
+def peer_reporter(environ: Mapping[str, str]) -> Callable[[str], None] | None:
+    """Node rank 0's way to report the peers not answering (`paralleljob_contract.peers`): the progress hook the
+    pod names (PARALLELJOB_PROGRESS_HOOK, as rank 0's trainer loads it), when it has `on_lost_peers(text)`;
+    None without one (a local run, a hook that cannot be loaded: the gang goes on as before)."""
+    reference = environ.get(PROGRESS_HOOK, "")
+    module_name, _, factory_name = reference.partition(":")
+    if not module_name or not factory_name:
+        return None
+    try:
+        hook = getattr(importlib.import_module(module_name), factory_name)()
+    except Exception as error:
+        log(0, f"progress hook {reference!r} not loaded ({type(error).__name__}: {error}); lost peers unreported")
+        return None
+    report = getattr(hook, "on_lost_peers", None)
+    return report if callable(report) else None
 
 
 @contextlib.contextmanager

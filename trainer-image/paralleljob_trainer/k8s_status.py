@@ -109,6 +109,11 @@ class ProgressReporter:
         self.flush()
         self.wait_sent(FINISH_WAIT_SECONDS)
 
+    def on_lost_peers(self, text: str) -> None:
+        """Node rank 0's supervisor: the peers its coordinator no longer hears from (`paralleljob_contract.peers`
+        encoded), sent at once, not rate-limited: the operator replaces a lost node on it and the Node's Lease."""
+        self._submit({channel.LOST_PEERS: text})
+
     def checkpoint_request(self) -> str | None:
         """The operator's checkpoint request not handed to the trainer yet (each id once), or None."""
         with self._changed:

@@ -32,8 +32,12 @@ its arguments. tests/chart/test_operator_args.py parses them with the operator's
 - --image-pull-retries={{ .imagePullRetries }}
 - --not-ready-grace={{ .notReadyGraceSeconds }}
 - --force-delete-after={{ .forceDeleteAfterSeconds }}
+- --lost-node-lease={{ .lostNodeLeaseSeconds }}
 - --restart-hold={{ .restartHoldSeconds }}
 - --resync-period={{ .resyncPeriodSeconds }}
+{{- end }}
+{{- if .Values.slowNodeLabel.enabled }}
+- --slow-node-label={{ .Values.slowNodeLabel.key }}
 {{- end }}
 - --pod-run-as-user={{ .Values.jobPods.runAsUser }}
 - --pod-run-as-group={{ .Values.jobPods.runAsGroup }}

@@ -22,6 +22,12 @@ does a call no rule allows. Nothing here touches Secrets, and no rule uses a wil
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get, list, watch]
+{{- if .Values.slowNodeLabel.enabled }}
+# Application: the label on a node the operator names slow (slowNodeLabel.enabled), for administrators.
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [patch]
+{{- end }}
 # Application: the GPUs already held by bound pods, in every namespace, so that no GPU is planned twice: the
 # usage index lists them in pages, then watches them (only bound, unfinished pods, selected server-side);
 # and the phase changes of the ParallelJobs' own pods (selected server-side by the job label).
@@ -72,6 +78,15 @@ does a call no rule allows. Nothing here touches Secrets, and no rule uses a wil
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- end }}
+
+{{- define "paralleljob-operator.nodeLeaseRules" -}}
+# Application: a lost node, noticed by its gang (recovery.lostNodeLeaseSeconds above 0). The Lease of a node its
+# gang reports lost, read only then (one get per reported node): the kubelet's heartbeat, the second signal the
+# operator waits for before it replaces the node. Granted in kube-node-lease only, where the kubelets keep them.
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get]
 {{- end }}
 
 {{- define "paralleljob-operator.admissionLockRules" -}}

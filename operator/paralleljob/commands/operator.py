@@ -105,6 +105,21 @@ def register(sub: Any) -> None:
         "(default: Kubernetes' not-ready toleration)",
     )
     parser.add_argument(
+        "--lost-node-lease",
+        type=nonnegative_seconds,
+        default=defaults.LOST_NODE_LEASE_SECONDS,
+        metavar="SECONDS",
+        help="a node its gang reports lost breaks the gang once its Lease in kube-node-lease has gone this long "
+        "unrenewed, without the NotReady grace (0: the gang's report is not acted on)",
+    )
+    parser.add_argument(
+        "--slow-node-label",
+        default="",
+        metavar="KEY",
+        help="label a node named slow (a straggler, the SlowNode Event) KEY=true for administrators; needs patch "
+        "on Nodes (chart: slowNodeLabel.enabled). Default: no label",
+    )
+    parser.add_argument(
         "--resync-period",
         type=positive_seconds,
         default=defaults.RESYNC_SECONDS,
@@ -333,6 +348,8 @@ def run(args: argparse.Namespace) -> int:
         pod_security=pod_security_of(args),
         restart_hold_seconds=args.restart_hold,
         not_ready_grace_seconds=args.not_ready_grace,
+        lost_node_lease_seconds=args.lost_node_lease,
+        slow_node_label=args.slow_node_label,
         resync_seconds=args.resync_period,
         kueue=args.kueue,
         kueue_checkpoint_grace_seconds=args.kueue_checkpoint_grace,

@@ -89,6 +89,10 @@ class Pass(observed.JobFields):
     # Called right before an admission writes its attempt and placement: raises when the cluster-wide
     # admission lock (`k8s.admission_lock`) is no longer safely held; None without the lock.
     fence: Callable[[], None] | None = None
+    # The gang's lost-peer evidence (`handlers.lost_peers`: node -> why, and when the next falls due), weighed
+    # once for the pass: its steps must not judge the same nodes on two reads of a report or Lease that can
+    # change between them. None until weighed.
+    gang_lost: tuple[Mapping[str, str], float | None] | None = None
 
     @property
     def excluded(self) -> list[str]:

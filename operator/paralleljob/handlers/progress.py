@@ -5,7 +5,8 @@ counts only when the job owns it by uid; its numbers go through `manifests.progr
 fields that changed are patched, in one merge patch of `status.progress` and `status.lastCheckpointStep`.
 Reconcile passes never read these fields: phase, placement, restarts and reservations are the operator's own.
 A report of in-place restarts asks for a pass over the job, which counts them from the ConfigMap itself
-(`steps.supervision`).
+(`steps.supervision`), and so does a report of peers node rank 0 no longer hears from, which the pass weighs
+with their Nodes' Leases (`handlers.lost_peers`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class Copied:
     in_place_reported: bool = False
     # The named stragglers changed: the job's pass turns them into its Straggler condition and SlowNode Event.
     stragglers_changed: bool = False
+    # Node rank 0 reports peers it no longer hears from: the job's pass weighs them with their Leases.
+    lost_peers_reported: bool = False
 
 
 def copy_progress(session: Session, key: ProgressKey) -> Copied:
@@ -61,7 +64,8 @@ def copy_progress(session: Session, key: ProgressKey) -> Copied:
     if changed:
         writes.patch_job_status(session, key.namespace, key.name, changed)
     in_place = (found.get("data") or {}).get(channel.IN_PLACE_RESTARTS)
-    return Copied(bool(changed), in_place not in (None, "0"), stragglers_changed)
+    lost = bool(progress.lost_peers_of(found))
+    return Copied(bool(changed), in_place not in (None, "0"), stragglers_changed, lost)
 
 
 def _total_steps(job: Mapping[str, Any]) -> int | None:

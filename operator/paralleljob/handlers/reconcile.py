@@ -49,7 +49,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import conditions, failures, gang, observe, placement, queue_topology, queueing, specs
+from paralleljob.handlers import (
+    conditions,
+    failures,
+    gang,
+    lost_peers,
+    observe,
+    placement,
+    queue_topology,
+    queueing,
+    specs,
+)
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.observed import PREVIOUS_JOB_RECHECK_SECONDS
 from paralleljob.handlers.passes import AdmissionRequest, NodeView, Outcome, Pass
@@ -233,6 +243,8 @@ def _first_step_that_applies(p: Pass) -> Outcome:
         judged = specs.pinned_spec(p, current) if p.live is not None else current
         assert judged is not None
         return supervision.broken(p, judged, pods, state)
+    if p.live is not None:  # the spare step and supervision judge the gang on the same evidence
+        p = lost_peers.weighed(p, [*p.live.nodes, *p.live.spare_nodes, *(gang.node_of(pod) for pod in pods)])
     if (moved := _spare_replacement(p, pinned, pods)) is not None:
         return moved
     outcome = supervision.watch(p, pinned, pods)

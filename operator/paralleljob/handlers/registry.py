@@ -137,7 +137,7 @@ def _pass(key: Hashable) -> Next:
     if isinstance(key, progress.ProgressKey):
         copied = progress.copy_progress(RUNTIME.session, key)
         # A report of in-place restarts is counted by the job's own pass, into the attempt record.
-        wanted = copied.in_place_reported or copied.stragglers_changed
+        wanted = copied.in_place_reported or copied.stragglers_changed or copied.lost_peers_reported
         return Next(keys=((key.namespace, key.name),) if wanted else ())
     namespace, name = typing.cast(tuple[str, str], key)
     outcome = reconcile.reconcile(RUNTIME.session, RUNTIME.settings, namespace, name, _view())

@@ -42,6 +42,11 @@ class Settings:
     # A NotReady node breaks its gang only after this long (Kubernetes' default not-ready toleration), unless
     # its pods fail first: a kubelet that misses a few heartbeats does not cost a gang restart.
     not_ready_grace_seconds: float = defaults.NOT_READY_GRACE_SECONDS
+    # A node its gang reports lost breaks the gang at once when its Lease has gone this long unrenewed: two
+    # signals, so a blip of either costs nothing (`handlers.lost_peers`); 0: the gang's report is not acted on.
+    lost_node_lease_seconds: float = defaults.LOST_NODE_LEASE_SECONDS
+    # The label key (set to "true") on a node the operator names slow, for administrators; "": none.
+    slow_node_label: str = ""
     # Kueue (`handlers.queueing`): watch the Workloads of jobs labelled with a queue; before an evicted gang
     # stops, ask rank 0 for a checkpoint when its last one is older than this.
     kueue: bool = False

@@ -51,6 +51,20 @@ def event_due(before: Mapping[str, Any] | None, now: Verdict | None) -> bool:
     return before is None or before.get("status") != "True" or before.get("message") != now.message
 
 
+def to_label(
+    named: Sequence[Mapping[str, Any]] | None, node_labels: Mapping[str, Mapping[str, Any]], key: str
+) -> list[str]:
+    """The named nodes to label `key=true` for the cluster's administrators (the operator's --slow-node-label):
+    those that exist (`node_labels`: each Node's labels, from the Node watch) and do not carry it yet, so the
+    label is written once per node; none when `key` is empty (the chart's slowNodeLabel off)."""
+    if not key or not named:
+        return []
+    found = [entry.get("node") for entry in named]
+    return sorted(
+        {node for node in found if isinstance(node, str) and node in node_labels and key not in node_labels[node]}
+    )
+
+
 def to_replace(
     named: Sequence[Mapping[str, Any]] | None, gang_nodes: Sequence[str], excluded: Sequence[str], action: str
 ) -> dict[str, str]:

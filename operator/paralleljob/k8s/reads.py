@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import kubernetes
+
 from paralleljob.api import types as api_types
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import labels
@@ -17,6 +19,8 @@ from paralleljob.manifests import labels
 JOB_API = (api_types.GROUP, api_types.VERSION)
 # Objects per page of a list that may hold one object per job of the cluster.
 PAGE_SIZE = 500
+# Where each kubelet renews its node's Lease, its heartbeat.
+NODE_LEASE_NAMESPACE = "kube-node-lease"
 
 
 def get_job(session: Session, namespace: str, name: str) -> dict[str, Any] | None:
@@ -49,6 +53,14 @@ def node_exists(session: Session, name: str) -> bool:
 def get_node(session: Session, name: str) -> dict[str, Any] | None:
     """The Node as the API server has it now (None when there is none of that name)."""
     return _object(session.send(session.core.read_node, name, tolerate={404}).body)
+
+
+def node_lease_renewed(session: Session, node: str) -> str | None:
+    """When the node's kubelet last renewed its Lease in kube-node-lease (RFC 3339); None without one."""
+    api = kubernetes.client.CoordinationV1Api(session.client)
+    body = session.send(api.read_namespaced_lease, node, NODE_LEASE_NAMESPACE, tolerate={404}).body
+    renewed = ((body or {}).get("spec") or {}).get("renewTime")
+    return str(renewed) if renewed else None
 
 
 def priority_value(session: Session, name: str) -> int | None:

@@ -148,6 +148,12 @@ def delete_pod(session: Session, namespace: str, name: str, *, force: bool = Fal
     return session.send(session.core.delete_namespaced_pod, name, namespace, tolerate={404}, **grace).status == 200
 
 
+def label_node(session: Session, name: str, key: str, value: str) -> bool:
+    """Set one label on a Node (a merge patch of its labels, the others kept); False when the Node is gone."""
+    body = {"metadata": {"labels": {key: value}}}
+    return session.send(session.core.patch_node, name, body, tolerate={404}).status == 200
+
+
 def replace_config_map(session: Session, current: Mapping[str, Any], body: Mapping[str, Any]) -> None:
     """Make the ConfigMap `current` (as read) into `body` with one merge patch at its resourceVersion: its data
     and labels become exactly the new ones, so no moment passes without one of the two (a delete and a create

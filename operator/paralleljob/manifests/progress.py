@@ -5,7 +5,9 @@ its ServiceAccount may patch nothing else (`manifests.rbac`): not the job, not i
 object. The operator creates the ConfigMap empty, owned by the job, and copies from it only numbers it has
 validated (`status_of`) into `status.progress`, `status.lastCheckpointStep` and `status.network`, which are for people and never
 feed a decision: a value that is not a plain number in range is dropped, so whatever rank 0's token writes, the
-operator's reservations, placement, phase and restarts cannot change.
+operator's reservations, placement, phase and restarts cannot change. The one exception, `lost_peers_of`, moves
+a node rank to a spare or restarts the gang only where the Node's own Lease agrees (`handlers.lost_peers`), so a
+pod's token alone still cannot.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from paralleljob.manifests import labels
+from paralleljob_contract import peers as peer_channel
 from paralleljob_contract import progress as channel
 from paralleljob_contract import stragglers as straggler_channel
 from paralleljob_contract.errors import ContractError
@@ -171,6 +174,21 @@ def stragglers_of(data: Mapping[str, Any], total_steps: int, nodes: Mapping[int,
         found = {"nodeRank": rank, "factor": round(factor, 2), "stage": entry["stage"], "steps": steps}
         named.append({**found, **({"node": nodes[rank]} if rank in nodes else {})})
     return named
+
+
+def lost_peers_of(config_map: Mapping[str, Any] | None) -> dict[str, float]:
+    """The nodes node rank 0's coordinator reports it no longer hears from, each with seconds silent; {} when
+    none is reported or the report is malformed (a gang's word alone never moves a node: `handlers.lost_peers`
+    also asks its Lease)."""
+    data = (config_map or {}).get("data") or {}
+    text = data.get(channel.LOST_PEERS) if isinstance(data, Mapping) else None
+    if not isinstance(text, str) or len(text) > MAX_STRAGGLERS_LENGTH:
+        return {}
+    try:
+        entries = peer_channel.decode(text)
+    except ContractError:
+        return {}
+    return {e["node"]: float(e["silentSeconds"]) for e in entries if e["node"] and math.isfinite(e["silentSeconds"])}
 
 
 def in_place_restarts_of(config_map: Mapping[str, Any], since: str | None, budget: int) -> int | None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from paralleljob import planning
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import gang, stragglers
+from paralleljob.handlers import gang, lost_peers, stragglers
 from paralleljob.handlers.nodes import shut_down
 from paralleljob.handlers.observed import is_terminating
 from paralleljob.handlers.passes import Outcome, Pass, deleting_for, write_record, write_status
@@ -198,11 +198,14 @@ def vanished_on_lost_nodes(p: Pass, pods: Sequence[Mapping[str, Any]], known_los
 
 def _remove_old_pods(p: Pass, old: Sequence[Mapping[str, Any]]) -> Outcome:
     """Delete the old pods of replaced node ranks; a pod whose node is deleted or out of service goes at once
-    (no kubelet will confirm it), one on a NotReady node once overdue, as draining does."""
+    (no kubelet will confirm it), and so does one whose node its gang reports lost with its Lease unrenewed
+    (`lost_peers`: its kubelet has stopped, and its peers no longer reach its processes); one on a NotReady
+    node once overdue, as draining does."""
     recheck = OLD_POD_RECHECK_SECONDS
+    silent = lost_peers.observe(p, [gang.node_of(pod) for pod in old]).lost
     for pod in old:
         name, node = pod["metadata"]["name"], gang.node_of(pod)
-        gone_for_good = node not in p.nodes.known or node in p.nodes.snapshot.out_of_service
+        gone_for_good = node not in p.nodes.known or node in p.nodes.snapshot.out_of_service or node in silent
         if gone_for_good:
             writes.delete_pod(p.session, p.namespace, name, force=True)
             continue

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import conditions, gang, start_failures, step_promise, stragglers, watchdog
+from paralleljob.handlers import conditions, gang, lost_peers, start_failures, step_promise, stragglers, watchdog
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.passes import (
     Outcome,
@@ -23,7 +23,7 @@ from paralleljob.handlers.passes import (
     write_record,
     write_status,
 )
-from paralleljob.k8s import reads, timestamps
+from paralleljob.k8s import reads, timestamps, writes
 from paralleljob.manifests import labels, records
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.manifests import progress as progress_channel
@@ -58,8 +58,17 @@ def watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> 
 def lost_past_grace(p: Pass, nodes: Sequence[str | None]) -> tuple[dict[str, str], float | None]:
     """Of these nodes, the lost ones that break the gang now: deleted ones, ones tainted out-of-service (shut
     down, as Kubernetes' non-graceful node shutdown declares: the pod garbage collector deletes their pods at
-    once), and NotReady ones past the grace period (counted from the Ready condition's transition as the API
-    server reports it); with when the next one falls due."""
+    once), NotReady ones past the grace period (counted from the Ready condition's transition as the API
+    server reports it), and ones their gang reports lost whose Lease is no longer renewed (`lost_peers`: two
+    signals, without the grace); with when the next one falls due."""
+    lost, due = _lost_to_the_node_watch(p, nodes)
+    gang_says = lost_peers.observe(p, [node for node in nodes if node and node not in lost])
+    due = min((t for t in (due, gang_says.recheck_in) if t is not None), default=None)
+    return {**lost, **gang_says.lost}, due
+
+
+def _lost_to_the_node_watch(p: Pass, nodes: Sequence[str | None]) -> tuple[dict[str, str], float | None]:
+    """Deleted, shut down, and NotReady past the grace period: what the Node watch says."""
     lost = lost_nodes(p, nodes)
     shut_down = p.nodes.snapshot.out_of_service
     for node in lost.keys() & shut_down:
@@ -235,6 +244,7 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
         _network_event(p, cond, before)
     if stragglers.event_due(slow_before, slow):
         p.event("Warning", stragglers.NAMED, slow.message if slow else "")
+    _label_slow_nodes(p)
     if first_seen:
         p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
     elif found is not None:
@@ -252,6 +262,17 @@ def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], 
         grow = gang.GangState("broken", state.ready, why, cause=GROW_BACK)
         return broken(dataclasses.replace(p, record=live.with_grow_restart()), resolved, pods, grow)
     return Outcome("running", requeue_after=_resync(p, verdict.recheck_in, state.recheck_in))
+
+
+def _label_slow_nodes(p: Pass) -> None:
+    """The nodes named slow, labelled for the cluster's administrators where the operator is told to
+    (--slow-node-label); each once, as the Node watch shows."""
+    named = (p.status.get("progress") or {}).get("stragglers")
+    node_labels = {
+        node: (found.get("metadata") or {}).get("labels") or {} for node, found in p.nodes.snapshot.dicts.items()
+    }
+    for node in stragglers.to_label(named, node_labels, p.settings.slow_node_label):
+        writes.label_node(p.session, node, p.settings.slow_node_label, "true")
 
 
 def _slow_without_spare(p: Pass, resolved: ResolvedJob, live: records.AttemptRecord) -> gang.GangState | None:
