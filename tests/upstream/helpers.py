@@ -81,7 +81,10 @@ def job_file(product: Product, corpus: Path) -> dict[str, Any]:
 
 
 def job_status(product: Product) -> dict[str, Any]:
-    return dict(json.loads(product.kubectl("get", "pj", JOB, "-o", "json")).get("status") or {})
+    """The quickstart job's status, read straight from the API server (a kubectl run can take longer than a
+    restart phase lasts); empty while the job cannot be read."""
+    response = product.admin.send("GET", f"/apis/paralleljob.io/v1alpha1/namespaces/default/paralleljobs/{JOB}")
+    return dict(response.json().get("status") or {}) if response.ok else {}
 
 
 def node_without_the_operator(product: Product, status: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ import yaml
 from testcluster.api import RELEASE, RELEASE_NAMESPACE, REPO
 from testcluster.product import Product
 from testcluster.quickstart import JOB
-from tests.upstream.helpers import wait_for
+from tests.upstream.helpers import job_status, wait_for
 
 pytestmark = pytest.mark.slow
 EXAMPLE = REPO / "examples" / "quickstart-on-a-cluster.yaml"
@@ -49,12 +49,6 @@ def small_job() -> dict[str, Any]:
 def product(tmp_path: Path) -> Iterator[Product]:
     with Product.running(tmp_path, nodes=2, gpus_per_node=2) as made:
         yield made
-
-
-def status(product: Product) -> dict[str, Any]:
-    """The job's status, read straight from the API server (a kubectl run takes longer than the restart phase)."""
-    response = product.admin.send("GET", f"/apis/paralleljob.io/v1alpha1/namespaces/default/paralleljobs/{JOB}")
-    return dict(response.json().get("status") or {}) if response.ok else {}
 
 
 def operator_pods(product: Product) -> list[dict[str, Any]]:
@@ -94,17 +88,17 @@ def test_the_leading_replica_evicted_mid_gang_restart_the_standby_finishes_it_wi
     product.kubectl("apply", "-f", str(tmp_path / "job.yaml"))
     wait_for("two operator replicas running", lambda: len(operator_pods(product)) == 2, product, 120)
     first = wait_for("the leading replica", lambda: leader(product), product, 120)
-    stepping = lambda: (status(product).get("progress") or {}).get("step", "0") not in ("0", 0)  # noqa: E731
-    wait_for("the job stepping", lambda: status(product).get("phase") == "Running" and stepping(), product, 300)
+    stepping = lambda: (job_status(product).get("progress") or {}).get("step", "0") not in ("0", 0)  # noqa: E731
+    wait_for("the job stepping", lambda: job_status(product).get("phase") == "Running" and stepping(), product, 300)
 
     product.cluster.fault("kill-container", namespace="default", pod=f"{JOB}-1")
     # The leader has written the restart and is replacing the gang's pods: it is evicted now.
-    wait_for("the gang restarting", lambda: status(product).get("phase") == "Restarting", product, 120)
+    wait_for("the gang restarting", lambda: job_status(product).get("phase") == "Restarting", product, 120)
     evict(product, first)
 
     wait_for("a new leader", lambda: leader(product) not in (None, first), product, 120)
-    wait_for("Succeeded", lambda: status(product).get("phase") in ("Succeeded", "Failed"), product, 480)
-    final = status(product)
+    wait_for("Succeeded", lambda: job_status(product).get("phase") in ("Succeeded", "Failed"), product, 480)
+    final = job_status(product)
     assert final["phase"] == "Succeeded", product.what_was_seen()
     assert final["restarts"] == 1, final
     assert (final.get("progress") or {}).get("step") in ("40", 40), final.get("progress")

@@ -25,7 +25,7 @@ from testcluster.api import REPO
 from testcluster.product import Product
 from testcluster.quickstart import JOB, LOSS_TOLERANCE, cluster_quickstart, losses
 from tests.trainer.reference import train_reference
-from tests.upstream.helpers import wait_for
+from tests.upstream.helpers import job_status, wait_for
 
 pytestmark = pytest.mark.slow
 # Within the steps where TP's rounding stays inside LOSS_TOLERANCE of the one-process reference: this 1x2x2 job
@@ -54,10 +54,6 @@ def product(tmp_path: Path) -> Iterator[Product]:
         yield made
 
 
-def status(product: Product) -> dict[str, Any]:
-    return json.loads(product.kubectl("get", "pj", JOB, "-o", "json")).get("status") or {}
-
-
 def node_of(product: Product, pod: str) -> str:
     return str(json.loads(product.kubectl("get", "pod", pod, "-o", "json"))["spec"]["nodeName"])
 
@@ -69,20 +65,20 @@ def test_a_throttled_pod_is_named_and_replaced_by_the_spare_and_the_job_stays_on
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(slow_node_job()))
     product.kubectl("apply", "-f", str(REPO / "examples" / "quickstart-volumes.yaml"))
     product.kubectl("apply", "-f", str(tmp_path / "job.yaml"))
-    step = lambda: int((status(product).get("progress") or {}).get("step") or 0)  # noqa: E731
-    wait_for("the job stepping", lambda: status(product).get("phase") == "Running" and step() >= 2, product, 300)
+    step = lambda: int((job_status(product).get("progress") or {}).get("step") or 0)  # noqa: E731
+    wait_for("the job stepping", lambda: job_status(product).get("phase") == "Running" and step() >= 2, product, 300)
     slow = node_of(product, f"{JOB}-1")
-    spares = status(product).get("spareNodes")
+    spares = job_status(product).get("spareNodes")
     product.cluster.fault("throttle", namespace="default", pod=f"{JOB}-1", cores="0.1")
 
-    excluded = lambda: slow in (status(product).get("excludedNodes") or [])  # noqa: E731
+    excluded = lambda: slow in (job_status(product).get("excludedNodes") or [])  # noqa: E731
     wait_for(f"{slow} named and excluded", excluded, product, 420)
     # The Event follows the status write it goes with.
     selector = f"involvedObject.name={JOB},reason=SlowNode"
     named = lambda: f"{slow} (node rank 1" in product.kubectl("get", "events", "--field-selector", selector)  # noqa: E731
     wait_for(f"a SlowNode Event naming {slow}", named, product, 60)
-    wait_for("Succeeded", lambda: status(product).get("phase") in ("Succeeded", "Failed"), product, 600)
-    final = status(product)
+    wait_for("Succeeded", lambda: job_status(product).get("phase") in ("Succeeded", "Failed"), product, 600)
+    final = job_status(product)
     assert final["phase"] == "Succeeded", product.what_was_seen()
     assert slow not in [p["node"] for p in final["placement"]], final["placement"]
     assert node_of(product, f"{JOB}-1") != slow
