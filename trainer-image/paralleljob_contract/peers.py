@@ -18,6 +18,7 @@ import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from paralleljob_contract import progress
 from paralleljob_contract.errors import ContractError
 
 # Longer than the longest long poll (coordinator.MAX_WAIT_SECONDS, 10 s) with a margin: a node that has sent
@@ -65,13 +66,7 @@ def encode(quiet: Mapping[int, float], names: Mapping[int, str]) -> str:
 
 def decode(text: str) -> list[dict[str, Any]]:
     """A `lostPeers` value read back, each entry checked; ContractError names what is wrong."""
-    try:
-        entries = json.loads(text)
-    except ValueError as error:
-        raise ContractError(f"lostPeers: not JSON ({error}); expected a list such as []") from None
-    if not isinstance(entries, list):
-        raise ContractError("lostPeers: expected a JSON list of nodes")
-    return [_checked(entry, index) for index, entry in enumerate(entries[:MAX_REPORTED])]
+    return progress.decode_list("lostPeers", text, _checked, MAX_REPORTED)
 
 
 def _checked(entry: object, index: int) -> dict[str, Any]:

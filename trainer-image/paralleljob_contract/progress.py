@@ -13,6 +13,12 @@ read right), and once the checkpoint it took for it is complete, reports CHECKPO
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from typing import Any
+
+from paralleljob_contract.errors import ContractError
+
 CONFIG_MAP_SUFFIX = "-progress"
 # The data keys, as rank 0 writes them.
 STEP = "step"
@@ -65,3 +71,17 @@ def job_of(config_map: str) -> str | None:
     if not config_map.endswith(CONFIG_MAP_SUFFIX):
         return None
     return config_map[: -len(CONFIG_MAP_SUFFIX)] or None
+
+
+def decode_list(
+    key: str, text: str, checked: Callable[[object, int], dict[str, Any]], limit: int
+) -> list[dict[str, Any]]:
+    """A key whose value is a JSON list of objects (`stragglers`, `lostPeers`) read back: its first `limit`
+    entries, each through `checked(entry, index)`; ContractError names the key and what is wrong."""
+    try:
+        entries = json.loads(text)
+    except ValueError as error:
+        raise ContractError(f"{key}: not JSON ({error}); expected a list such as []") from None
+    if not isinstance(entries, list):
+        raise ContractError(f"{key}: expected a JSON list of nodes")
+    return [checked(entry, index) for index, entry in enumerate(entries[:limit])]

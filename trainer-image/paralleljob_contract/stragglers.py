@@ -29,6 +29,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from paralleljob_contract import progress
 from paralleljob_contract.errors import ContractError
 from paralleljob_contract.layout import Coord, Layout
 
@@ -160,13 +161,7 @@ def encode(named: Sequence[Straggler]) -> str:
 
 def decode(text: str) -> list[dict[str, Any]]:
     """A `stragglers` value read back, each entry checked; ContractError names what is wrong."""
-    try:
-        entries = json.loads(text)
-    except ValueError as error:
-        raise ContractError(f"stragglers: not JSON ({error}); expected a list such as {encode([])}") from None
-    if not isinstance(entries, list):
-        raise ContractError("stragglers: expected a JSON list of nodes")
-    return [_checked(entry, index) for index, entry in enumerate(entries[:MAX_REPORTED])]
+    return progress.decode_list("stragglers", text, _checked, MAX_REPORTED)
 
 
 def _checked(entry: object, index: int) -> dict[str, Any]:
