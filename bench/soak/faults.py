@@ -36,11 +36,16 @@ def _ok(response: Any) -> None:
 
 
 def pod_kill(soak: Soaked, pick: int) -> tuple[str | None, Undo | None]:
+    """A real node's pod: its main process SIGKILLed (a crash, the OOM killer); a fake node's: deleted at once."""
     pods = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in _job_pods(soak)}
     target = _pick(list(pods), pick)
-    if target is not None:
-        namespace, name = target.split("/")
-        _ok(soak.api.send("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", gracePeriodSeconds="0"))
+    if target is None:
+        return None, None
+    namespace, name = target.split("/")
+    if pods[target]["spec"].get("nodeName") in soak.real_nodes:
+        soak.cluster.fault("kill-container", namespace=namespace, pod=name)
+        return f"{target} (its process)", None
+    _ok(soak.api.send("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", gracePeriodSeconds="0"))
     return target, None
 
 

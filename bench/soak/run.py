@@ -7,6 +7,7 @@ prints the report. Its exit status is 1 when an invariant was violated.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import tempfile
@@ -14,6 +15,8 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+
+import requests
 
 from bench.soak import faults, invariants, jobs, observe, report, schedule
 from bench.soak.cluster import Soaked, started
@@ -71,10 +74,15 @@ def apply_job(soak: Soak, event: schedule.Event, index: int) -> None:
     name = f"{event.kind}-{index}"
     doc = jobs.document(event.kind, name)
     key = f"{doc['metadata']['namespace']}/{name}"
-    response = soak.soaked.api.send(
-        "POST", f"/apis/paralleljob.io/v1alpha1/namespaces/{doc['metadata']['namespace']}/paralleljobs", doc
-    )
     soak.job_kinds[key] = event.kind
+    try:
+        response = soak.soaked.api.send(
+            "POST", f"/apis/paralleljob.io/v1alpha1/namespaces/{doc['metadata']['namespace']}/paralleljobs", doc
+        )
+    except requests.RequestException as error:
+        soak.outcomes[key] = "not created (no answer)"
+        soak.note(f"job {key} not created: {error!r}"[:300])
+        return
     if response.status_code == 422:
         soak.outcomes[key] = "refused"
         return
@@ -135,16 +143,18 @@ def due_deletions(soak: Soak, now: float) -> None:
 
 
 def verify_checkpoints(soak: Soak, key: str, now: float) -> None:
-    from paralleljob_trainer import export  # torch: imported once a real job has Succeeded
+    """Every committed checkpoint of a Succeeded real job verified against its manifest (sizes and sha256), as
+    `paralleljob export` verifies one."""
+    from paralleljob_trainer import checkpoint, export  # torch: imported once a real job has Succeeded
 
     folder = soak.soaked.checkpoints(key.split("/")[1])
     verdicts: dict[str, str | None] = {}
-    for step in sorted(folder.glob("global_step*")):
+    for tag in checkpoint.committed_tags(folder):
         try:
-            export.verified_manifest(step)
-            verdicts[step.name] = None
+            export.verified_manifest(folder / tag)
+            verdicts[tag] = None
         except Exception as error:
-            verdicts[step.name] = str(error)
+            verdicts[tag] = str(error)
     latest = (folder / "latest").read_text().strip() if (folder / "latest").exists() else None
     soak.found(invariants.checkpoints(key, latest, verdicts, now))
     soak.note(f"checkpoints of {key}: {sorted(verdicts)} verified, latest {latest}")
@@ -210,7 +220,10 @@ def drain(soak: Soak, timeout: float) -> None:
     for key, outcome in soak.outcomes.items():
         if outcome not in ("refused",) and not outcome.startswith("not created"):
             namespace, name = key.split("/")
-            soak.soaked.api.send("DELETE", f"/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs/{name}")
+            with contextlib.suppress(requests.RequestException):
+                soak.soaked.api.send(
+                    "DELETE", f"/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs/{name}"
+                )
     soak.tracks.clear()
     deadline = soak.now() + timeout
     while soak.now() < deadline:

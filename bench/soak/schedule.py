@@ -14,8 +14,8 @@ import random
 
 # Fault kind -> weight of the draw.
 FAULTS: dict[str, float] = {
-    "pod-kill": 4.0,  # a job's pod deleted at once (its process killed, on a real node)
-    "operator-kill": 2.0,  # the operator SIGKILLed and started again
+    "pod-kill": 5.0,  # a job's pod deleted at once (its process killed, on a real node)
+    "operator-kill": 1.0,  # the operator SIGKILLed and started again
     "node-loss": 2.0,  # a kwok node deleted (its VM gone) and a new one joins
     "node-hang": 1.0,  # a real node's kubelet silenced: no heartbeats, no pod updates, then resumed
     "kueue-evict": 1.5,  # an admitted Workload deactivated (Kueue evicts it, as a preemption does), then reactivated
