@@ -132,9 +132,13 @@ def due_deletions(soak: Soak, now: float) -> None:
         if soak.outcomes.get(key) != "live":
             continue
         namespace, name = key.split("/")
-        response = soak.soaked.api.send(
-            "DELETE", f"/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs/{name}"
-        )
+        try:
+            response = soak.soaked.api.send(
+                "DELETE", f"/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs/{name}"
+            )
+        except requests.RequestException:  # the API is down (an outage): again in 5 s
+            soak.deletions.append((now + 5.0, key))
+            continue
         if response.ok or response.status_code == 404:
             soak.outcomes[key] = "deleted"
             soak.tracks.pop(key, None)
