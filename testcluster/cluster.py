@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +101,18 @@ def _nodes_ready(state: controlplane.State, names: set[str]) -> bool:
     return names <= ready
 
 
-def up(folder: Path, nodes: int = 2, gpus_per_node: int = 4) -> Cluster:
+def up(
+    folder: Path,
+    nodes: int = 2,
+    gpus_per_node: int = 4,
+    *,
+    node_grace: str = controlplane.NODE_MONITOR_GRACE,
+    before_controllers: Callable[[controlplane.State], None] | None = None,
+) -> Cluster:
+    """`node_grace` and `before_controllers` as `controlplane.up` takes them (the soak, bench/soak, shares the
+    controller-manager with kwok's nodes and wants the CRD's dependents collected from the start)."""
     folder = folder.resolve()
-    state = controlplane.up(folder)
+    state = controlplane.up(folder, node_grace=node_grace, before_controllers=before_controllers)
     try:
         definitions = gpu_nodes(nodes, gpus_per_node)
         (folder / "nodes.json").write_text(json.dumps(definitions, indent=1))
