@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.soak import invariants, jobs, report, schedule
+from bench.soak import invariants, jobs, report, run, schedule
 from bench.soak.invariants import Sample, Track
 
 # schedule
@@ -186,3 +186,31 @@ def test_the_report_lists_faults_violations_and_memory() -> None:
     assert "faults injected: 6 of 2 kinds; invariant violations: 1" in printed
     assert "61.5 s  orphan  soak/a  pod soak/p" in printed
     assert printed.count("\n  ") >= 8
+
+
+def undo(due: float, kind: str) -> tuple[float, str, Any]:
+    return due, kind, lambda: None
+
+
+@pytest.mark.parametrize(
+    ("pending", "undos", "expected"),
+    [
+        # An undo that fell due goes before overdue events: a backlog must not keep etcd down.
+        ([schedule.Event(90.0, "pod-kill", 0)], [undo(95.0, "etcd-kill")], "undo"),
+        # An outage still on holds every event that falls due meanwhile, however late the driver is.
+        ([schedule.Event(90.0, "pod-kill", 0)], [undo(120.0, "etcd-kill")], None),
+        ([schedule.Event(90.0, "valid", 0)], [undo(120.0, "apiserver-restart")], None),
+        # Faults that leave the API server answering do not hold the schedule.
+        (
+            [schedule.Event(90.0, "pod-kill", 0)],
+            [undo(120.0, "controller-manager-stop"), undo(130.0, "node-hang")],
+            "event",
+        ),
+        ([schedule.Event(101.0, "pod-kill", 0)], [], None),
+        ([], [], None),
+    ],
+)
+def test_the_driver_undoes_a_due_fault_first_and_holds_events_while_the_api_is_down(
+    pending: list[schedule.Event], undos: list[tuple[float, str, Any]], expected: str | None
+) -> None:
+    assert run.next_due(pending, undos, 100.0) == expected
