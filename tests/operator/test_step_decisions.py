@@ -1,7 +1,8 @@
 """Whole decisions of the reconcile steps (`handlers.steps`), on plain data: what a step writes (the status patch,
 its Events, the attempt record, the pods deleted and forced) and what it asks of the scheduler, for each case, from
 one `Observed` built here. No API server: `k8s.apply` writes these values, and the operator tests show that it
-does (`test_invalid.py`, `test_recreated_job.py`, `test_name_conflicts.py`, `test_not_ready.py`).
+does (`test_invalid.py`, `test_recreated_job.py`, `test_name_conflicts.py`, `test_not_ready.py`, and for the spare
+step `test_lost_nodes.py`, `test_out_of_service.py`, `test_stragglers.py`, `test_killed_after_the_record.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from paralleljob import planning
 from paralleljob.api import validate_document
 from paralleljob.handlers.observed import INVALID_NOTE, Observed
 from paralleljob.handlers.settings import Settings
-from paralleljob.handlers.steps import conflicts, creation, draining, finished, invalid
+from paralleljob.handlers.steps import conflicts, creation, draining, finished, invalid, replacement
 from paralleljob.manifests import children, labels, records
 from paralleljob.manifests.decisions import Decision, Event
 
@@ -67,12 +68,15 @@ def pod(
     deleting_since: str | None = None,
     gang_size: int = 2,
     owner: str = UID,
+    rank: int | None = None,
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "name": name,
         "labels": {labels.ATTEMPT_LABEL: str(attempt), labels.GANG_SIZE_LABEL: str(gang_size)},
         "ownerReferences": [{"kind": "ParallelJob", "name": "gpt", "uid": owner, "controller": True}],
     }
+    if rank is not None:
+        metadata["labels"][labels.NODE_RANK_LABEL] = str(rank)
     if deleting_since is not None:
         metadata["deletionTimestamp"] = deleting_since
     return {"metadata": metadata, "spec": {"nodeName": node}, "status": {"phase": phase}}
@@ -428,6 +432,272 @@ def test_a_pod_that_exists_already_is_not_created_again():
 def test_an_attempt_whose_plan_is_lost_is_planned_again_and_creates_nothing(observed):
     decision = creation.decide(observed, SETTINGS, NOW)
     assert decision == Decision("replanning", status={"placement": None, "observedGeneration": 2})
+
+
+# -- the spare step, replacement ----------------------------------------------------------------------------
+
+SPARED_DOC = yaml.safe_load((Path(__file__).parents[2] / "examples" / "gpt-small-8gpu.yaml").read_text())
+SPARED_DOC["spec"]["failurePolicy"] = {"backoffLimit": 3, "spareNodes": 1, "stragglers": {"action": "Replace"}}
+SPARED = validate_document(SPARED_DOC).resolved
+# Two 4-GPU node ranks on local-0 and local-1, local-2 held as their spare; local-3 free.
+SPARE_NODES = planning.local_cluster_nodes(4, 4)
+HELD = records.AttemptRecord(
+    attempt=0,
+    spec={},
+    image="trainer:test",
+    nodes=("local-0", "local-1"),
+    gpus_per_node=4,
+    spare_nodes=("local-2",),
+    placed=True,
+)
+MOVED = HELD.with_spares_taken({1: "local-2"})  # node rank 1 moves from local-1 to the spare local-2
+PLACEMENT = [{"nodeRank": 0, "node": "local-0", "ranks": "0-3"}, {"nodeRank": 1, "node": "local-1", "ranks": "4-7"}]
+RUNNING = {"phase": "Running", "message": "all 2 pods running", "placement": PLACEMENT, "spareNodes": ["local-2"]}
+MOVE = "moving node rank 1 from local-1 (no longer exists) to spare local-2; the pods on healthy nodes stay"
+MADE = "recreated the pods of node ranks on their spares (1->local-2); the gang re-forms in place"
+SLOW = (
+    "moving node rank 1 from local-1 (is slower than its peers (1.8x, stage 1)) to spare local-2; the pods on "
+    "healthy nodes stay"
+)
+NAME = SPARED.name
+
+
+def _spare_config_map() -> dict[str, Any]:
+    owner = {**job(), "metadata": {**job()["metadata"], "name": NAME}, "spec": {}}
+    plan = planning.plan_job(SPARED, planning.build_cluster(SPARE_NODES[:3]))
+    assert isinstance(plan, planning.Plan)
+    return children.build_attempt(owner, SPARED, plan, SPARE_NODES[:3], attempt=0, record=HELD).config_map
+
+
+SPARE_CONFIG_MAP = _spare_config_map()
+
+
+def gang_pod(rank: int, node: str, **fields: Any) -> dict[str, Any]:
+    return pod(labels.pod_name(NAME, rank), node=node, rank=rank, **fields)
+
+
+def spared(record_: records.AttemptRecord = HELD, *, status: dict[str, Any] | None = None, **fields: Any) -> Observed:
+    """The gpt-small example placed with a hot spare (`HELD`), its pods on their nodes, as the pass observed it."""
+    fields.setdefault("pods", (gang_pod(0, "local-0"), gang_pod(1, "local-1")))
+    fields.setdefault("config_map", SPARE_CONFIG_MAP)
+    fields.setdefault("known", frozenset(node["metadata"]["name"] for node in SPARE_NODES))
+    fields.setdefault("watched_nodes", {node["metadata"]["name"]: node for node in SPARE_NODES})
+    owner = {**job(**(RUNNING if status is None else status)), "metadata": {**job()["metadata"], "name": NAME}}
+    return seen(owner, record=record_, pinned=SPARED, **fields)
+
+
+def rebuilt(rank: int, record_: records.AttemptRecord) -> dict[str, Any]:
+    """Node rank `rank`'s pod as the attempt's ConfigMap and the record's nodes build it (`manifests.children`)."""
+    owner = spared().job
+    built = children.build_children(owner, SPARED, SPARE_CONFIG_MAP, list(record_.nodes), image=record_.image)
+    return next(pod for pod in built.pods if pod["metadata"]["name"] == labels.pod_name(NAME, rank))
+
+
+MOVED_PLACEMENT = [PLACEMENT[0], {**PLACEMENT[1], "node": "local-2"}]
+REPLACED = Decision(
+    "replaced-node",
+    creates=(rebuilt(1, MOVED),),
+    record=MOVED.with_replaced(),
+    status={"message": MADE, "placement": MOVED_PLACEMENT, "observedGeneration": 2},
+    events=(Event("Normal", "SpareReplaced", MADE),),
+    requeue_after=0.0,
+)
+
+
+@pytest.mark.parametrize(
+    ("observed", "decision"),
+    [
+        pytest.param(
+            spared(lost_now={"local-1": "no longer exists"}),
+            Decision(
+                "replacing-node",
+                record=MOVED,
+                status={"message": MOVE, "spareNodes": None, "observedGeneration": 2},
+                events=(Event("Warning", "SpareTaken", MOVE),),
+                requeue_after=0.0,
+            ),
+            id="lost-node-rank-moves-to-the-spare-record-then-status",
+        ),
+        pytest.param(
+            spared(lost_now={"local-1": "no longer exists"}, not_ready=frozenset({"local-2"})),
+            None,
+            id="no-usable-spare-left-supervision-restarts-the-gang",
+        ),
+        pytest.param(
+            spared(HELD.with_spares_taken({}, ["local-2"]), lost_now={"local-1": "no longer exists"}),
+            None,
+            id="no-spare-held-nothing-here-applies",
+        ),
+        pytest.param(spared(), None, id="healthy-gang-writes-nothing"),
+        pytest.param(
+            spared(lost_now={"local-2": "is NotReady"}),
+            Decision(
+                "spare-lost",
+                record=HELD.with_spares_taken({}, ["local-2"]),
+                status={"spareNodes": None, "observedGeneration": 2},
+                events=(
+                    Event(
+                        "Warning",
+                        "SpareLost",
+                        "spare local-2 is NotReady: it is no longer held; another is held once a node is free",
+                    ),
+                ),
+            ),
+            id="lost-spare-dropped-and-supervision-goes-on",
+        ),
+        pytest.param(
+            spared(status={**RUNNING, "progress": {"stragglers": [{"node": "local-1", "factor": 1.8, "stage": 1}]}}),
+            Decision(
+                "replacing-node",
+                record=dataclasses.replace(HELD, excluded_nodes=("local-1",)).with_spares_taken({1: "local-2"}),
+                status={"excludedNodes": ["local-1"], "message": SLOW, "spareNodes": None, "observedGeneration": 2},
+                events=(Event("Warning", "SpareTaken", SLOW),),
+                requeue_after=0.0,
+            ),
+            id="slow-node-excluded-and-its-rank-moved-in-one-record",
+        ),
+        pytest.param(
+            spared(MOVED),
+            Decision("replacing-node", deletes=(labels.pod_name(NAME, 1),), requeue_after=0.5),
+            id="move-under-way-old-pod-deleted-gracefully",
+        ),
+        pytest.param(
+            spared(MOVED, known=frozenset({"local-0", "local-2", "local-3"})),
+            Decision("replacing-node", force_deletes=(labels.pod_name(NAME, 1),), requeue_after=0.5),
+            id="move-under-way-old-pod-on-a-deleted-node-forced",
+        ),
+        pytest.param(
+            spared(MOVED, peers_lost={"local-1": "stopped answering its gang"}),
+            Decision("replacing-node", force_deletes=(labels.pod_name(NAME, 1),), requeue_after=0.5),
+            id="move-under-way-old-pod-its-gang-reports-lost-forced",
+        ),
+        pytest.param(
+            spared(
+                MOVED,
+                pods=(gang_pod(0, "local-0"), gang_pod(1, "local-1", deleting_since=seconds_before_now(100))),
+            ),
+            Decision("replacing-node", requeue_after=20.5),
+            id="move-under-way-terminating-old-pod-waited-for-until-overdue",
+        ),
+        pytest.param(
+            spared(
+                MOVED,
+                pods=(gang_pod(0, "local-0"), gang_pod(1, "local-1", deleting_since=seconds_before_now(130))),
+            ),
+            Decision("replacing-node", force_deletes=(labels.pod_name(NAME, 1),), requeue_after=0.5),
+            id="move-under-way-terminating-old-pod-forced-once-overdue",
+        ),
+        pytest.param(
+            spared(MOVED, pods=(gang_pod(0, "local-0"),)),
+            REPLACED,
+            id="old-pod-gone-pod-made-on-the-spare-then-record-then-status",
+        ),
+        pytest.param(
+            spared(MOVED, pods=(gang_pod(0, "local-0"), gang_pod(1, "local-2"))),
+            dataclasses.replace(REPLACED, creates=()),
+            id="pod-already-made-on-the-spare-not-made-again",
+        ),
+        pytest.param(
+            spared(MOVED, pods=(gang_pod(0, "local-0"),), config_map=None),
+            Decision("replacing-node", record=MOVED.with_replaced(), requeue_after=0.0),
+            id="plan-gone-the-move-ends-and-supervision-restarts-the-gang",
+        ),
+    ],
+)
+def test_a_lost_node_rank_moves_to_a_spare_and_only_its_pod_is_made_again(observed, decision):
+    assert replacement.decide(observed, SETTINGS, NOW) == decision
+
+
+ADDED = "holding local-3 as hot spare; 1 of 1 held"
+
+
+@pytest.mark.parametrize(
+    ("observed", "free", "decision"),
+    [
+        pytest.param(
+            spared(HELD.with_spares_taken({}, ["local-2"])),
+            SPARE_NODES,
+            Decision(
+                "spares-added",
+                record=HELD.with_spares_taken({}, ["local-2"]).with_spares_added(["local-2"]),
+                status={"spareNodes": ["local-2"], "observedGeneration": 2},
+                events=(Event("Normal", "SpareAdded", "holding local-2 as hot spare; 1 of 1 held"),),
+            ),
+            id="a-free-node-becomes-the-spare",
+        ),
+        pytest.param(
+            spared(dataclasses.replace(MOVED.with_replaced(), excluded_nodes=("local-1",))),
+            [node for node in SPARE_NODES if node["metadata"]["name"] != "local-1"],
+            Decision(
+                "spares-added",
+                record=dataclasses.replace(MOVED.with_replaced(), excluded_nodes=("local-1",)).with_spares_added(
+                    ["local-3"]
+                ),
+                status={"spareNodes": ["local-3"], "observedGeneration": 2},
+                events=(Event("Normal", "SpareAdded", ADDED),),
+            ),
+            id="an-excluded-node-is-no-spare",
+        ),
+        pytest.param(
+            spared(MOVED.with_replaced()),
+            SPARE_NODES[:1] + SPARE_NODES[2:3],
+            Decision("spares-short", requeue_after=60.0),
+            id="no-free-node-the-job-keeps-its-place-in-the-queue",
+        ),
+        pytest.param(
+            spared(MOVED.with_replaced(), config_map=None),
+            SPARE_NODES,
+            Decision("spares-short", requeue_after=60.0),
+            id="without-its-plan-nothing-is-held",
+        ),
+    ],
+)
+def test_a_job_short_of_spares_holds_more_where_the_cluster_allows(observed, free, decision):
+    assert replacement.spares_short(observed, SPARED)
+    assert replacement.top_up(observed, SPARED, planning.build_cluster(free)) == decision
+
+
+@pytest.mark.parametrize(
+    ("observed", "fits", "decision"),
+    [
+        pytest.param(spared(), False, Decision("shrunk", requeue_after=60.0), id="full-size-does-not-fit-yet"),
+        pytest.param(
+            spared(checkpoint_step=400),
+            True,
+            Decision(
+                "grow-back-due",
+                record=HELD.with_grow_after(400),
+                events=(
+                    Event(
+                        "Normal",
+                        "GrowBack",
+                        "2x2x2 fits again: the gang grows back from 2x2x2 after its next checkpoint (newer than step 400)",
+                    ),
+                ),
+            ),
+            id="fits-grows-back-after-the-next-checkpoint",
+        ),
+        pytest.param(
+            spared(),
+            True,
+            Decision(
+                "grow-back-due",
+                record=HELD.with_grow_after(-1),
+                events=(
+                    Event(
+                        "Normal",
+                        "GrowBack",
+                        "2x2x2 fits again: the gang grows back from 2x2x2 after its next checkpoint "
+                        "(newer than the start of this attempt)",
+                    ),
+                ),
+            ),
+            id="fits-before-any-checkpoint",
+        ),
+    ],
+)
+def test_a_shrunk_job_grows_back_once_its_full_size_fits(observed, fits, decision):
+    assert replacement.grow_when_fits(observed, SPARED, SPARED, fits) == decision
 
 
 # -- the Decision itself ------------------------------------------------------------------------------------

@@ -4,17 +4,26 @@ Called by `handlers.reconcile` once per pass, after the job and its attempt reco
 write was refused for a name someone else holds (the refusal is then part of what is observed, with the pods
 read again). It reads the job's pods (one LIST by the job's label), the nodes of the terminating ones the
 watches do not know (`passes.lost_nodes`), and, for a job whose record says a name conflict released it, the
-object named there; the rest comes from the pass (`Pass`: the job, its record, the watches' view).
+object named there; the rest comes from the pass (`Pass`: the job, its record, the watches' view). Two reads
+only the spare step needs are added later in the pass, once it is known to need them: `for_spares` (the nodes of
+a gang whose pod vanished, looked up afresh, beside supervision's lost nodes) and `last_checkpoint` (for a shrunk
+job whose full size fits again).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from paralleljob.api import ResolvedJob
 from paralleljob.handlers import gang
+from paralleljob.handlers.nodes import shut_down
 from paralleljob.handlers.observed import Observed, attempt_of, is_terminating
 from paralleljob.handlers.passes import Pass, lost_nodes
 from paralleljob.k8s import reads, writes
 from paralleljob.manifests import labels
+from paralleljob.manifests import progress as progress_channel
 
 
 def observe(p: Pass, spec: ResolvedJob | None, spec_problems: str, *, refused: str = "") -> Observed:
@@ -42,7 +51,56 @@ def observe(p: Pass, spec: ResolvedJob | None, spec_problems: str, *, refused: s
         conflict_held=_conflict_held(p, pods),
         spec_problem=p.spec_problem,
         refused=refused,
+        known=p.nodes.known,
+        watched_nodes=p.nodes.snapshot.dicts,
     )
+
+
+def for_spares(p: Pass, seen: Observed, lost: Mapping[str, str] | None) -> Observed:
+    """What the spare step (`steps.replacement`) decides from: the gang's lost-peer evidence as the pass weighed
+    it, and between moves (`lost`: supervision's lost nodes of the gang and its spares; None while a move is
+    under way, when nothing is looked up) those with the nodes whose pod vanished (`vanished_on_lost_nodes`)."""
+    vanished = vanished_on_lost_nodes(p, seen, seen.pods, lost) if lost is not None else {}
+    return dataclasses.replace(
+        seen,
+        lost_now={**(lost or {}), **vanished},
+        peers_lost=dict(p.gang_lost[0]) if p.gang_lost is not None else {},
+    )
+
+
+def vanished_on_lost_nodes(
+    p: Pass, seen: Observed, pods: Sequence[Mapping[str, Any]], known_lost: Mapping[str, str]
+) -> dict[str, str]:
+    """The nodes of the live gang's node ranks whose pod is gone or being deleted, looked up afresh: deleted
+    ones, and NotReady ones tainted out-of-service, with why. The pod garbage collector deletes such a node's
+    pods at once, and that deletion can reach a pass before the Node watch brings the taint (seen in CI):
+    without this look the vanished pod broke the gang, which restarted on a stale view of the nodes."""
+    live = seen.live
+    assert live is not None
+    # A pod being deleted counts as gone: Kubernetes' taint eviction deletes it gracefully first.
+    present = {
+        int(pod["metadata"]["labels"][labels.NODE_RANK_LABEL])
+        for pod in pods
+        if labels.NODE_RANK_LABEL in (pod["metadata"].get("labels") or {}) and not is_terminating(pod)
+    }
+    found: dict[str, str] = {}
+    for rank, node in enumerate(live.nodes):
+        if rank in present or node in known_lost:
+            continue
+        current = reads.get_node(p.session, node)
+        if current is None:
+            found[node] = "no longer exists"
+        elif shut_down(current):
+            found[node] = "is NotReady and tainted out-of-service"
+    return found
+
+
+def last_checkpoint(p: Pass, current: ResolvedJob) -> int | None:
+    """The checkpoint step rank 0 last reported in the progress channel; None when it reported none."""
+    found = reads.get_config_map(p.session, p.namespace, labels.progress_config_map_name(p.name))
+    reported = progress_channel.status_of(found, current.spec.training.steps) if found is not None else {}
+    step = reported.get("lastCheckpointStep")
+    return step if isinstance(step, int) else None
 
 
 def _conflict_held(p: Pass, pods: tuple[object, ...]) -> bool:

@@ -28,7 +28,7 @@ NAME_CONFLICT_RECHECK_SECONDS = 30.0
 
 class JobFields:
     """What a pass reads off its job and its attempt record: shared by `Observed` and by `passes.Pass`, which the
-    steps not yet decided (admission, replacement, supervision) still use."""
+    steps not yet decided (admission, supervision) still use."""
 
     job: Mapping[str, Any]
     record: records.AttemptRecord | None
@@ -93,6 +93,17 @@ class Observed(JobFields):
     # A write this pass made that the API refused because a child's name is someone else's (`writes.NameConflict`):
     # the refusal is observed, with the pods read again, and decided on like anything else read.
     refused: str = ""
+    # The nodes the Node watch knows, and its slim Node dicts by name (their labels price a spare's move).
+    known: frozenset[str] = frozenset()
+    watched_nodes: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    # For the spare step (`steps.replacement`, `observe.for_spares`): the live gang's nodes and spares that break
+    # it now, with why (supervision's judgement, and those whose pod vanished, looked up afresh), and the gang's
+    # lost-peer evidence as weighed for the pass (`handlers.lost_peers`).
+    lost_now: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    peers_lost: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Rank 0's last reported checkpoint step (the progress ConfigMap), read by an admission pass over a shrunk
+    # job only once its full size fits again (`observe.last_checkpoint`); None when it reported none.
+    checkpoint_step: int | None = None
 
     @property
     def live(self) -> records.AttemptRecord | None:

@@ -2,9 +2,9 @@
 
 The pass reads what it decides from into one frozen value (`handlers.observe` -> `handlers.observed.Observed`),
 a step turns it into one `Decision` with a pure `decide(observed, settings, now)` (`finished`, `invalid`,
-`draining`, `conflicts`, `creation`), and `k8s.apply` writes it (`_written`). A write the API refuses is observed
-by the next decision, not handled inside one. `admission`, `replacement` and `supervision`, and the Kueue hooks
-(`handlers.queueing`), still read and write through the `Pass` (`handlers.passes`).
+`draining`, `conflicts`, `creation`, `replacement`), and `k8s.apply` writes it (`_written`). A write the API
+refuses is observed by the next decision, not handled inside one. `admission` and `supervision`, and the Kueue
+hooks (`handlers.queueing`), still read and write through the `Pass` (`handlers.passes`).
 
 Level-triggered and idempotent, so the operator can die at any moment and converge after a restart.
 The pass reads the job's attempt record (`manifests.records`, in its `-config` ConfigMap), the job and its pods
@@ -48,7 +48,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from paralleljob.api import ResolvedJob
+from paralleljob import planning
 from paralleljob.handlers import (
     conditions,
     failures,
@@ -62,7 +62,7 @@ from paralleljob.handlers import (
     specs,
 )
 from paralleljob.handlers import metrics as m
-from paralleljob.handlers.observed import PREVIOUS_JOB_RECHECK_SECONDS
+from paralleljob.handlers.observed import PREVIOUS_JOB_RECHECK_SECONDS, Observed
 from paralleljob.handlers.passes import AdmissionRequest, NodeView, Outcome, Pass
 from paralleljob.handlers.settings import Settings
 from paralleljob.handlers.steps import (
@@ -213,17 +213,21 @@ def _first_step_that_applies(p: Pass) -> Outcome:
             return queueing.placed_or_released(p, admission.admit(p, current, view, choice))  # Kueue hook, as above
         pinned = specs.pinned_spec(p, current)
         if p.admit:
-            if replacement.shrunk(p, pinned, current):  # the DP shrink: does the full size fit again?
+            if replacement.shrunk(seen, pinned, current):  # the DP shrink: does the full size fit again?
                 assert current is not None
                 view = admission.cluster_view(p, labelled)
                 usage = p.nodes.usage.without([(p.namespace, pod["metadata"]["name"]) for pod in pods])
                 found = placement.plan(current, view.nodes, usage.usage, view.held, p.excluded, view.builder)
-                return replacement.grow_when_fits(p, pinned, current, found.plan is not None, view.held)
-            if replacement.spares_short(p, pinned):  # hot spares used or lost: hold more where the cluster allows
+                fits = found.plan is not None
+                if fits:  # rank 0's last checkpoint is read only when the gang is to grow back after the next one
+                    seen = dataclasses.replace(seen, checkpoint_step=observe.last_checkpoint(p, current))
+                return _queued_or_written(p, replacement.grow_when_fits(seen, pinned, current, fits), view.held)
+            if replacement.spares_short(seen, pinned):  # hot spares used or lost: hold more where the cluster allows
                 # Under Kueue's TAS, only inside the nodes Kueue assigned (handlers.queue_topology).
                 view = queue_topology.inside_assignment(p, pinned, admission.cluster_view(p, labelled))
                 cluster = view.builder.build(view.nodes.infos, view.usage, view.held)
-                return replacement.top_up(p, pinned, cluster, view.held)
+                decision = replacement.top_up(seen, pinned, cluster)
+                return _queued_or_written(p, decision, view.held, fenced=True)
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.
             return Outcome("placed", requeue_after=0.0)
         # What a pass killed between the record and the status left unreported (issue 39): the status follows it.
@@ -248,26 +252,44 @@ def _first_step_that_applies(p: Pass) -> Outcome:
         return supervision.broken(p, judged, pods, state)
     if p.live is not None:  # the spare step and supervision judge the gang on the same evidence
         p = lost_peers.weighed(p, [*p.live.nodes, *p.live.spare_nodes, *(gang.node_of(pod) for pod in pods)])
-    if (moved := _spare_replacement(p, pinned, pods)) is not None:
+    if (moved := _spare_replacement(p, dataclasses.replace(seen, pinned=pinned))) is not None:
         return moved
     outcome = supervision.watch(p, pinned, pods)
-    wanted = replacement.spares_short(p, pinned) or replacement.shrunk(p, pinned, current)
+    wanted = replacement.spares_short(seen, pinned) or replacement.shrunk(seen, pinned, current)
     if outcome.step == "running" and outcome.admission is None and wanted:
         # Short of spares, or shrunk: an admission pass holds more spares, or sees the full size fit again.
         return dataclasses.replace(outcome, admission=admission.admission_request(p))
     return outcome
 
 
-def _spare_replacement(p: Pass, pinned: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome | None:
-    """Hot spares: a lost node rank of the placed gang moves to a spare, and only its pod is made again."""
-    live = p.live
-    if live is None or not (live.spare_nodes or live.replacing):
+def _spare_replacement(p: Pass, seen: Observed) -> Outcome | None:
+    """Hot spares: a lost node rank of the placed gang moves to a spare, and only its pod is made again. The
+    Outcome of a move (`replacement.MOVING`) ends the pass; a decision that only drops a lost spare or excludes
+    slow nodes is written, and supervision judges the gang in the same pass (None), from the record as read."""
+    live = seen.live
+    if not replacement.applies(live):
         return None
-    if live.replacing:
-        return replacement.replace_pods(p, pinned, pods)
-    lost, _ = supervision.lost_past_grace(p, [*live.nodes, *live.spare_nodes])
-    p, slow = replacement.exclude_slow_nodes(p, pinned)  # spec.failurePolicy.stragglers.action Replace
-    return replacement.take_spares(p, {**lost, **replacement.vanished_on_lost_nodes(p, pods, lost), **slow})
+    assert live is not None
+    lost = None if live.replacing else supervision.lost_past_grace(p, [*live.nodes, *live.spare_nodes])[0]
+    decision = replacement.decide(observe.for_spares(p, seen, lost), p.settings, p.session.server_now())
+    if decision is None:
+        return None
+    written = _written(p, decision)
+    return written if decision.step in replacement.MOVING else None
+
+
+def _queued_or_written(
+    p: Pass, decision: Decision, held: Sequence[planning.Reservation], *, fenced: bool = False
+) -> Outcome:
+    """An admission pass's decision over a placed job (the spare step's `top_up`, `grow_when_fits`): one that
+    writes nothing keeps the job's place in the admission queue (`held`: the reservations it was planned
+    against); one that writes is written, after the admission lock's fence when it holds more GPUs (`fenced`:
+    the reservations read for this pass are still the cluster's)."""
+    if decision.writes_nothing:
+        return Outcome(decision.step, requeue_after=decision.requeue_after, held=tuple(held))
+    if fenced and p.fence is not None:
+        p.fence()
+    return _written(p, decision)
 
 
 def _written(p: Pass, decision: Decision | None) -> Outcome:

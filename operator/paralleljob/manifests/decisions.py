@@ -34,10 +34,10 @@ class Decision:
     step asks for an Event only when its status patch is written, as a person reads them together); `record`
     replaces the attempt record in the job's `-config` ConfigMap; `deletes` are the names of the job's pods to
     delete with their grace period, `force_deletes` those removed at once (their kubelet is gone). The writer
-    (`k8s.apply`) writes them in that order: the children first, so that a refused create leaves the record as
-    it was (the refusal is the next decision's input); then the status, so that a pass killed before the record
-    leaves a record that makes the next pass decide the same again; the pods last, once the record says why
-    they go."""
+    (`k8s.apply`) writes them in this order: the children first, so that a refused create leaves the record as
+    it was (the refusal is the next decision's input); then the record, then the status, so that a status a
+    reader sees is never ahead of the record the next pass acts on (a pass killed between the two leaves a
+    record whose status `handlers.reported` writes again); the pods last, once the record says why they go."""
 
     step: str
     _: dataclasses.KW_ONLY  # every write by name: a Decision is read as a table of what it writes

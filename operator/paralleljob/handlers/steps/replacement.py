@@ -14,81 +14,114 @@ nothing here applies and supervision restarts the gang as before.
 The DP shrink's way back lives here too: a running shrunk attempt (spec.failurePolicy.allowDataShrink) asks for
 an admission pass, which notes in the record, once the full size fits again, the checkpoint step after which
 supervision restarts the gang into the full size (`grow_when_fits`).
+
+Pure decisions (`decide`, `top_up`, `grow_when_fits`) on an `Observed`, written by `k8s.apply`: the record
+before the status, so that a pass killed between the two leaves a record the next pass carries on from
+(`handlers.reported` writes the status it missed). What they read beyond the pass's first look is observed by
+`handlers.observe` before they decide: the gang's lost nodes with the nodes whose pod vanished, looked up
+afresh (`observe.for_spares`), and rank 0's last checkpoint step, read only once the full size fits
+(`observe.last_checkpoint`). The admission lock's fence before holding more spares is the pass's
+(`handlers.reconcile`), as is turning a decision that holds nothing into the job's place in the admission queue.
+Their Events are asked for with each move whether or not its status patch changes anything (a move is news even
+when a killed pass had already reported it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob import planning
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import gang, lost_peers, stragglers
-from paralleljob.handlers.nodes import shut_down
-from paralleljob.handlers.observed import is_terminating
-from paralleljob.handlers.passes import Outcome, Pass, deleting_for, write_record, write_status
-from paralleljob.k8s import reads, writes
+from paralleljob.handlers import gang, stragglers
+from paralleljob.handlers.observed import Observed, deleting_for, is_terminating, pod_name, status_patch
+from paralleljob.handlers.settings import Settings
 from paralleljob.manifests import children as child_objects
 from paralleljob.manifests import configmap, labels, records
-from paralleljob.manifests import progress as progress_channel
+from paralleljob.manifests.decisions import Decision, Event
 from paralleljob.planning import spares
-from paralleljob.planning.inventory import Cluster, Reservation
+from paralleljob.planning.inventory import Cluster
 from paralleljob.planning.plan import Plan, SpareNode
 
 # How soon to look again while the lost rank's old pod object is still there.
 OLD_POD_RECHECK_SECONDS = 0.5
 # How often a job short of spares is offered to the admission queue again without a change in the cluster.
 SPARE_RECHECK_SECONDS = 60.0
+# The decisions that end the pass: a move started or under way. Any other (a lost spare dropped, stragglers
+# excluded without a move) is written and supervision judges the gang in the same pass, from the record as read.
+MOVING = frozenset({"replacing-node", "replaced-node"})
 
 
-def take_spares(p: Pass, lost: Mapping[str, str]) -> Outcome | None:
+def applies(live: records.AttemptRecord | None) -> bool:
+    """Whether the spare step looks at this attempt: a live one holding spares or moving a node rank."""
+    return live is not None and bool(live.spare_nodes or live.replacing)
+
+
+def decide(seen: Observed, settings: Settings, now: datetime.datetime) -> Decision | None:
+    """The spare step of a placed gang (`seen.pinned` its spec): a move under way goes on (`replace_pods`);
+    else the slow nodes to replace are excluded (`exclude_slow_nodes`) and every lost node rank moves to a
+    spare, or a lost spare is dropped (`take_spares`), as one decision. None when nothing here applies."""
+    live = seen.live
+    if live is None or not applies(live):
+        return None
+    if live.replacing:
+        return replace_pods(seen, settings, now)
+    excluded, slow = exclude_slow_nodes(seen)
+    after = seen if excluded is None else dataclasses.replace(seen.with_status(excluded.status), record=excluded.record)
+    taken = take_spares(after, {**seen.lost_now, **slow})
+    if excluded is None or taken is None:
+        return excluded or taken
+    return excluded.then(taken)
+
+
+def take_spares(seen: Observed, lost: Mapping[str, str]) -> Decision | None:
     """Move every lost node rank to a spare and start replacing their pods; drop lost spares. None when this
     does not apply (no lost node, or a lost node rank without a spare): supervision goes on as before."""
-    live = p.live
+    live = seen.live
     assert live is not None
     lost_spares = [node for node in live.spare_nodes if node in lost]
     lost_ranks = [rank for rank, node in enumerate(live.nodes) if node in lost and rank not in live.replacing]
     if not lost_ranks:
-        if lost_spares:
-            _drop_spares(p, live, lost_spares, lost)
-        return None
-    plan = current_plan(p, live)
+        return _drop_spares(seen, live, lost_spares, lost) if lost_spares else None
+    plan = current_plan(seen, live)
     if plan is None:
         return None
-    usable = [spare for spare in plan.spares if spare.node not in lost and spare.node not in p.nodes.not_ready]
+    usable = [spare for spare in plan.spares if spare.node not in lost and spare.node not in seen.not_ready]
     taken = choose(plan, lost_ranks, usable)
     if taken is None:
         return None
     record = live.with_spares_taken({rank: spare.node for rank, spare in taken.items()}, lost_spares)
-    write_record(p, record)
     moves = ", ".join(
         f"node rank {rank} from {live.nodes[rank]} ({lost[live.nodes[rank]]}) to spare {spare.node}"
         for rank, spare in taken.items()
     )
     message = f"moving {moves}; the pods on healthy nodes stay"
-    write_status(p, {"message": message, "spareNodes": list(record.spare_nodes) or None})
-    p.event("Warning", "SpareTaken", message)
-    return Outcome("replacing-node", requeue_after=0.0)
+    return Decision(
+        "replacing-node",
+        record=record,
+        status=status_patch(seen, {"message": message, "spareNodes": list(record.spare_nodes) or None}),
+        events=(Event("Warning", "SpareTaken", message),),
+        requeue_after=0.0,
+    )
 
 
-def exclude_slow_nodes(p: Pass, resolved: ResolvedJob) -> tuple[Pass, dict[str, str]]:
+def exclude_slow_nodes(seen: Observed) -> tuple[Decision | None, dict[str, str]]:
     """Under stragglers.action Replace, while the gang holds a spare: the named nodes of the gang, added to the
-    job's excluded nodes (record and status) before a spare takes their node rank like a lost node's; the pass
-    with the record as written, so that the move's own record keeps them."""
-    live = p.live
-    assert live is not None
-    named = (p.status.get("progress") or {}).get("stragglers")
-    action = resolved.spec.failure_policy.stragglers.action
-    slow = stragglers.to_replace(named, live.nodes, p.excluded, action)
+    job's excluded nodes (record and status) before a spare takes their node rank like a lost node's, with
+    why; the move that follows builds on this decision's record, so that its own record keeps them."""
+    live = seen.live
+    assert live is not None and seen.pinned is not None
+    named = (seen.status.get("progress") or {}).get("stragglers")
+    action = seen.pinned.spec.failure_policy.stragglers.action
+    slow = stragglers.to_replace(named, live.nodes, live.excluded_nodes, action)
     if not slow or not live.spare_nodes:
-        return p, {}
-    excluded = [*p.excluded, *slow]
+        return None, {}
+    excluded = [*live.excluded_nodes, *slow]
     record = dataclasses.replace(live, excluded_nodes=tuple(excluded))
-    write_record(p, record)
-    write_status(p, {"excludedNodes": excluded})
-    return dataclasses.replace(p, record=record), slow
+    return Decision("excluding-slow-nodes", record=record, status=status_patch(seen, {"excludedNodes": excluded})), slow
 
 
 def choose(plan: Plan, ranks: Sequence[int], usable: Sequence[SpareNode]) -> dict[int, SpareNode] | None:
@@ -104,126 +137,123 @@ def choose(plan: Plan, ranks: Sequence[int], usable: Sequence[SpareNode]) -> dic
     return taken
 
 
-def current_plan(p: Pass, live: records.AttemptRecord) -> Plan | None:
+def current_plan(seen: Observed, live: records.AttemptRecord) -> Plan | None:
     """The attempt's plan (its ConfigMap's plan.json, which leaves the nodes out) with the record's nodes and
     spares, their domains from the Node watch; None without this attempt's plan."""
-    raw = _plan_json(p)
+    raw = _plan_json(seen)
     if raw is None:
         return None
     keys = [*(raw.get("levels") or ()), *([raw["nvlinkDomainLabel"]] if raw.get("nvlinkDomainLabel") else [])]
     nodes = [
         {"nodeRank": rank, "node": node, "gpus": live.gpus_per_node, "ranks": [], "coords": [],
-         "domains": _domains(p, node, keys)}
+         "domains": _domains(seen, node, keys)}
         for rank, node in enumerate(live.nodes)
     ]  # fmt: skip
-    held = [{"node": node, "gpus": live.gpus_per_node, "domains": _domains(p, node, keys)} for node in live.spare_nodes]
+    held = [
+        {"node": node, "gpus": live.gpus_per_node, "domains": _domains(seen, node, keys)} for node in live.spare_nodes
+    ]
     return Plan.from_dict({**raw, "nodes": nodes, "spares": held})
 
 
-def _plan_json(p: Pass) -> dict[str, Any] | None:
-    """This attempt's plan.json, from its ConfigMap; None without one."""
-    found = reads.get_config_map(p.session, p.namespace, labels.config_map_name(p.name))
-    if found is None or not labels.owned_by(found, p.uid) or configmap.attempt_of(found) != p.attempt:
+def _plan_json(seen: Observed) -> dict[str, Any] | None:
+    """This attempt's plan.json, from its ConfigMap as the pass read it; None without one."""
+    found = _own_config_map(seen)
+    if found is None:
         return None
     raw = json.loads((found.get("data") or {}).get(configmap.PLAN_FILE) or "{}")
     return raw if isinstance(raw, dict) and "layout" in raw and "estimates" in raw else None
 
 
-def _domains(p: Pass, node: str, keys: Sequence[str]) -> dict[str, str]:
-    """The node's value of each network level and NVLink label, from the Node watch ({} for a deleted node: the
-    price of a move does not depend on the node that leaves)."""
-    found = ((p.nodes.snapshot.dicts.get(node) or {}).get("metadata") or {}).get("labels") or {}
-    return {key: str(found[key]) for key in keys if found.get(key)}
-
-
-def _drop_spares(p: Pass, live: records.AttemptRecord, gone: Sequence[str], lost: Mapping[str, str]) -> None:
-    record = live.with_spares_taken({}, gone)
-    write_record(p, record)
-    message = "; ".join(f"spare {node} {lost[node]}" for node in gone)
-    write_status(p, {"spareNodes": list(record.spare_nodes) or None})
-    p.event("Warning", "SpareLost", f"{message}: it is no longer held; another is held once a node is free")
-
-
-def replace_pods(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
-    """The record's `replacing` node ranks: wait until each old pod object is gone (deleting it), then create
-    its pod on the spare and clear `replacing`."""
-    live = p.live
-    assert live is not None
-    old = [pod for pod in pods if _rank(pod) in live.replacing and gang.node_of(pod) != live.nodes[_rank(pod)]]
-    if old:
-        return _remove_old_pods(p, old)
-    present = {pod["metadata"]["name"] for pod in pods}
-    found = reads.get_config_map(p.session, p.namespace, labels.config_map_name(p.name))
-    if found is None or not labels.owned_by(found, p.uid) or configmap.attempt_of(found) != p.attempt:
-        # The attempt's plan is gone: the move ends here, and supervision restarts the gang short of a pod.
-        write_record(p, live.with_replaced())
-        return Outcome("replacing-node", requeue_after=0.0)
-    built = child_objects.build_children(
-        p.job, resolved, found, list(live.nodes), image=live.image, pod_security=p.settings.pod_security
-    )
-    names = {labels.pod_name(p.name, rank) for rank in live.replacing}
-    writes.create_all(p.session, [pod for pod in built.pods if pod["metadata"]["name"] in names - present])
-    write_record(p, live.with_replaced())
-    moved = ", ".join(f"{rank}->{live.nodes[rank]}" for rank in live.replacing)
-    message = f"recreated the pods of node ranks on their spares ({moved}); the gang re-forms in place"
-    write_status(p, {"message": message, "placement": _placement(p, live)})
-    p.event("Normal", "SpareReplaced", message)
-    return Outcome("replaced-node", requeue_after=0.0)
-
-
-def vanished_on_lost_nodes(p: Pass, pods: Sequence[Mapping[str, Any]], known_lost: Mapping[str, str]) -> dict[str, str]:
-    """The nodes of the live gang's node ranks whose pod is gone or being deleted, looked up afresh: deleted
-    ones, and NotReady ones tainted out-of-service, with why. The pod garbage collector deletes such a node's
-    pods at once, and that deletion can reach a pass before the Node watch brings the taint (seen in CI):
-    without this look the vanished pod broke the gang, which restarted on a stale view of the nodes."""
-    live = p.live
-    assert live is not None
-    # A pod being deleted counts as gone: Kubernetes' taint eviction deletes it gracefully first.
-    present = {
-        _rank(pod)
-        for pod in pods
-        if labels.NODE_RANK_LABEL in (pod["metadata"].get("labels") or {}) and not is_terminating(pod)
-    }
-    found: dict[str, str] = {}
-    for rank, node in enumerate(live.nodes):
-        if rank in present or node in known_lost:
-            continue
-        current = reads.get_node(p.session, node)
-        if current is None:
-            found[node] = "no longer exists"
-        elif shut_down(current):
-            found[node] = "is NotReady and tainted out-of-service"
+def _own_config_map(seen: Observed) -> Mapping[str, Any] | None:
+    """The job's `-config` ConfigMap when it holds this attempt (ours, of the record's attempt); else None."""
+    found = seen.config_map
+    if found is None or not labels.owned_by(found, seen.uid) or configmap.attempt_of(found) != seen.attempt:
+        return None
     return found
 
 
-def _remove_old_pods(p: Pass, old: Sequence[Mapping[str, Any]]) -> Outcome:
+def _domains(seen: Observed, node: str, keys: Sequence[str]) -> dict[str, str]:
+    """The node's value of each network level and NVLink label, from the Node watch ({} for a deleted node: the
+    price of a move does not depend on the node that leaves)."""
+    found = ((seen.watched_nodes.get(node) or {}).get("metadata") or {}).get("labels") or {}
+    return {key: str(found[key]) for key in keys if found.get(key)}
+
+
+def _drop_spares(seen: Observed, live: records.AttemptRecord, gone: Sequence[str], lost: Mapping[str, str]) -> Decision:
+    record = live.with_spares_taken({}, gone)
+    message = "; ".join(f"spare {node} {lost[node]}" for node in gone)
+    return Decision(
+        "spare-lost",
+        record=record,
+        status=status_patch(seen, {"spareNodes": list(record.spare_nodes) or None}),
+        events=(
+            Event("Warning", "SpareLost", f"{message}: it is no longer held; another is held once a node is free"),
+        ),
+    )
+
+
+def replace_pods(seen: Observed, settings: Settings, now: datetime.datetime) -> Decision:
+    """The record's `replacing` node ranks: wait until each old pod object is gone (deleting it), then create
+    its pod on the spare and clear `replacing`; the pods are created before the record says so."""
+    live = seen.live
+    assert live is not None
+    pods = seen.pods
+    old = [pod for pod in pods if _rank(pod) in live.replacing and gang.node_of(pod) != live.nodes[_rank(pod)]]
+    if old:
+        return _remove_old_pods(seen, old, settings, now)
+    found = _own_config_map(seen)
+    if found is None:
+        # The attempt's plan is gone: the move ends here, and supervision restarts the gang short of a pod.
+        return Decision("replacing-node", record=live.with_replaced(), requeue_after=0.0)
+    assert seen.pinned is not None
+    built = child_objects.build_children(
+        seen.job, seen.pinned, found, list(live.nodes), image=live.image, pod_security=settings.pod_security
+    )
+    present = {pod_name(pod) for pod in pods}
+    names = {labels.pod_name(seen.name, rank) for rank in live.replacing}
+    moved = ", ".join(f"{rank}->{live.nodes[rank]}" for rank in live.replacing)
+    message = f"recreated the pods of node ranks on their spares ({moved}); the gang re-forms in place"
+    return Decision(
+        "replaced-node",
+        creates=tuple(pod for pod in built.pods if pod["metadata"]["name"] in names - present),
+        record=live.with_replaced(),
+        status=status_patch(seen, {"message": message, "placement": _placement(seen, live)}),
+        events=(Event("Normal", "SpareReplaced", message),),
+        requeue_after=0.0,
+    )
+
+
+def _remove_old_pods(
+    seen: Observed, old: Sequence[Mapping[str, Any]], settings: Settings, now: datetime.datetime
+) -> Decision:
     """Delete the old pods of replaced node ranks; a pod whose node is deleted or out of service goes at once
     (no kubelet will confirm it), and so does one whose node its gang reports lost with its Lease unrenewed
-    (`lost_peers`: its kubelet has stopped, and its peers no longer reach its processes); one on a NotReady
+    (`seen.peers_lost`: its kubelet has stopped, and its peers no longer reach its processes); one on a NotReady
     node once overdue, as draining does."""
     recheck = OLD_POD_RECHECK_SECONDS
-    silent = lost_peers.observe(p, [gang.node_of(pod) for pod in old]).lost
+    deletes: list[str] = []
+    forced: list[str] = []
     for pod in old:
-        name, node = pod["metadata"]["name"], gang.node_of(pod)
-        gone_for_good = node not in p.nodes.known or node in p.nodes.snapshot.out_of_service or node in silent
+        name, node = pod_name(pod), gang.node_of(pod)
+        gone_for_good = node not in seen.known or node in seen.out_of_service or node in seen.peers_lost
         if gone_for_good:
-            writes.delete_pod(p.session, p.namespace, name, force=True)
+            forced.append(name)
             continue
         if not is_terminating(pod):
-            writes.delete_pod(p.session, p.namespace, name)
+            deletes.append(name)
             continue
         # On a NotReady node the kubelet cannot confirm the deletion: force it once overdue, as draining does.
-        overdue = deleting_for(p, pod) - p.settings.force_delete_after_seconds
+        overdue = deleting_for(pod, now) - settings.force_delete_after_seconds
         if overdue >= 0:
-            writes.delete_pod(p.session, p.namespace, name, force=True)
+            forced.append(name)
         else:
-            recheck = max(recheck, min(-overdue + 0.5, p.settings.resync_seconds))
-    return Outcome("replacing-node", requeue_after=recheck)
+            recheck = max(recheck, min(-overdue + 0.5, settings.resync_seconds))
+    return Decision("replacing-node", deletes=tuple(deletes), force_deletes=tuple(forced), requeue_after=recheck)
 
 
-def _placement(p: Pass, live: records.AttemptRecord) -> list[dict[str, Any]]:
+def _placement(seen: Observed, live: records.AttemptRecord) -> list[dict[str, Any]]:
     """status.placement with the record's nodes (the ranks and stages of each node rank do not change)."""
-    entries = [dict(entry) for entry in p.status.get("placement") or ()]
+    entries = [dict(entry) for entry in seen.status.get("placement") or ()]
     for entry in entries:
         rank = int(entry.get("nodeRank", -1))
         if 0 <= rank < len(live.nodes):
@@ -235,17 +265,17 @@ def _rank(pod: Mapping[str, Any]) -> int:
     return int(pod["metadata"]["labels"][labels.NODE_RANK_LABEL])
 
 
-def spares_short(p: Pass, resolved: ResolvedJob) -> bool:
+def spares_short(seen: Observed, resolved: ResolvedJob) -> bool:
     """Whether the live attempt holds fewer spares than its spec asks (one was used or lost), between moves."""
-    live = p.live
+    live = seen.live
     return live is not None and not live.replacing and len(live.spare_nodes) < resolved.spec.failure_policy.spare_nodes
 
 
-def top_up(p: Pass, resolved: ResolvedJob, cluster: Cluster, held: Sequence[Reservation]) -> Outcome:
+def top_up(seen: Observed, resolved: ResolvedJob, cluster: Cluster) -> Decision:
     """An admission pass over a placed job short of spares: hold as many more as the cluster allows, chosen as at
-    planning (`planning.spares_for`); a job that gets none keeps its place in the admission queue and is tried
-    again when the cluster changes."""
-    live, raw = p.live, _plan_json(p)
+    planning (`planning.spares_for`); a job that gets none (a decision that writes nothing) keeps its place in the
+    admission queue and is tried again when the cluster changes."""
+    live, raw = seen.live, _plan_json(seen)
     assert live is not None
     wanted = resolved.spec.failure_policy.spare_nodes - len(live.spare_nodes)
     order = tuple(raw.get("axisOrder") or ("pipe", "data", "model")) if raw is not None else ()
@@ -257,31 +287,30 @@ def top_up(p: Pass, resolved: ResolvedJob, cluster: Cluster, held: Sequence[Rese
             live.gpus_per_node,
             order,
             wanted,
-            taken=(*live.spare_nodes, *p.excluded),  # excluded nodes (a replaced straggler) are no spares
+            taken=(*live.spare_nodes, *live.excluded_nodes),  # excluded nodes (a replaced straggler) are no spares
         )
         if raw is not None
         else ()
     )
     if not found:
-        return Outcome("spares-short", requeue_after=SPARE_RECHECK_SECONDS, held=tuple(held))
-    if p.fence is not None:
-        p.fence()  # the reservations read for this pass are still the cluster's
+        return Decision("spares-short", requeue_after=SPARE_RECHECK_SECONDS)
     record = live.with_spares_added([spare.node for spare in found])
-    write_record(p, record)
-    write_status(p, {"spareNodes": list(record.spare_nodes)})
-    p.event(
-        "Normal",
-        "SpareAdded",
+    message = (
         f"holding {', '.join(s.node for s in found)} as hot spare; "
-        f"{len(record.spare_nodes)} of {resolved.spec.failure_policy.spare_nodes} held",
+        f"{len(record.spare_nodes)} of {resolved.spec.failure_policy.spare_nodes} held"
     )
-    return Outcome("spares-added", wake_others=False)
+    return Decision(
+        "spares-added",
+        record=record,
+        status=status_patch(seen, {"spareNodes": list(record.spare_nodes)}),
+        events=(Event("Normal", "SpareAdded", message),),
+    )
 
 
-def shrunk(p: Pass, pinned: ResolvedJob, current: ResolvedJob | None) -> bool:
+def shrunk(seen: Observed, pinned: ResolvedJob, current: ResolvedJob | None) -> bool:
     """Whether the live attempt runs smaller than the spec asks, at a smaller DP (allowDataShrink) or on fewer
     GPUs at another layout (allowRelayout), and has not yet seen its full size fit again."""
-    live = p.live
+    live = seen.live
     if live is None or current is None or live.grow_after is not None:
         return False
     policy = current.spec.failure_policy
@@ -290,26 +319,19 @@ def shrunk(p: Pass, pinned: ResolvedJob, current: ResolvedJob | None) -> bool:
     return smaller_dp or fewer_gpus
 
 
-def grow_when_fits(
-    p: Pass, pinned: ResolvedJob, current: ResolvedJob, fits: bool, held: Sequence[Reservation]
-) -> Outcome:
+def grow_when_fits(seen: Observed, pinned: ResolvedJob, current: ResolvedJob, fits: bool) -> Decision:
     """An admission pass over a shrunk job: when the full size fits again (its own GPUs counted free), the record
-    notes the checkpoint step rank 0 last reported, and supervision restarts the gang into the full size after
-    a newer one; otherwise the job keeps its place in the admission queue until the cluster changes."""
-    live = p.live
+    notes the checkpoint step rank 0 last reported (`seen.checkpoint_step`), and supervision restarts the gang
+    into the full size after a newer one; otherwise (a decision that writes nothing) the job keeps its place in
+    the admission queue until the cluster changes."""
+    live = seen.live
     assert live is not None
     if not fits:
-        return Outcome("shrunk", requeue_after=SPARE_RECHECK_SECONDS, held=tuple(held))
-    found = reads.get_config_map(p.session, p.namespace, labels.progress_config_map_name(p.name))
-    reported = progress_channel.status_of(found, current.spec.training.steps) if found is not None else {}
-    step = reported.get("lastCheckpointStep")
-    after = step if isinstance(step, int) else -1
-    write_record(p, live.with_grow_after(after))
+        return Decision("shrunk", requeue_after=SPARE_RECHECK_SECONDS)
+    after = seen.checkpoint_step if seen.checkpoint_step is not None else -1
     since = f"step {after}" if after >= 0 else "the start of this attempt"
-    p.event(
-        "Normal",
-        "GrowBack",
+    message = (
         f"{current.layout} fits again: the gang grows back from {pinned.layout} after its next checkpoint "
-        f"(newer than {since})",
+        f"(newer than {since})"
     )
-    return Outcome("grow-back-due")
+    return Decision("grow-back-due", record=live.with_grow_after(after), events=(Event("Normal", "GrowBack", message),))
