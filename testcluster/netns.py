@@ -85,6 +85,9 @@ class Bridge:
 
     def _add_member(self, index: int) -> None:
         ns, outer = self.namespace(index), self.outer(index)
+        # A namespace of this name left by an owner that could not delete it (its name still mounted in a pod's
+        # private mount namespace) is ours: it goes before the new one is made.
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
         _ip("netns", "add", ns)
         self.made.append(f"netns:{ns}")
         _ip("link", "add", outer, "type", "veth", "peer", "name", "eth0", "netns", ns)
