@@ -87,7 +87,9 @@ class Bridge:
         ns, outer = self.namespace(index), self.outer(index)
         # A namespace of this name left by an owner that could not delete it (its name still mounted in a pod's
         # private mount namespace) is ours: it goes before the new one is made.
+        # So is a veth of this name whose namespace lives on unnamed (held by a process that outlived its pod).
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+        subprocess.run(["ip", "link", "delete", outer], capture_output=True)
         _ip("netns", "add", ns)
         self.made.append(f"netns:{ns}")
         _ip("link", "add", outer, "type", "veth", "peer", "name", "eth0", "netns", ns)
@@ -123,6 +125,11 @@ def remove_leftovers(tag: str) -> None:
     for line in listed.splitlines():
         if line.split() and line.split()[0].startswith(f"pj{tag}n"):
             subprocess.run(["ip", "netns", "delete", line.split()[0]], capture_output=True)
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    for line in links.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if name.startswith(f"pj{tag}v"):
+            subprocess.run(["ip", "link", "delete", name], capture_output=True)
     subprocess.run(["ip", "link", "delete", f"pjbr{tag}"], capture_output=True)
 
 
