@@ -10,7 +10,7 @@ on the sources. Then, in the same run and over the same text:
 - the prepare: `paralleljob data prepare` in a child process (every core, JSON parsing, writing, hashing), with
   the resident memory of the child and its workers summed and sampled every 50 ms for the peak.
 Prints one JSON line per size: bytes, seconds, MB/s of each, the ratio prepare / baseline and the peak memory.
-Figures are recorded in docs/trainer.md ("Preparing data").
+Figures are recorded in docs/trainer.md ("Prepared data, blends and held-out evaluation").
 """
 
 from __future__ import annotations

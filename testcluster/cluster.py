@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,17 @@ def _nodes_ready(state: controlplane.State, names: set[str]) -> bool:
     return names <= ready
 
 
-def up(folder: Path, nodes: int = 2, gpus_per_node: int = 4, network_namespaces: bool = False) -> Cluster:
+def up(
+    folder: Path,
+    nodes: int = 2,
+    gpus_per_node: int = 4,
+    network_namespaces: bool = False,
+    *,
+    node_grace: str = controlplane.NODE_MONITOR_GRACE,
+    before_controllers: Callable[[controlplane.State], None] | None = None,
+) -> Cluster:
+    """`node_grace` and `before_controllers` as `controlplane.up` takes them (the soak, bench/soak, shares the
+    controller-manager with kwok's nodes and wants the CRD's dependents collected from the start)."""
     folder = folder.resolve()
     addresses: tuple[str, ...] = ()
     if network_namespaces:
@@ -114,7 +125,9 @@ def up(folder: Path, nodes: int = 2, gpus_per_node: int = 4, network_namespaces:
         subnet = netns.free_subnet()
         podnet.write_config(folder, f"k{subnet}", subnet)
         addresses = (f"{netns.SUBNET_PREFIX}.{subnet}.254",)
-    state = controlplane.up(folder, serving_addresses=addresses)
+    state = controlplane.up(
+        folder, serving_addresses=addresses, node_grace=node_grace, before_controllers=before_controllers
+    )
     try:
         definitions = gpu_nodes(nodes, gpus_per_node)
         (folder / "nodes.json").write_text(json.dumps(definitions, indent=1))

@@ -63,6 +63,9 @@ LEASE_SECONDS = 40
 GRACE_CAP_SECONDS = 10.0
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 TERMINATION_MESSAGE_LIMIT = 4096  # bytes, as the kubelet caps it
+# A pod's deletion that the API server did not take is tried again this often, this many times (about two minutes).
+CONFIRM_RETRY_SECONDS = 4.0
+CONFIRM_TRIES = 30
 
 
 def _dockerfile_config(path: Path) -> dict[str, list[str]]:
@@ -134,6 +137,9 @@ class Kubelet:
         self.network = network
         self.address: containers.Addresses | podnet.PodNetwork = network or containers.Addresses()
         self.api_host = network.host if network else "127.0.0.1"
+        # Containers that ended and whose end is not yet on the API server (their node was silent, or the write
+        # failed), by uid: reported when the node resumes or the pod is seen again, as a kubelet does on return.
+        self.ended: dict[str, tuple[Running, int]] = {}
         self.pods: dict[str, dict[str, Any]] = {}  # every pod bound to one of our nodes, by uid
         self.silent: set[str] = set()
         self.stopped = threading.Event()
@@ -268,6 +274,9 @@ class Kubelet:
             running = self.running.get(uid)
             if spec["nodeName"] in self.silent:
                 return
+            if running is None and uid in self.ended:
+                self.report_end(uid)  # and confirms the deletion if one was asked for
+                return
             if meta.get("deletionTimestamp"):
                 if running is None:
                     self.confirm_deletion(pod)
@@ -280,14 +289,27 @@ class Kubelet:
 
     def gone(self, pod: dict[str, Any]) -> None:
         """A pod object deleted outright (grace 0, or its node deleted): its processes are killed."""
+        self.ended.pop(pod["metadata"]["uid"], None)
         running = self.running.get(pod["metadata"]["uid"])
         if running is not None:
             self.signal(running, signal.SIGKILL)
 
-    def confirm_deletion(self, pod: dict[str, Any]) -> None:
+    def confirm_deletion(self, pod: dict[str, Any], tries: int = CONFIRM_TRIES) -> None:
+        """Remove a deleted pod whose containers have ended. An API server that does not answer (etcd stopped,
+        kube-apiserver restarting) is tried again every few seconds: a pod left Terminating would be an orphan."""
         meta = pod["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
-        self.api("DELETE", path, {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
+        try:
+            failed = (
+                self.api("DELETE", path, {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}).status_code
+                >= 500
+            )
+        except requests.RequestException:
+            failed = True
+        if failed and tries > 1 and not self.stopped.is_set():
+            retry = threading.Timer(CONFIRM_RETRY_SECONDS, self.confirm_deletion, (pod, tries - 1))
+            retry.daemon = True
+            retry.start()
 
     # -- starting -----------------------------------------------------------------------------------------
 
@@ -500,12 +522,16 @@ class Kubelet:
 
     # -- reporting ----------------------------------------------------------------------------------------
 
-    def write_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+    def write_status(self, pod: dict[str, Any], status: dict[str, Any]) -> bool:
+        """Whether the API server took the report (a 4xx, the pod gone or replaced, is final too)."""
         meta = pod["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
-        with contextlib.suppress(requests.RequestException):
+        try:
             # The uid precondition keeps a report about a deleted pod off its namesake.
-            self.api("PATCH", path, {"metadata": {"uid": meta["uid"]}, "status": status}, patch=True)
+            response = self.api("PATCH", path, {"metadata": {"uid": meta["uid"]}, "status": status}, patch=True)
+        except requests.RequestException:
+            return False
+        return response.status_code < 500
 
     def report_running(self, pod: dict[str, Any], running: Running) -> None:
         state = {"running": {"startedAt": running.started_at}}
@@ -540,26 +566,34 @@ class Kubelet:
         with self.lock:
             self.running.pop(running.uid, None)
             self.finished.add(running.uid)
-            pod = self.pods.get(running.uid)
-            if running.node in self.silent or pod is None:
-                return  # a lost node reports nothing
-            terminated = containers.terminated(code, running.started_at)
-            exit_code = terminated["exitCode"]
-            message = (running.folder / "termination-log").read_bytes()[:TERMINATION_MESSAGE_LIMIT]
-            if message:
-                terminated["message"] = message.decode(errors="replace")
-            status = {
-                "phase": "Succeeded" if exit_code == 0 else "Failed",
-                "conditions": containers.conditions(pod, False),
-                "containerStatuses": [
-                    containers.container_status(
-                        running.container, {"terminated": terminated}, ready=False, image_id=running.image_id
-                    )
-                ],
-            }
-            self.write_status(pod, status)
-            if pod["metadata"].get("deletionTimestamp"):
-                self.confirm_deletion(pod)
+            self.ended[running.uid] = (running, code)
+            if running.node not in self.silent:  # a silent node reports it when it resumes
+                self.report_end(running.uid)
+
+    def report_end(self, uid: str) -> None:
+        """Report an ended container's exit, and confirm its pod's deletion if one was asked for."""
+        running, code = self.ended[uid]
+        pod = self.pods.get(uid)
+        if pod is None:
+            self.ended.pop(uid)
+            return
+        terminated = containers.terminated(code, running.started_at)
+        message = (running.folder / "termination-log").read_bytes()[:TERMINATION_MESSAGE_LIMIT]
+        if message:
+            terminated["message"] = message.decode(errors="replace")
+        status = {
+            "phase": "Succeeded" if terminated["exitCode"] == 0 else "Failed",
+            "conditions": containers.conditions(pod, False),
+            "containerStatuses": [
+                containers.container_status(
+                    running.container, {"terminated": terminated}, ready=False, image_id=running.image_id
+                )
+            ],
+        }
+        if self.write_status(pod, status):
+            self.ended.pop(uid)  # else the next sight of the pod (a relist) reports it again
+        if pod["metadata"].get("deletionTimestamp"):
+            self.confirm_deletion(pod)
 
     # -- stopping -----------------------------------------------------------------------------------------
 
@@ -592,8 +626,10 @@ class Kubelet:
         with self.lock:
             if kind == "silence":  # the node's kubelet stops: no heartbeats, no reports
                 self.silent.add(node)
-            elif kind == "resume":
+            elif kind == "resume":  # the kubelet is back: what happened to its pods meanwhile is acted on
                 self.silent.discard(node)
+                for pod in [p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == node]:
+                    self.sync(pod)
             elif kind == "kill-node":  # the machine is gone: its processes die, and it reports nothing
                 self.silent.add(node)
                 for running in list(self.running.values()):

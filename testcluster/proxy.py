@@ -7,6 +7,9 @@ Faults (attributes of `FaultProxy`, safe to set from the test's thread):
   `paralleljob-operator`, by default), every further one is answered 503, as for an operator killed mid-pass;
   with `lose_last_answer`, the last request before the outage is carried out and its answer lost (503): the
   process died awaiting the reply to a write that took effect;
+- `outage_after_request`: a (verb, resource) pair, e.g. ("patch", "configmaps"): the next such request from that
+  agent is carried out and answered, and every later one is refused as by `outage_after` (the operator killed
+  right after a given write, between it and the next one);
 - `held`: (method, resource) pairs, e.g. ("POST", "configmaps"), whose requests wait until the pair is removed:
   an API server that stalls;
 - `muted`: resources whose watch streams carry no events (the connection stays open): a watch that lost events;
@@ -129,6 +132,7 @@ class FaultProxy:
         self.outage_after: int | None = None
         self.outage_agent = "paralleljob-operator"
         self.lose_last_answer = False
+        self.outage_after_request: tuple[str, str] | None = None
         self.held: set[tuple[str, str]] = set()
         self.muted: set[str] = set()
         self.clock_offset = 0.0
@@ -205,9 +209,13 @@ class FaultProxy:
         body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason}
         return aiohttp.web.json_response(body | {"code": code}, status=code, headers={"Date": self._date()})
 
-    def _outage(self, agent: str) -> tuple[bool, bool]:
+    def _outage(self, agent: str, verb: str, resource: str) -> tuple[bool, bool]:
         """(refuse now, this is the last request and its answer is lost)."""
-        if self.outage_after is None or not agent.startswith(self.outage_agent):
+        if not agent.startswith(self.outage_agent):
+            return False, False
+        if self.outage_after is None:
+            if self.outage_after_request == (verb, resource):
+                self.outage_after_request, self.outage_after = None, 0  # this one goes through, no later one
             return False, False
         if self.outage_after <= 0:
             return True, False
@@ -226,7 +234,7 @@ class FaultProxy:
             self.calls.append(Call(request.method, resource, namespace, agent, status))
             self.requests.append(Request(verb, group, full_resource, namespace, agent, status, name, force))
 
-        refuse, lose_answer = self._outage(agent)
+        refuse, lose_answer = self._outage(agent, verb, full_resource)
         if refuse:
             record(503)
             return self._refusal("the operator was killed here")

@@ -408,6 +408,7 @@ class UpstreamServer:
     def reset(self) -> None:
         """Put the cluster back as it was after start-up, and lift every fault."""
         self.proxy.outage_after = None
+        self.proxy.outage_after_request = None
         self.proxy.lose_last_answer = False
         self.proxy.end_holds()
         self.proxy.rejects.clear()

@@ -22,7 +22,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # Shared helpers, not benchmarks (bench/README.md).
 HELPERS = {"__init__", "common", "kwok"}
-BENCHMARKS = sorted(p.stem for p in (REPO / "bench").glob("*.py") if p.stem not in HELPERS)
+# A benchmark is a module of bench/, or a package of it run as `python -m bench.NAME` (its `run` has `main`).
+BENCHMARKS = sorted(
+    [
+        *(p.stem for p in (REPO / "bench").glob("*.py") if p.stem not in HELPERS),
+        *(p.parent.name for p in (REPO / "bench").glob("*/__main__.py")),
+    ]
+)
 # The benchmarks that run here, at their smallest size: the fewest nodes, rounds and repeats that still plan.
 SMALLEST = {
     "admission_scale": ["--nodes", "640", "--pods-per-node", "2", "--pending", "2", "--repeat", "1"],
@@ -45,7 +51,7 @@ def test_every_benchmark_is_listed_in_the_readme() -> None:
 def test_benchmark_parses_its_arguments(
     name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    module = importlib.import_module(f"bench.{name}")
+    module = importlib.import_module(f"bench.{name}.run" if (REPO / "bench" / name).is_dir() else f"bench.{name}")
     monkeypatch.setattr(sys, "argv", [f"bench/{name}.py", "--help"])
     with pytest.raises(SystemExit) as exited:
         module.main()

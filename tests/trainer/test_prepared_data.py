@@ -115,6 +115,53 @@ def test_held_out_documents_are_cut_at_a_document_boundary_and_never_trained_on(
     assert int(tokens[cut - 1]) == int(tokens[-1]) == prepared.end_of_document_id
 
 
+def test_an_eval_folder_is_read_whole_and_the_training_folder_keeps_every_document(
+    folders: tuple[Path, Path],
+) -> None:
+    document = _document({"source": "tokens", "path": str(folders[0])}, 512)
+    document["spec"]["training"]["eval"] = {"path": str(folders[1])}
+    training = parse_job_config(document).training
+    train = data.open_stream(training.data, 512, 16, seed=1)
+    held = data.open_eval_stream(training, 512, 16)
+    tokens = {folder: np.fromfile(dataset.read_prepared(folder, "test").tokens_path, np.uint16) for folder in folders}
+    assert train.sources[0].tolist() == tokens[folders[0]].tolist()
+    assert held is not None and [s.tolist() for s in held.sources] == [tokens[folders[1]].tolist()]
+    # Every window the evaluation draws is a run of the eval folder's tokens.
+    held_tokens = tokens[folders[1]]
+    for row in held.global_batch(0, slice(0, 4), 4)[0].numpy():
+        starts = np.flatnonzero(held_tokens[: len(held_tokens) - len(row) + 1] == row[0])
+        assert any((held_tokens[i : i + len(row)] == row).all() for i in starts), row
+
+
+@pytest.mark.parametrize(
+    ("evaluation", "field"),
+    [
+        ({"path": "short"}, "spec.training.eval.path: "),
+        ({"heldOutFraction": 0.5}, "spec.training.eval.heldOutFraction: the held-out documents of "),
+    ],
+    ids=["eval-folder", "held-out-tail"],
+)
+def test_evaluation_tokens_too_few_for_one_window_are_refused_naming_the_eval_field(
+    folders: tuple[Path, Path], tmp_path: Path, evaluation: dict[str, Any], field: str
+) -> None:
+    """The held-out stream's own field, not spec.training.data, which was named for both before."""
+    tokenizer = load_tokenizer(train_tokenizer(tmp_path / "tokenizer", vocab_size=TOKENIZER_VOCAB))
+    (tmp_path / "docs").mkdir()
+    for index, text in enumerate(["a short document.\n", "and another one, also short.\n"]):
+        (tmp_path / "docs" / f"{index}.txt").write_text(text)
+    short = tmp_path / "short"
+    prepare([tmp_path / "docs"], tokenizer, short, workers=1)
+    training_folder = short if "heldOutFraction" in evaluation else folders[0]
+    document = _document({"source": "tokens", "path": str(training_folder)}, 512)
+    document["spec"]["training"]["eval"] = {**evaluation, **({"path": str(short)} if "path" in evaluation else {})}
+    training = parse_job_config(document).training
+
+    with pytest.raises(ContractError) as refused:
+        data.open_eval_stream(training, 512, 64)
+    assert str(refused.value).startswith(field), refused.value
+    assert "fewer than sequenceLength + 1 (65)" in str(refused.value)
+
+
 @pytest.mark.slow
 def test_a_blend_with_held_out_evaluation_matches_one_process_at_2x2x2_and_resumes_on_the_same_curve(
     folders: tuple[Path, Path], tmp_path: Path

@@ -120,6 +120,42 @@ def test_a_silent_node_goes_not_ready_and_tainted_and_comes_back(api: Api, small
     polling.wait_for(lambda: node_view(api, "gpu-1") == ("True", set()), 60, "gpu-1 Ready again")
 
 
+def test_what_happened_on_a_silent_node_is_acted_on_when_it_resumes(api: Api, small: upstream_cluster.Cluster) -> None:
+    """A pod deleted while its node's kubelet is silent goes once it resumes, and a pod whose container ended
+    meanwhile reports its end then, as a kubelet does on its return. Before, both stayed as the silence left them:
+    the deleted pod Terminating for ever (the soak's orphan, seed 39), the ended one Running."""
+    waits = (
+        "import pathlib, signal, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: exit(0))\n"
+        "pathlib.Path('/scratch/ready').touch()\n"
+        "while not pathlib.Path('/scratch/end').exists(): time.sleep(0.1)\n"
+    )
+    scratch = {"volumes": [{"name": "scratch", "emptyDir": {}}], "nodeName": "gpu-1"}
+    for name in ("doomed", "ending"):
+        made = pod(name, waits, terminationGracePeriodSeconds=30, **scratch)
+        made["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": "/scratch"}]
+        api.create(PODS, made)
+    folders = {}
+    for name in ("doomed", "ending"):
+        wait_for_pod(api, name, lambda p: p["status"].get("phase") == "Running")
+        (folders[name],) = (f for f in small.container_folders() if f.name.startswith(f"default_{name}_"))
+        ready = folders[name] / "volumes" / "scratch" / "ready"
+        polling.wait_for(ready.exists, 30, f"{name}'s handler installed")
+
+    small.fault("silence", node="gpu-1")
+    api.ok(api.send("DELETE", f"{PODS}/doomed"))
+    (folders["ending"] / "volumes" / "scratch" / "end").touch()
+    ended = int((folders["ending"] / "pid").read_text())
+    polling.wait_for(lambda: not psutil.pid_exists(ended), 30, "ending's container to end")
+    assert api.send("GET", f"{PODS}/doomed").status_code == 200, "a silent kubelet confirms nothing"
+    assert api.ok(api.send("GET", f"{PODS}/ending"))["status"]["phase"] == "Running", "nor reports anything"
+
+    small.fault("resume", node="gpu-1")
+    polling.wait_for(lambda: api.send("GET", f"{PODS}/doomed").status_code == 404, 60, "doomed to go")
+    done = wait_for_pod(api, "ending", lambda p: p["status"].get("phase") == "Succeeded", timeout=30)
+    assert done["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+
+
 def test_a_killed_container_takes_every_process_it_started_with_it(api: Api, small: upstream_cluster.Cluster) -> None:
     """A process that left the container's process group (torchrun's ranks do) dies with the container."""
     script = (

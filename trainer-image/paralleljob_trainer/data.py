@@ -24,6 +24,10 @@ from paralleljob_contract.training_data import DataConfig, prepared_paths
 _SYNTHETIC = "synthetic"
 # The held-out evaluation's salt: its batch j is drawn from (seed, j, salt), apart from every training draw.
 _EVAL_SALT = 0x6576616C
+# Where a stream's tokens come from, for the message when a part is too short to serve one window.
+_TRAINING = ("spec.training.data", "{path} holds")
+_EVAL_PATH = ("spec.training.eval.path", "{path} holds")
+_HELD_OUT = ("spec.training.eval.heldOutFraction", "the held-out documents of {path} hold")
 # Token ids checked per slice of a memory-mapped file: bounds the memory the check touches at once.
 _VOCAB_CHECK_CHUNK = 1 << 24
 
@@ -82,10 +86,10 @@ def open_stream(
         return TokenStream((), None, vocab_size, sequence_length, seed)
     if data.sources or (data.path is not None and data.path.is_dir() and data.source == "tokens"):
         parts = [_split(folder, held_out_fraction) for folder in prepared_paths(data)]
-        return _stream([p[0] for p in parts], data, vocab_size, sequence_length, seed, ())
+        return _stream([p[0] for p in parts], data, vocab_size, sequence_length, seed, (), _TRAINING)
     tokens = _read_tokens(data)
     _check_vocabulary(tokens, vocab_size, data.path)
-    return _stream([(tokens, data.path)], data, vocab_size, sequence_length, seed, ())
+    return _stream([(tokens, data.path)], data, vocab_size, sequence_length, seed, (), _TRAINING)
 
 
 def open_eval_stream(training: TrainingConfig, vocab_size: int, sequence_length: int) -> TokenStream | None:
@@ -94,10 +98,10 @@ def open_eval_stream(training: TrainingConfig, vocab_size: int, sequence_length:
     if evaluation is None:
         return None
     if evaluation.path is not None:
-        held = [_split(evaluation.path, 0.0)[0]]
-        return _stream(held, None, vocab_size, sequence_length, training.seed, (_EVAL_SALT,))
+        held = [_split(evaluation.path, 0.0, _EVAL_PATH[0])[0]]
+        return _stream(held, None, vocab_size, sequence_length, training.seed, (_EVAL_SALT,), _EVAL_PATH)
     held = [_split(folder, evaluation.held_out_fraction)[1] for folder in prepared_paths(training.data)]
-    return _stream(held, training.data, vocab_size, sequence_length, training.seed, (_EVAL_SALT,))
+    return _stream(held, training.data, vocab_size, sequence_length, training.seed, (_EVAL_SALT,), _HELD_OUT)
 
 
 def _stream(
@@ -107,12 +111,15 @@ def _stream(
     sequence_length: int,
     seed: int,
     salt: tuple[int, ...],
+    where: tuple[str, str],
 ) -> TokenStream:
+    """`where`: the field the parts come from and what their tokens are, for the message of a part too short."""
     for tokens, path in parts:
         if len(tokens) < sequence_length + 1:
+            field, what = where
             raise ContractError(
-                f"spec.training.data: {path} holds {len(tokens)} tokens, fewer than "
-                f"sequenceLength + 1 ({sequence_length + 1})"
+                f"{field}: {what.format(path=path)} {len(tokens)} tokens, fewer than sequenceLength + 1 "
+                f"({sequence_length + 1}): give it more text or lower spec.model.sequenceLength"
             )
     weights = None
     if data is not None and data.sources:
@@ -121,10 +128,12 @@ def _stream(
     return TokenStream(tuple(p[0] for p in parts), weights, vocab_size, sequence_length, seed, salt)
 
 
-def _split(folder: Path, held_out_fraction: float) -> tuple[tuple[np.ndarray, Path], tuple[np.ndarray, Path]]:
+def _split(
+    folder: Path, held_out_fraction: float, field: str = "spec.training.data"
+) -> tuple[tuple[np.ndarray, Path], tuple[np.ndarray, Path]]:
     """A prepared folder's tokens as (training part, held-out part): the last `held_out_fraction` of its
     documents are held out, cut at a document boundary so no document is in both."""
-    prepared = dataset.read_prepared(folder, "spec.training.data")
+    prepared = dataset.read_prepared(folder, field)
     tokens = np.memmap(prepared.tokens_path, dtype=np.dtype(prepared.dtype), mode="r")
     if held_out_fraction == 0.0:
         return (tokens, folder), (tokens[:0], folder)

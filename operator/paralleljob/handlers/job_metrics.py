@@ -31,7 +31,7 @@ GAUGES: tuple[tuple[str, str, Callable[[JobFigures], float | None]], ...] = (
     ("validation_loss", "Held-out loss of the last evaluation, where the job evaluates.", lambda f: f.validation_loss),
     ("tokens_per_second", "Training throughput of the whole job.", lambda f: f.tokens_per_second),
     ("tflops_per_gpu", "Achieved model TFLOP/s per GPU.", lambda f: f.tflops_per_gpu),
-    ("mfu", "Model FLOPs utilisation (0-1), where the GPU's peak is known.", lambda f: f.mfu),
+    ("mfu", "Model FLOPs utilisation (0-1), where the device's peak is known.", lambda f: f.mfu),
     ("step_seconds", "Measured median step time over the last log window.", lambda f: f.step_seconds),
     ("modeled_step_seconds", "The planner's modeled step time.", lambda f: f.modeled_step_seconds),
     ("progress_timeout_seconds", "spec.failurePolicy.progressTimeoutSeconds.", lambda f: f.progress_timeout_seconds),

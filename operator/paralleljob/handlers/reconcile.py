@@ -58,6 +58,7 @@ from paralleljob.handlers import (
     placement,
     queue_topology,
     queueing,
+    reported,
     specs,
 )
 from paralleljob.handlers import metrics as m
@@ -225,6 +226,8 @@ def _first_step_that_applies(p: Pass) -> Outcome:
                 return replacement.top_up(p, pinned, cluster, view.held)
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.
             return Outcome("placed", requeue_after=0.0)
+        # What a pass killed between the record and the status left unreported (issue 39): the status follows it.
+        reported.report(p, pinned)
         # Kueue hook (handlers.queueing.supervise): Kueue evicted the Workload: checkpoint, stop, back to Queued.
         if (evicting := queueing.supervise(p, pinned, pods)) is not None:
             return evicting

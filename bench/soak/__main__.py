@@ -1,0 +1,5 @@
+"""`python -m bench.soak`: see bench/soak/run.py."""
+
+from bench.soak.run import main
+
+main()
