@@ -5,6 +5,9 @@ cluster with a shared filesystem. `scripts/local_cluster.py`, `make cluster-demo
     cluster = up(folder, nodes=2, gpus_per_node=4)   # returns once every node is Ready
     cluster.fault("kill-node", node="gpu-1")
     down(folder)
+
+With `network_namespaces=True` (root and iproute2 only, `netns.available()`) each pod runs in a network
+namespace of its own on a bridge (testcluster/podnet.py), and `fault("slow-link", ...)` slows a node's link.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from testcluster import controlplane
+from testcluster import controlplane, netns, podnet
 
 # Each claim of the tests binds one of these; the kubelet gives a claim a folder of its own by its name.
 VOLUMES = 8
@@ -60,7 +63,8 @@ class Cluster:
 
     def fault(self, kind: str, **where: str) -> None:
         """A kubelet fault: silence / resume a node, kill-node (its processes die too), kill-container, throttle (a
-        pod held to `cores` CPUs by a cgroup quota)."""
+        pod held to `cores` CPUs by a cgroup quota), slow-link (with a pod network: `node`'s link, or that of the
+        node where pod `namespace`/`pod` runs or next starts, held to `mbit` Mbit/s by tc, its later pods too)."""
         port = (self.folder / "kubelet-faults-port").read_text().strip()
         query = "&".join(f"{key}={value}" for key, value in where.items())
         request = urllib.request.Request(f"http://127.0.0.1:{port}/faults/{kind}?{query}", method="POST")
@@ -105,6 +109,7 @@ def up(
     folder: Path,
     nodes: int = 2,
     gpus_per_node: int = 4,
+    network_namespaces: bool = False,
     *,
     node_grace: str = controlplane.NODE_MONITOR_GRACE,
     before_controllers: Callable[[controlplane.State], None] | None = None,
@@ -112,7 +117,17 @@ def up(
     """`node_grace` and `before_controllers` as `controlplane.up` takes them (the soak, bench/soak, shares the
     controller-manager with kwok's nodes and wants the CRD's dependents collected from the start)."""
     folder = folder.resolve()
-    state = controlplane.up(folder, node_grace=node_grace, before_controllers=before_controllers)
+    addresses: tuple[str, ...] = ()
+    if network_namespaces:
+        if not netns.available():
+            raise controlplane.ControlPlaneError("network_namespaces needs root, iproute2 and tc")
+        folder.mkdir(parents=True, exist_ok=True)
+        subnet = netns.free_subnet()
+        podnet.write_config(folder, f"k{subnet}", subnet)
+        addresses = (f"{netns.SUBNET_PREFIX}.{subnet}.254",)
+    state = controlplane.up(
+        folder, serving_addresses=addresses, node_grace=node_grace, before_controllers=before_controllers
+    )
     try:
         definitions = gpu_nodes(nodes, gpus_per_node)
         (folder / "nodes.json").write_text(json.dumps(definitions, indent=1))
@@ -135,6 +150,8 @@ def up(
 
 def down(folder: Path) -> None:
     controlplane.down(folder)
+    if (config := podnet.read_config(folder.resolve())) is not None:
+        netns.remove_leftovers(str(config["tag"]))
 
 
 def attach(folder: Path) -> Cluster:

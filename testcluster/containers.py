@@ -12,7 +12,7 @@ import os
 import signal
 import stat
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ class Addresses:
         return self._by_uid[uid]
 
 
-def hosts(namespace: str, pods: Iterable[Mapping[str, Any]], address: Addresses) -> str:
+def hosts(namespace: str, pods: Iterable[Mapping[str, Any]], address: Callable[[str], str]) -> str:
     """/etc/hosts of a pod in `namespace`: every pod's `<hostname>.<subdomain>` names, as cluster DNS has them."""
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     for pod in pods:
@@ -87,10 +87,11 @@ def environment(
     api_port: int,
     image_env: Mapping[str, str] | None = None,
     home: str = "/root",
+    api_host: str = "127.0.0.1",
 ) -> dict[str, str]:
     """The container's environment: the image's own (`image_env`, with the runtime's PATH and `home` where it sets
-    none), or without an image the project's venv first on PATH; the API server's address as the `kubernetes`
-    Service's; then the container's own values and fieldRefs."""
+    none), or without an image the project's venv first on PATH; the API server's address (`api_host`, where the
+    pod reaches it) as the `kubernetes` Service's; then the container's own values and fieldRefs."""
     meta, spec = pod["metadata"], pod.get("spec") or {}
     fields = field_values(pod, address)
     base = (
@@ -101,7 +102,7 @@ def environment(
     env = {
         **base,
         "HOSTNAME": spec.get("hostname") or meta["name"],
-        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_HOST": api_host,
         "KUBERNETES_SERVICE_PORT": str(api_port),
     }
     for item in container.get("env") or []:

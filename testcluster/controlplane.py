@@ -327,6 +327,7 @@ def up(
     scheduler: bool = True,
     before_controllers: Callable[[State], None] | None = None,
     node_grace: str = NODE_MONITOR_GRACE,
+    serving_addresses: tuple[str, ...] = (),
 ) -> State:
     """Start etcd, the API server, the scheduler and the controller-manager; return once the API server is ready
     and the controller-manager has published the root CA to the default namespace (its controllers run).
@@ -339,10 +340,12 @@ def up(
     only found by its discovery resync, every 30 s (until then the dependents of a deleted custom object stay:
     40 s measured for a ParallelJob's ConfigMap on a control plane just started).
     `node_grace` is how long a node may miss its heartbeats before it is marked NotReady: the tests' kubelet
-    renews every HEARTBEAT_SECONDS, kwok (bench/kwok.py) every quarter of its Lease, as a real kubelet does."""
+    renews every HEARTBEAT_SECONDS, kwok (bench/kwok.py) every quarter of its Lease, as a real kubelet does.
+    `serving_addresses`: more addresses the API server's certificate covers (where the kubelet's pod network
+    relays it, testcluster/podnet.py)."""
     folder = folder.resolve()
     (folder / "logs").mkdir(parents=True, exist_ok=True)
-    keys = pki.make_keys(folder / "pki")
+    keys = pki.make_keys(folder / "pki", serving_addresses)
     apiserver_port, etcd_port = free_port(), free_port()
     server = f"https://127.0.0.1:{apiserver_port}"
     tokens = _write_credentials(folder, server, keys.ca)

@@ -20,6 +20,10 @@ The only simulated part of the cluster. It talks to the real API server as a cli
 - reports phase, conditions (PodScheduled kept as the scheduler wrote it), container statuses and the
   termination message (`terminationMessagePath`), and honours graceful deletion: SIGTERM, the grace period,
   SIGKILL, then the pod object is deleted with grace 0 as the kubelet confirms it.
+- with a pod network (`testcluster.podnet`, `cluster.up(..., network_namespaces=True)`), runs each pod in a
+  network namespace of its own on a bridge, whose address is its podIP and its /etc/hosts entry, and slows a
+  node's links for real (`slow-link`, tc); without one, pods share the machine's network, each with a loopback
+  address of its own;
 - runs httpGet liveness probes (`livenessProbe`) against the pod's address, logs each answer in the pod's folder
   (`probes.log`) and stops a container that fails `failureThreshold` in a row, as the kubelet kills it.
 Pods run with restartPolicy Never semantics; readiness and startup probes are not run. Images are not pulled.
@@ -51,7 +55,7 @@ import requests
 
 from paralleljob.k8s import timestamps
 from paralleljob.local import throttle as throttle_cgroup
-from testcluster import containers, controlplane, images
+from testcluster import containers, controlplane, images, podnet
 from testcluster import sandbox as sandbox_program
 
 HEARTBEAT_SECONDS = controlplane.HEARTBEAT_SECONDS
@@ -117,17 +121,25 @@ class Running:
 
 
 class Kubelet:
-    def __init__(self, state: controlplane.State, nodes: list[dict[str, Any]], root: Path) -> None:
+    def __init__(
+        self,
+        state: controlplane.State,
+        nodes: list[dict[str, Any]],
+        root: Path,
+        network: podnet.PodNetwork | None = None,
+    ) -> None:
         self.state, self.nodes, self.root = state, {n["metadata"]["name"]: n for n in nodes}, root
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {state.tokens['kubelet']}"
         self.lock = threading.RLock()
         self.running: dict[str, Running] = {}
         self.finished: set[str] = set()
+        self.network = network
+        self.address: containers.Addresses | podnet.PodNetwork = network or containers.Addresses()
+        self.api_host = network.host if network else "127.0.0.1"
         # Containers that ended and whose end is not yet on the API server (their node was silent, or the write
         # failed), by uid: reported when the node resumes or the pod is seen again, as a kubelet does on return.
         self.ended: dict[str, tuple[Running, int]] = {}
-        self.address = containers.Addresses()
         self.pods: dict[str, dict[str, Any]] = {}  # every pod bound to one of our nodes, by uid
         self.silent: set[str] = set()
         self.stopped = threading.Event()
@@ -313,7 +325,8 @@ class Kubelet:
         return containers.field_values(pod, self.address(pod["metadata"]["uid"]))
 
     def env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
-        return containers.environment(pod, container, self.address(pod["metadata"]["uid"]), self.state.apiserver_port)
+        address = self.address(pod["metadata"]["uid"])
+        return containers.environment(pod, container, address, self.state.apiserver_port, api_host=self.api_host)
 
     def config_map(self, namespace: str, name: str) -> dict[str, str] | None:
         response = self.api("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
@@ -425,9 +438,16 @@ class Kubelet:
             return
         sandbox |= {"root": str(folder / "root"), "hostname": spec.get("hostname") or meta["name"], "mounts": mounts}
         (folder / "sandbox.json").write_text(json.dumps(sandbox, indent=1))
+        in_network = []
+        if self.network is not None:
+            try:
+                in_network = self.network.enter(meta["uid"], spec["nodeName"], (meta["namespace"], meta["name"]))
+            except (subprocess.CalledProcessError, ValueError) as error:
+                self.report_waiting(pod, container, "CreatePodSandboxError", f"pod network: {error}")
+                return
         with (folder / "container.log").open("ab") as log:
             process = subprocess.Popen(
-                sandbox_program.argv(folder / "sandbox.json"),
+                [*in_network, *sandbox_program.argv(folder / "sandbox.json")],
                 cwd=controlplane.REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip
@@ -458,8 +478,9 @@ class Kubelet:
         who = containers.identity(pod, container, *image.user_ids())
         home = (image.passwd_entry(who.uid) or (0, "/"))[1]
         env = containers.environment(
-            pod, container, self.address(pod["metadata"]["uid"]), self.state.apiserver_port, image.env, home
-        )
+            pod, container, self.address(pod["metadata"]["uid"]), self.state.apiserver_port, image.env, home,
+            self.api_host,
+        )  # fmt: skip
         read_only = bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
         return {
             "image": {"rootfs": str(image.rootfs), "upper": str(folder / "upper"), "work": str(folder / "work")},
@@ -538,6 +559,8 @@ class Kubelet:
 
     def wait(self, running: Running) -> None:
         code = running.process.wait()
+        if self.network is not None:
+            self.network.leave(running.uid)
         if running.throttle is not None:
             threading.Thread(target=running.throttle.remove, daemon=True).start()
         with self.lock:
@@ -592,10 +615,14 @@ class Kubelet:
             for running in list(self.running.values()):
                 self.signal(running, signal.SIGKILL)
         self.images.close()
+        if self.network is not None:
+            self.network.close()
 
     # -- faults -------------------------------------------------------------------------------------------
 
-    def fault(self, kind: str, node: str = "", namespace: str = "", pod: str = "", cores: str = "") -> None:
+    def fault(
+        self, kind: str, node: str = "", namespace: str = "", pod: str = "", cores: str = "", mbit: str = ""
+    ) -> None:
         with self.lock:
             if kind == "silence":  # the node's kubelet stops: no heartbeats, no reports
                 self.silent.add(node)
@@ -614,6 +641,11 @@ class Kubelet:
                         self.signal(running, signal.SIGKILL)
             elif kind == "throttle":  # a slow device: the pod's processes held to `cores` CPUs by a cgroup quota
                 self.throttle(namespace, pod, float(cores or "0.1"))
+            elif kind == "slow-link":  # a slow NIC: the node's (or `pod`'s node's) pods' links held to `mbit` Mbit/s
+                if self.network is None:
+                    raise ValueError("slow-link: this kubelet has no pod network (network_namespaces=True)")
+                pods = [(r.uid, r.node, (r.namespace, r.name)) for r in self.running.values()]
+                self.network.slow_link(float(mbit), node, (namespace, pod), pods)
             else:
                 raise ValueError(f"unknown fault {kind!r}")
 
@@ -683,7 +715,11 @@ class FaultHandler(http.server.BaseHTTPRequestHandler):
 def main(folder: Path) -> None:
     state = controlplane.State.load(folder)
     nodes = json.loads((folder / "nodes.json").read_text())
-    kubelet = Kubelet(state, nodes, folder / "kubelet")
+    config = podnet.read_config(folder)
+    network = (
+        podnet.PodNetwork(str(config["tag"]), int(str(config["subnet"])), state.apiserver_port) if config else None
+    )
+    kubelet = Kubelet(state, nodes, folder / "kubelet", network)
     kubelet.register()
     faults = Faults(kubelet)
     (folder / "kubelet-faults-port").write_text(str(faults.server_address[1]))

@@ -2,8 +2,10 @@
 pair whose outer end is on the bridge, and an address on a private subnet; `slow()` puts a token bucket (`tc
 tbf`) on both ends of one member's veth, so its link is slow for real in both directions.
 
-Used by the link-check test (tests/trainer/test_linkcheck.py) and its benchmark (bench/linkcheck_cost.py). Needs
-root and iproute2; every address is inside namespaces made here (10.213.0.0/16), so nothing leaves the machine. `close()` deletes what was made.
+Used by the link-check test (tests/trainer/test_linkcheck.py), its benchmark (bench/linkcheck_cost.py) and the
+test kubelet's pod network (testcluster/podnet.py, which adds and removes members as pods come and go). Needs
+root and iproute2; every address is inside namespaces made here (10.213.0.0/16), so nothing leaves the machine.
+`close()` deletes what was made; `remove_leftovers()` what a killed owner left behind.
 """
 
 from __future__ import annotations
@@ -51,10 +53,15 @@ class Bridge:
         self.made: list[str] = []
         _ip("link", "add", self.bridge, "type", "bridge")
         self.made.append(f"link:{self.bridge}")
-        _ip("addr", "add", f"{SUBNET_PREFIX}.{self.subnet}.254/24", "dev", self.bridge)
+        _ip("addr", "add", f"{self.host_address}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for index in range(self.members):
             self._add_member(index)
+
+    @property
+    def host_address(self) -> str:
+        """The machine's own address on the bridge: members reach the machine there."""
+        return f"{SUBNET_PREFIX}.{self.subnet}.254"
 
     def namespace(self, index: int) -> str:
         return f"pj{self.tag}n{index}"
@@ -65,8 +72,24 @@ class Bridge:
     def outer(self, index: int) -> str:
         return f"pj{self.tag}v{index}"
 
+    def add(self, index: int) -> None:
+        """A new member `index` (a namespace, its veth on the bridge and its address)."""
+        self._add_member(index)
+
+    def remove(self, index: int) -> None:
+        """Delete member `index`'s namespace (its veth goes with it)."""
+        name = f"netns:{self.namespace(index)}"
+        if name in self.made:
+            subprocess.run(["ip", "netns", "delete", self.namespace(index)], capture_output=True)
+            self.made.remove(name)
+
     def _add_member(self, index: int) -> None:
         ns, outer = self.namespace(index), self.outer(index)
+        # A namespace of this name left by an owner that could not delete it (its name still mounted in a pod's
+        # private mount namespace) is ours: it goes before the new one is made.
+        # So is a veth of this name whose namespace lives on unnamed (held by a process that outlived its pod).
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+        subprocess.run(["ip", "link", "delete", outer], capture_output=True)
         _ip("netns", "add", ns)
         self.made.append(f"netns:{ns}")
         _ip("link", "add", outer, "type", "veth", "peer", "name", "eth0", "netns", ns)
@@ -94,6 +117,29 @@ class Bridge:
             args = ("netns", "delete", name) if kind == "netns" else ("link", "delete", name)
             subprocess.run(["ip", *args], capture_output=True)
         self.made.clear()
+
+
+def remove_leftovers(tag: str) -> None:
+    """Delete the bridge and namespaces of `tag` that a killed owner could not close."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in listed.splitlines():
+        if line.split() and line.split()[0].startswith(f"pj{tag}n"):
+            subprocess.run(["ip", "netns", "delete", line.split()[0]], capture_output=True)
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    for line in links.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if name.startswith(f"pj{tag}v"):
+            subprocess.run(["ip", "link", "delete", name], capture_output=True)
+    subprocess.run(["ip", "link", "delete", f"pjbr{tag}"], capture_output=True)
+
+
+def free_subnet(low: int = 100, high: int = 250) -> int:
+    """A third octet of 10.213.x.0/24 that no interface of this machine has an address in."""
+    used = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    for subnet in range(low, high):
+        if f" {SUBNET_PREFIX}.{subnet}." not in used:
+            return subnet
+    raise RuntimeError(f"no free subnet in {SUBNET_PREFIX}.{low}-{high}.0/24")
 
 
 def run_linkcheck_ranks(bridge: Bridge, out: Path, layout: Layout) -> dict[str, Any]:

@@ -79,8 +79,9 @@ def sign_serving_pair(keys: Keys, folder: Path, subject: str, names: tuple[str, 
     return certificate, key
 
 
-def make_keys(folder: Path) -> Keys:
-    """Make every key once; a folder that has them keeps them, so a restarted cluster keeps its tokens valid."""
+def make_keys(folder: Path, addresses: tuple[str, ...] = ()) -> Keys:
+    """Make every key once; a folder that has them keeps them, so a restarted cluster keeps its tokens valid.
+    `addresses`: more IP addresses the serving certificate covers (the pod network's address of the machine)."""
     keys = Keys(folder)
     if keys.service_account_public_key.exists():
         return keys
@@ -102,7 +103,8 @@ def make_keys(folder: Path) -> Keys:
     _openssl(
         "req", *CURVE, "-keyout", "apiserver.key", "-out", "apiserver.csr", "-subj", "/CN=kube-apiserver", cwd=folder
     )
-    extensions = f"subjectAltName={','.join(SERVING_NAMES)}\nextendedKeyUsage=serverAuth\n"
+    names = (*SERVING_NAMES, *(f"IP:{address}" for address in addresses))
+    extensions = f"subjectAltName={','.join(names)}\nextendedKeyUsage=serverAuth\n"
     (folder / "apiserver.ext").write_text(extensions)
     _openssl(
         "x509",

@@ -25,17 +25,22 @@ CORPUS_CLAIM = "quickstart-corpus"
 class Product:
     """A cluster of its own (two 4-GPU nodes unless told) with the chart installed by helm, in `folder`."""
 
-    def __init__(self, folder: Path, nodes: int = 2, gpus_per_node: int = 4) -> None:
-        self.cluster = upstream_cluster.up(folder / "cluster", nodes=nodes, gpus_per_node=gpus_per_node)
+    def __init__(self, folder: Path, nodes: int = 2, gpus_per_node: int = 4, network_namespaces: bool = False) -> None:
+        self.cluster = upstream_cluster.up(
+            folder / "cluster", nodes=nodes, gpus_per_node=gpus_per_node, network_namespaces=network_namespaces
+        )
         self.kubectl = Tool("kubectl", self.cluster.kubeconfig)
         self.helm = Tool("helm", self.cluster.kubeconfig)
         self.admin = Api(self.cluster.state, self.cluster.state.tokens["admin"])
 
     @classmethod
     @contextlib.contextmanager
-    def running(cls, folder: Path, nodes: int = 2, gpus_per_node: int = 4) -> Iterator[Product]:
-        """A product for one test, stopped afterwards whatever the test did."""
-        made = cls(folder, nodes, gpus_per_node)
+    def running(
+        cls, folder: Path, nodes: int = 2, gpus_per_node: int = 4, network_namespaces: bool = False
+    ) -> Iterator[Product]:
+        """A product for one test, stopped afterwards whatever the test did; `network_namespaces`: each pod in a
+        network namespace of its own (testcluster/podnet.py)."""
+        made = cls(folder, nodes, gpus_per_node, network_namespaces)
         try:
             yield made
         finally:
