@@ -87,7 +87,7 @@ log = logging.getLogger(__name__)
 
 # Steps after which only an edit or a deletion changes anything: no resync.
 RESTING_STEPS = frozenset({"gone", "finished", "succeeded", "failed", "invalid"})
-# The steps that end a job (`supervision.end`, and `passes.end` for the admission step).
+# The steps that end a job (supervision's, and `passes.end` for the admission step).
 ENDED = frozenset({"succeeded", "failed"})
 
 

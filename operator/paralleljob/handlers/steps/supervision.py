@@ -170,7 +170,7 @@ def _succeeded(seen: Observed, state: gang.GangState, settings: Settings, now: d
         message += f"; last checkpoint step {step} in {folder}/global_step{step}"
     cond = condition(seen, "Ready", "False", "Finished", message, now)
     cond = condition(seen, "Succeeded", "True", "TrainingFinished", message, now, base=cond)
-    return end(seen, "Succeeded", message, cond, Event("Normal", "Completed", message), now)
+    return _end(seen, "Succeeded", message, cond, Event("Normal", "Completed", message), now)
 
 
 def _finishing(seen: Observed, state: gang.GangState, settings: Settings, now: datetime.datetime) -> Decision:
@@ -178,7 +178,7 @@ def _finishing(seen: Observed, state: gang.GangState, settings: Settings, now: d
     return Decision("finishing", requeue_after=state.recheck_in)
 
 
-def end(seen: Observed, phase: str, message: str, cond: Any, event: Event, now: datetime.datetime) -> Decision:
+def _end(seen: Observed, phase: str, message: str, cond: Any, event: Event, now: datetime.datetime) -> Decision:
     """A terminal phase: one status write and its Event, then the record (`record_last`: a kill between the two
     leaves a live record, and the next pass judges the same pods and ends the job again), the pods still
     holding GPUs deleted, waiting jobs woken."""
@@ -237,7 +237,7 @@ def _fail(seen: Observed, state: gang.GangState, limit: int, base: Any, now: dat
     if state.cause == gang.CREATE_FAILED:
         cond = condition(seen, "Scheduled", "False", gang.CREATE_FAILED, state.reason, now, base=cond)
     cond = condition(seen, "Failed", "True", "BackoffLimitExceeded", message, now, base=cond)
-    return end(seen, "Failed", message, cond, Event("Warning", "Failed", message), now)
+    return _end(seen, "Failed", message, cond, Event("Warning", "Failed", message), now)
 
 
 def _network_failed(seen: Observed, state: gang.GangState, network: NetworkFailure, now: datetime.datetime) -> Decision:
@@ -247,7 +247,7 @@ def _network_failed(seen: Observed, state: gang.GangState, network: NetworkFailu
     cond = condition(seen, network.condition, "False", network.reason, network.message, now)
     cond = condition(seen, "Ready", "False", gang.NETWORK, state.reason, now, base=cond)
     cond = condition(seen, "Failed", "True", gang.NETWORK, message, now, base=cond)
-    return end(seen, "Failed", message, cond, Event("Warning", "Failed", message), now)
+    return _end(seen, "Failed", message, cond, Event("Warning", "Failed", message), now)
 
 
 def _restart(
