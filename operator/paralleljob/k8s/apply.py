@@ -3,14 +3,13 @@
 Called by `handlers.reconcile` after a step decided. In order: the children to create (one at a time, then the
 pods in growing batches, `writes.create_all`: the job's own copy already there (409) is an outcome; a name held
 by someone else or a create refused for good raises, and the pass turns that refusal into the input of its next
-decision, before anything else of this one is written); the status patch (one merge patch of the status
-subresource) and the Events that go with it; the attempt record (its ConfigMap's `attempt.json` and labels),
-before the status, or after the Events for a decision that ends the job (`Decision.record_last`); the Node labels
-(a merge patch of one label; a Node gone, 404, is an outcome); the pods deleted gracefully, then those
-force-deleted. Idempotent as every write here is: a pod already gone
-(404) is an outcome, not an error; a patch whose job or ConfigMap is gone raises `writes.Gone`, which the pass
-turns into its ordinary end. A job dict given as a `dict` is updated with the status written, so the rest of a
-pass builds on it.
+decision, before anything else of this one is written); the attempt record (its ConfigMap's `attempt.json` and
+labels); the status patch (one merge patch of the status subresource) and the Events that go with it; the Node
+labels (a merge patch of one label; a Node gone, 404, is an outcome); the pods deleted gracefully, then those
+force-deleted. A decision that ends the job (`Decision.record_last`) writes its record after the labels instead,
+right before the pods. Idempotent as every write here is: a pod already gone (404) is an outcome, not an error; a
+patch whose job or ConfigMap is gone raises `writes.Gone`, which the pass turns into its ordinary end. A job dict
+given as a `dict` is updated with the status written, so the rest of a pass builds on it.
 """
 
 from __future__ import annotations

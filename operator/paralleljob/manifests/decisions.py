@@ -81,9 +81,9 @@ class Decision:
 
     def then(self, later: Decision) -> Decision:
         """This decision's writes followed by `later`'s, written as one: the status patches merged (the later's
-        keys win), the Events, pods and node labels of both, the later's record (and its place: `record_last`);
-        what the pass asks of the scheduler is the
-        later's (its step and when to look again), since the later decided knowing the first."""
+        keys win), the Events, pods and node labels of both, the later's record (with its place, `record_last`);
+        what the pass asks of the scheduler is the later's (its step and when to look again), since the later
+        decided knowing the first."""
         status = {**(self.status or {}), **(later.status or {})} or None
         return Decision(
             step=later.step,
