@@ -121,9 +121,10 @@ def restarted(
     record_: records.AttemptRecord = LIVE,
     restarts: int = 1,
     deletes: tuple[str, ...] = ("gpt-0", "gpt-1"),
-    events: tuple[Event, ...] = (),
+    first: tuple[Decision, ...] = (),
 ) -> Decision:
-    """The gang restart a broken gang gets: the record, then the status, the Restarting Event, every pod deleted."""
+    """The gang restart a broken gang gets: the record, then the status, the Restarting Event, every pod deleted;
+    after the `first` parts of the pass's decision, each written whole before it."""
     message = f"gang restart {restarts}/3: {reason}; resuming from the last checkpoint"
     return Decision(
         "restarting",
@@ -142,10 +143,16 @@ def restarted(
             "heldUntil": HELD_UNTIL if held else None,
             "observedGeneration": 2,
         },
-        events=(*events, Event("Warning", "Restarting", message)),
+        events=(Event("Warning", "Restarting", message),),
         deletes=deletes,
+        first=first,
         wake_others=True,
     )
+
+
+def cause(reason: str, said: str) -> Decision:
+    """A broken gang's cause, its Warning Event written before the restart or the end it brings."""
+    return Decision("broken", events=(Event("Warning", reason, said),))
 
 
 def restart_conditions(cause: str, reason: str, scheduled: str, restarts: int = 1) -> list[dict[str, Any]]:
@@ -184,11 +191,6 @@ def ended(
     )
 
 
-def with_status(decision: Decision, **fields: Any) -> Decision:
-    assert decision.status is not None
-    return dataclasses.replace(decision, status={**decision.status, **fields})
-
-
 FAILED_POD = "pod gpt-1 failed (Failed)"
 DONE = "training finished after 0 restarts"
 DONE_CONDITIONS = [
@@ -208,6 +210,17 @@ STRAGGLER_SAID = "n1 (node rank 1, stage 1) computed 1.8x its peers' median over
 SLOW_STATUS = {**QUIET, "progress": {"stragglers": [STRAGGLER]}}
 SLOW_REPLACED = "node n1 is slower than its peers (1.8x, stage 1)"
 STARTED = "2x2x2 on 2 pods, attempt 0"
+# The running pass's part when a straggler is named: the Straggler condition and one SlowNode Event.
+SLOW_NAMED = Decision(
+    "running",
+    status={
+        **{key: value for key, value in QUIET.items() if key != "observedGeneration"},
+        "conditions": [READY, condition("Straggler", "True", "SlowNode", STRAGGLER_SAID, STAMP)],
+        "observedGeneration": 2,
+    },
+    events=(Event("Warning", "SlowNode", STRAGGLER_SAID),),
+)
+REPLACING = f"gang restart 1/3: {SLOW_REPLACED}; resuming from the last checkpoint"
 
 
 @pytest.mark.parametrize(
@@ -284,10 +297,11 @@ STARTED = "2x2x2 on 2 pods, attempt 0"
                     "completionTime": STAMP,
                     "observedGeneration": 2,
                 },
-                events=(Event("Warning", gang.NETWORK, NO_RDMA_SAID), Event("Warning", "Failed", NO_RDMA_END)),
+                events=(Event("Warning", "Failed", NO_RDMA_END),),
                 record=LIVE.with_outcome("Failed"),
                 record_last=True,
                 deletes=("gpt-0",),
+                first=(cause(gang.NETWORK, NO_RDMA_SAID),),
                 wake_others=True,
             ),
             id="a-network-not-as-planned-fails-the-job-at-once-without-a-restart",
@@ -392,22 +406,13 @@ STARTED = "2x2x2 on 2 pods, attempt 0"
                 excluded=("n1",),
                 held=("n0",),
                 conditions=restart_conditions(gang.START_TIMEOUT, STALLED, "GangRestart"),
-                events=(Event("Warning", gang.START_TIMEOUT, STALLED),),
+                first=(cause(gang.START_TIMEOUT, STALLED),),
             ),
             id="a-stalled-pod-past-its-timeout-restarts-the-gang-blaming-its-node",
         ),
         pytest.param(
             placed(LIVE, status=SLOW_STATUS),
-            Decision(
-                "running",
-                status={
-                    **{key: value for key, value in QUIET.items() if key != "observedGeneration"},
-                    "conditions": [READY, condition("Straggler", "True", "SlowNode", STRAGGLER_SAID, STAMP)],
-                    "observedGeneration": 2,
-                },
-                events=(Event("Warning", "SlowNode", STRAGGLER_SAID),),
-                requeue_after=60.0,
-            ),
+            dataclasses.replace(SLOW_NAMED, requeue_after=60.0),
             id="a-straggler-named-sets-the-condition-and-one-slownode-event",
         ),
         pytest.param(
@@ -427,43 +432,16 @@ STARTED = "2x2x2 on 2 pods, attempt 0"
                 status=SLOW_STATUS,
                 spec=spec_with(stragglers={"action": "Replace"}),
             ),
-            Decision(
-                "restarting",
-                record=LIVE.with_restart(SLOW_REPLACED, ["n1"], into=1, held=["n0"], until=HELD_UNTIL),
-                status={
-                    "phase": "Restarting",
-                    "message": f"gang restart 1/3: {SLOW_REPLACED}; resuming from the last checkpoint",
-                    "conditions": [
-                        condition(
-                            "Scheduled",
-                            "False",
-                            "GangRestart",
-                            f"gang restart 1/3: {SLOW_REPLACED}; resuming from the last checkpoint",
-                            STAMP,
-                        ),
-                        condition("Ready", "False", "SlowNode", SLOW_REPLACED, STAMP),
-                        condition("Straggler", "True", "SlowNode", STRAGGLER_SAID, STAMP),
-                    ],
-                    "podsReady": 0,
-                    "startTime": EARLIER,
-                    "restarts": 1,
-                    "network": None,
-                    "placement": None,
-                    "spareNodes": None,
-                    "excludedNodes": ["n1"],
-                    "heldNodes": ["n0"],
-                    "heldUntil": HELD_UNTIL,
-                    "observedGeneration": 2,
-                },
-                events=(
-                    Event("Warning", "SlowNode", STRAGGLER_SAID),
-                    Event("Warning", "SlowNode", SLOW_REPLACED),
-                    Event(
-                        "Warning", "Restarting", f"gang restart 1/3: {SLOW_REPLACED}; resuming from the last checkpoint"
-                    ),
-                ),
-                deletes=("gpt-0", "gpt-1"),
-                wake_others=True,
+            restarted(
+                SLOW_REPLACED,
+                excluded=("n1",),
+                held=("n0",),
+                conditions=[
+                    condition("Scheduled", "False", "GangRestart", REPLACING, STAMP),
+                    condition("Ready", "False", "SlowNode", SLOW_REPLACED, STAMP),
+                    condition("Straggler", "True", "SlowNode", STRAGGLER_SAID, STAMP),
+                ],
+                first=(SLOW_NAMED, cause("SlowNode", SLOW_REPLACED)),
             ),
             id="a-straggler-to-replace-without-a-spare-restarts-the-gang-without-its-node",
         ),
@@ -480,9 +458,7 @@ STARTED = "2x2x2 on 2 pods, attempt 0"
                     supervision.GROW_BACK, "growing back to full size after checkpoint step 200", "GangRestart"
                 ),
                 record_=records.AttemptRecord(**{**LIVE.__dict__, "grow_after": 100}).with_grow_restart(),
-                events=(
-                    Event("Warning", supervision.GROW_BACK, "growing back to full size after checkpoint step 200"),
-                ),
+                first=(cause(supervision.GROW_BACK, "growing back to full size after checkpoint step 200"),),
             ),
             id="a-shrunk-gang-grows-back-after-a-newer-checkpoint",
         ),
@@ -499,6 +475,12 @@ IN_PLACE_SAID = (
     "recreated (1/1 in place for these pods)"
 )
 REPORTED = report(step="150", updated="2026-01-01T11:30:00Z", inPlaceRestarts="1")
+COUNTED = Decision(
+    "running",
+    record=LIVE.with_in_place_restarts(1),
+    status={"restarts": 1, "inPlaceRestarts": 1, "observedGeneration": 2},
+    events=(Event("Warning", "RestartedInPlace", IN_PLACE_SAID),),
+)
 
 
 @pytest.mark.parametrize(
@@ -506,13 +488,7 @@ REPORTED = report(step="150", updated="2026-01-01T11:30:00Z", inPlaceRestarts="1
     [
         pytest.param(
             placed(LIVE, spec=IN_PLACE, progress=REPORTED),
-            Decision(
-                "running",
-                record=LIVE.with_in_place_restarts(1),
-                status={"restarts": 1, "inPlaceRestarts": 1, "observedGeneration": 2},
-                events=(Event("Warning", "RestartedInPlace", IN_PLACE_SAID),),
-                requeue_after=60.0,
-            ),
+            dataclasses.replace(COUNTED, requeue_after=60.0),
             id="running-an-in-place-restart-rank-0-reports-is-counted-once-with-its-event",
         ),
         pytest.param(
@@ -522,17 +498,14 @@ REPORTED = report(step="150", updated="2026-01-01T11:30:00Z", inPlaceRestarts="1
         ),
         pytest.param(
             placed(LIVE, rank_pod(0, "n0"), failed(1, "n1"), spec=IN_PLACE, progress=REPORTED),
-            with_status(
-                restarted(
-                    FAILED_POD,
-                    excluded=("n1",),
-                    held=("n0",),
-                    conditions=restart_conditions("GangRestart", FAILED_POD, "GangRestart", restarts=2),
-                    record_=LIVE.with_in_place_restarts(1),
-                    restarts=2,
-                    events=(Event("Warning", "RestartedInPlace", IN_PLACE_SAID),),
-                ),
-                inPlaceRestarts=1,
+            restarted(
+                FAILED_POD,
+                excluded=("n1",),
+                held=("n0",),
+                conditions=restart_conditions("GangRestart", FAILED_POD, "GangRestart", restarts=2),
+                record_=LIVE.with_in_place_restarts(1),
+                restarts=2,
+                first=(COUNTED,),
             ),
             id="broken-before-the-report-was-seen-counts-it-first-then-restarts-after-it",
         ),
@@ -553,7 +526,7 @@ def test_a_create_refused_for_good_restarts_the_gang_as_create_failed():
         held=("n0", "n1"),
         conditions=restart_conditions(gang.CREATE_FAILED, refused, gang.CREATE_FAILED),
         record_=creating,
-        events=(Event("Warning", gang.CREATE_FAILED, refused),),
+        first=(cause(gang.CREATE_FAILED, refused),),
     )
 
 
@@ -673,3 +646,31 @@ def test_a_later_decisions_record_keeps_its_place_when_two_are_written_as_one():
     )
     assert end.then(Decision("after")).record_last
     assert not Decision("labels", node_labels=(label,)).writes_nothing
+
+
+def test_an_in_place_restart_counted_is_written_whole_before_the_gang_restart_that_follows(monkeypatch):
+    """A reader who sees the gang Restarting has the RestartedInPlace Event already (test_in_place_counting.py),
+    and a pass killed after the count's record leaves its status and Event written, as two writes did."""
+    calls = recording_writer(monkeypatch)
+    broken = placed(LIVE, rank_pod(0, "n0"), failed(1, "n1"), spec=IN_PLACE, progress=REPORTED)
+    apply.apply(NO_SESSION, job(**QUIET), supervision.decide(broken, SETTINGS, NOW))
+    assert calls == [
+        "record",
+        "status None",
+        "event RestartedInPlace",
+        "record",
+        "status Restarting",
+        "event Restarting",
+        "delete gpt-0",
+        "delete gpt-1",
+    ]
+
+
+def test_a_decision_before_another_keeps_each_part_whole_in_order_and_drops_empty_ones():
+    counted, restart = Decision("a", events=(Event("Warning", "A", "x"),)), Decision("b", deletes=("p0",))
+    ending = Decision("c", record=LIVE, record_last=True, requeue_after=1.0)
+    assert Decision("quiet").before(counted).before(restart) == Decision("b", deletes=("p0",), first=(counted,))
+    assert counted.before(restart.before(ending)) == Decision(
+        "c", record=LIVE, record_last=True, requeue_after=1.0, first=(counted, restart)
+    )
+    assert not Decision("quiet", first=(counted,)).writes_nothing

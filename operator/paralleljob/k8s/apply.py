@@ -7,7 +7,7 @@ decision, before anything else of this one is written); the attempt record (its 
 labels); the status patch (one merge patch of the status subresource) and the Events that go with it; the Node
 labels (a merge patch of one label; a Node gone, 404, is an outcome); the pods deleted gracefully, then those
 force-deleted. A decision that ends the job (`Decision.record_last`) writes its record after the labels instead,
-right before the pods. Idempotent as every write here is: a pod already gone (404) is an outcome, not an error; a
+right before the pods. A decision's `first` parts are written whole before it, each in this order. Idempotent as every write here is: a pod already gone (404) is an outcome, not an error; a
 patch whose job or ConfigMap is gone raises `writes.Gone`, which the pass turns into its ordinary end. A job dict
 given as a `dict` is updated with the status written, so the rest of a pass builds on it.
 """
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 def apply(session: Session, job: Mapping[str, Any], decision: Decision) -> None:
     """Write `decision` for `job` (as read at the start of the pass)."""
+    for part in decision.first:  # the earlier parts of the pass's decision, each whole, in order
+        apply(session, job, part)
     namespace, name = str(job["metadata"]["namespace"]), str(job["metadata"]["name"])
     for child in decision.creates:
         if child["kind"] != "Pod":

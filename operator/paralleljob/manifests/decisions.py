@@ -51,7 +51,12 @@ class Decision:
     `record_last` turns the record's place around for a decision that ends the job (Succeeded or Failed): its
     status and Events first, then the record, so that a pass killed between them leaves a live record, and the
     next pass judges the same pods and ends the job again. A record written first would leave an ended job whose
-    status never says so (the finished step writes only Valid). `node_labels` are set after the Events."""
+    status never says so (the finished step writes only Valid). `node_labels` are set after the Events.
+
+    `first` are decisions written whole before this one, in order (`before`): the earlier parts of one pass's
+    decision that a kill between them must leave written, with their Events, as separate writes did (supervision's
+    running status, in-place restarts counted, a broken gang's cause, before the restart or the end that
+    follows)."""
 
     step: str
     _: dataclasses.KW_ONLY  # every write by name: a Decision is read as a table of what it writes
@@ -63,6 +68,7 @@ class Decision:
     force_deletes: tuple[str, ...] = ()
     node_labels: tuple[NodeLabel, ...] = ()
     record_last: bool = False
+    first: tuple[Decision, ...] = ()
     requeue_after: float | None = None
     wake_others: bool = False
 
@@ -77,6 +83,18 @@ class Decision:
             or self.deletes
             or self.force_deletes
             or self.node_labels
+            or self.first
+        )
+
+    def before(self, later: Decision) -> Decision:
+        """This decision written whole, then `later` (`first`): for two parts of one pass's decision where a kill
+        between them must leave the earlier written, record, status and Events, as two writes would. What the pass
+        asks of the scheduler is the later's, with the GPUs either frees."""
+        parts = (*self.first, dataclasses.replace(self, first=()), *later.first)
+        return dataclasses.replace(
+            later,
+            first=tuple(part for part in parts if not part.writes_nothing),
+            wake_others=self.wake_others or later.wake_others,
         )
 
     def then(self, later: Decision) -> Decision:

@@ -3,8 +3,10 @@ Failed. A restarting gang holds its old nodes, less the one blamed, for `restart
 heldNodes and heldUntil), so the GPUs it frees are not handed to another job mid-restart. A network that is not
 what the job planned fails it at once, and rank 0's progress is watched when the job sets a timeout.
 
-A pure decision, `decide(seen, settings, now) -> Decision`, written by `k8s.apply`: a gang restart writes the
-record before the status (a pass killed between them leaves a record the next pass carries on from), a job's
+A pure decision, `decide(seen, settings, now) -> Decision`, written by `k8s.apply`. What one pass wrote in
+sequence stays in sequence (`Decision.before`: the running status and its Events, in-place restarts counted, a
+broken gang's cause, then the restart or the end), so a kill between them leaves the earlier written, with its
+Events. A gang restart writes the record before the status (a pass killed between them leaves a record the next pass carries on from), a job's
 end its status and Event before the record (`Decision.record_last`: a kill between them leaves a live record,
 and the next pass ends the job again). What it reads beyond the pass's first look is observed by
 `handlers.observe` right before it decides, because only a placed gang needs it: the lost nodes of the gang,
@@ -93,7 +95,8 @@ def reads_report(seen: Observed, state: gang.GangState) -> bool:
 
 def restarts_in(decision: Decision) -> int:
     """The gang restarts a written decision made (the pass counts them in its metric)."""
-    return sum(1 for event in decision.events if event.reason in RESTART_EVENTS)
+    parts = (*decision.first, decision)
+    return sum(1 for part in parts for event in part.events if event.reason in RESTART_EVENTS)
 
 
 def lost_past_grace(
@@ -208,17 +211,17 @@ def broken(seen: Observed, state: gang.GangState, settings: Settings, now: datet
     if state.network is not None:
         slow = gang.slow_link_restart(state)
         if slow is None:
-            return first.then(_network_failed(seen, state, state.network, now))
+            return first.before(_network_failed(seen, state, state.network, now))
         # The link check named a slow node: restart without it, NetworkVerified saying which link and why.
         base = condition(seen, "NetworkVerified", "False", state.network.reason, state.network.message, now)
         state = slow
     counted, seen = _with_reported_in_place_restarts(seen, resolved)
-    first = first.then(counted) if counted is not None else first
+    first = first.before(counted) if counted is not None else first
     limit = resolved.spec.failure_policy.backoff_limit
     restarts = seen.live.counted_restarts if seen.live is not None else seen.attempt
     if restarts_left(restarts, limit):
-        return first.then(_restart(seen, state, limit, base, settings, now))
-    return first.then(_fail(seen, state, limit, base, now))
+        return first.before(_restart(seen, state, limit, base, settings, now))
+    return first.before(_fail(seen, state, limit, base, now))
 
 
 def restarts_left(attempt: int, backoff_limit: int) -> bool:
@@ -342,21 +345,21 @@ def _running(seen: Observed, state: gang.GangState, settings: Settings, now: dat
     if not first_seen and found is not None:
         counted = _count_in_place_restarts(seen, resolved, found, live)
         if counted is not None:
-            written = written.then(counted)
+            written = written.before(counted)
             seen = seen.with_status(counted.status)
         seen = dataclasses.replace(seen, record=counted.record if counted is not None else live)
     if (slow_gang := _slow_without_spare(seen, resolved, live)) is not None:
-        return written.then(broken(seen, dataclasses.replace(slow_gang, ready=state.ready), settings, now))
+        return written.before(broken(seen, dataclasses.replace(slow_gang, ready=state.ready), settings, now))
     verdict = _progress_verdict(seen, resolved, started, reported.get("progress"), now)
     if verdict.hung:
         hung = gang.GangState("broken", state.ready, verdict.message, cause=watchdog.NO_PROGRESS)
-        return written.then(broken(seen, hung, settings, now))
+        return written.before(broken(seen, hung, settings, now))
     saved = reported.get("lastCheckpointStep")
     if live.grow_after is not None and isinstance(saved, int) and saved > live.grow_after:
         # The DP shrink: full size fits again and a newer checkpoint is saved: restart into the full size.
         why = f"growing back to full size after checkpoint step {saved}"
         grow = gang.GangState("broken", state.ready, why, cause=GROW_BACK)
-        return written.then(broken(dataclasses.replace(seen, record=live.with_grow_restart()), grow, settings, now))
+        return written.before(broken(dataclasses.replace(seen, record=live.with_grow_restart()), grow, settings, now))
     return written.then(Decision("running", requeue_after=_resync(settings, verdict.recheck_in, state.recheck_in)))
 
 
