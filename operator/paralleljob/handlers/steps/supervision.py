@@ -6,9 +6,9 @@ what the job planned fails it at once, and rank 0's progress is watched when the
 A pure decision, `decide(seen, settings, now) -> Decision`, written by `k8s.apply`. What one pass wrote in
 sequence stays in sequence (`Decision.before`: the running status and its Events, in-place restarts counted, a
 broken gang's cause, then the restart or the end), so a kill between them leaves the earlier written, with its
-Events. A gang restart writes the record before the status (a pass killed between them leaves a record the next pass carries on from), a job's
-end its status and Event before the record (`Decision.record_last`: a kill between them leaves a live record,
-and the next pass ends the job again). What it reads beyond the pass's first look is observed by
+Events. A gang restart writes the record before the status (a pass killed between them leaves a record the next
+pass carries on from), a job's end its status and Event before the record (`Decision.record_last`: a kill
+between them leaves a live record, and the next pass ends the job again). What it reads beyond the pass's first look is observed by
 `handlers.observe` right before it decides, because only a placed gang needs it: the lost nodes of the gang,
 its spares and its pods, with the watch's NotReady times, failed pulls and the weighed lost-peer evidence
 (`observe.for_gang`, one look shared with the spare step, which judges the gang on the same evidence), and rank
