@@ -4,16 +4,20 @@ Called by `handlers.reconcile` once per pass, after the job and its attempt reco
 write was refused for a name someone else holds (the refusal is then part of what is observed, with the pods
 read again). It reads the job's pods (one LIST by the job's label), the nodes of the terminating ones the
 watches do not know (`passes.lost_nodes`), and, for a job whose record says a name conflict released it, the
-object named there; the rest comes from the pass (`Pass`: the job, its record, the watches' view). Two reads
-only the spare step needs are added later in the pass, once it is known to need them: `for_spares` (the nodes of
-a gang whose pod vanished, looked up afresh, beside supervision's lost nodes) and `last_checkpoint` (for a shrunk
-job whose full size fits again).
+object named there; the rest comes from the pass (`Pass`: the job, its record, the watches' view). What only a
+placed gang's steps need is added later in the pass, once it is known to need it: `for_gang` (the lost nodes of
+the gang, its spares and its pods, with the watch's NotReady times, pull failures and the weighed lost-peer
+evidence: one look for the spare step and supervision, which judge the gang on the same evidence), `for_spares`
+(the nodes of a gang whose pod vanished, looked up afresh, beside supervision's lost nodes), `last_checkpoint`
+(for a shrunk job whose full size fits again) and `with_report` (rank 0's progress ConfigMap, read only when
+supervision's decision uses it: a quiet running gang without a watchdog, in-place restarts or a grow-back costs
+no read, as before).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
@@ -54,6 +58,30 @@ def observe(p: Pass, spec: ResolvedJob | None, spec_problems: str, *, refused: s
         known=p.nodes.known,
         watched_nodes=p.nodes.snapshot.dicts,
     )
+
+
+def for_gang(p: Pass, seen: Observed, nodes: Collection[str | None]) -> Observed:
+    """What supervision and the spare step judge a placed gang on (`nodes`: its node ranks, spares and pods'
+    nodes), observed once for both: those NotReady or deleted (`passes.lost_nodes`: one look at a node the
+    watch does not know), the watch's NotReady times and failed pulls, and the lost-peer evidence the pass
+    weighed (`handlers.lost_peers.weighed`: the report and the Leases read once for the pass)."""
+    peers, recheck_in = p.gang_lost if p.gang_lost is not None else ({}, None)
+    return dataclasses.replace(
+        seen,
+        gang_nodes_lost=lost_nodes(p, nodes),
+        not_ready_since=p.nodes.snapshot.not_ready_since,
+        pull_failures=p.nodes.pull_failures,
+        peers_lost=dict(peers),
+        peers_recheck_in=recheck_in,
+    )
+
+
+def with_report(p: Pass, seen: Observed) -> Observed:
+    """The observation with the job's progress ConfigMap (rank 0's report: progress, checkpoint, network verdict,
+    in-place restarts), when the job owns it; read right before supervision decides, and only when its decision
+    uses it (`steps.supervision.reads_report`)."""
+    found = reads.get_config_map(p.session, p.namespace, labels.progress_config_map_name(p.name))
+    return dataclasses.replace(seen, progress=found if found is not None and labels.owned_by(found, p.uid) else None)
 
 
 def for_spares(p: Pass, seen: Observed, lost: Mapping[str, str] | None) -> Observed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
@@ -28,7 +28,7 @@ NAME_CONFLICT_RECHECK_SECONDS = 30.0
 
 class JobFields:
     """What a pass reads off its job and its attempt record: shared by `Observed` and by `passes.Pass`, which the
-    steps not yet decided (admission, supervision) still use."""
+    step not yet decided (admission) and the status report of the live attempt (`handlers.reported`) still use."""
 
     job: Mapping[str, Any]
     record: records.AttemptRecord | None
@@ -104,6 +104,17 @@ class Observed(JobFields):
     # Rank 0's last reported checkpoint step (the progress ConfigMap), read by an admission pass over a shrunk
     # job only once its full size fits again (`observe.last_checkpoint`); None when it reported none.
     checkpoint_step: int | None = None
+    # For supervision and the spare step (`observe.for_gang`, read once for both): of the live gang's nodes, its
+    # spares and its pods' nodes, those NotReady or deleted, with why (a node the watch does not know is looked
+    # up once); when each NotReady node turned so (the Ready condition's transition, the server's clock); the
+    # failed image pulls per pod uid (the job-pods watch); and when the gang's lost-peer evidence next falls due.
+    gang_nodes_lost: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    not_ready_since: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    pull_failures: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    peers_recheck_in: float | None = None
+    # The job's own progress ConfigMap (rank 0's report), read only when supervision's decision uses it
+    # (`steps.supervision.reads_report`, `observe.with_report`); None when not read, or not the job's.
+    progress: Mapping[str, Any] | None = None
 
     @property
     def live(self) -> records.AttemptRecord | None:
@@ -153,6 +164,15 @@ def deleting_for(pod: Mapping[str, Any], now: datetime.datetime) -> float:
 
 def pod_name(pod: Mapping[str, Any]) -> str:
     return str(pod["metadata"]["name"])
+
+
+def pods_holding_gpus(pods: Sequence[Mapping[str, Any]], ended: str | None) -> tuple[str, ...]:
+    """The pods of a job that ended `ended` to delete (the finished step, and supervision ending the job): those
+    still holding GPUs and not already terminating; a Succeeded job keeps its Succeeded pods for their logs."""
+    keep = {"Failed", "Succeeded"} if ended == "Succeeded" else {"Failed"}
+    return tuple(
+        pod_name(pod) for pod in pods if (pod.get("status") or {}).get("phase") not in keep and not is_terminating(pod)
+    )
 
 
 def condition(

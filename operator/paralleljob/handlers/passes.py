@@ -1,8 +1,8 @@
 """What one reconcile pass works with (`Pass`: the job, its attempt record, the watches' view, the operator's
 `Settings`) and what it returns (`Outcome`), with the writes every step shares: the one status patch
 (`write_status`, skipped when nothing changed), the attempt record, deleting the job's pods, and ending the
-job in a terminal phase, for the steps that still write themselves (`admission`, `supervision`) and the Kueue
-hooks. The steps that decide (from `handlers.observed`; `k8s.apply` writes) do not import it; none
+job in a terminal phase, for the step that still writes itself (`admission`), the live attempt's status report
+(`handlers.reported`) and the Kueue hooks. The steps that decide (from `handlers.observed`; `k8s.apply` writes) do not import it; none
 imports another step; `handlers.reconcile` runs them in order.
 """
 

@@ -2,9 +2,10 @@
 
 The pass reads what it decides from into one frozen value (`handlers.observe` -> `handlers.observed.Observed`),
 a step turns it into one `Decision` with a pure `decide(observed, settings, now)` (`finished`, `invalid`,
-`draining`, `conflicts`, `creation`, `replacement`), and `k8s.apply` writes it (`_written`). A write the API
-refuses is observed by the next decision, not handled inside one. `admission` and `supervision`, and the Kueue
-hooks (`handlers.queueing`), still read and write through the `Pass` (`handlers.passes`).
+`draining`, `conflicts`, `creation`, `replacement`, `supervision`), and `k8s.apply` writes it (`_written`). A
+write the API refuses is observed by the next decision, not handled inside one. `admission`, the Kueue hooks
+(`handlers.queueing`) and the status report of the live attempt (`handlers.reported`) still read and write
+through the `Pass` (`handlers.passes`).
 
 Level-triggered and idempotent, so the operator can die at any moment and converge after a restart.
 The pass reads the job's attempt record (`manifests.records`, in its `-config` ConfigMap), the job and its pods
@@ -86,7 +87,7 @@ log = logging.getLogger(__name__)
 
 # Steps after which only an edit or a deletion changes anything: no resync.
 RESTING_STEPS = frozenset({"gone", "finished", "succeeded", "failed", "invalid"})
-# The steps that end a job (`passes.end`).
+# The steps that end a job (supervision's, and `passes.end` for the admission step).
 ENDED = frozenset({"succeeded", "failed"})
 
 
@@ -249,12 +250,15 @@ def _first_step_that_applies(p: Pass) -> Outcome:
         state = gang.GangState("broken", 0, str(refused), cause=gang.CREATE_FAILED)
         judged = specs.pinned_spec(p, current) if p.live is not None else current
         assert judged is not None
-        return supervision.broken(p, judged, pods, state)
-    if p.live is not None:  # the spare step and supervision judge the gang on the same evidence
-        p = lost_peers.weighed(p, [*p.live.nodes, *p.live.spare_nodes, *(gang.node_of(pod) for pod in pods)])
-    if (moved := _spare_replacement(p, dataclasses.replace(seen, pinned=pinned))) is not None:
+        return _supervised(p, dataclasses.replace(seen, pinned=judged), state)
+    gang_seen = dataclasses.replace(seen, pinned=pinned)
+    if p.live is not None:  # the spare step and supervision judge the gang on the same evidence, read once
+        judged_nodes = [*p.live.nodes, *p.live.spare_nodes, *(gang.node_of(pod) for pod in pods)]
+        p = lost_peers.weighed(p, judged_nodes)
+        gang_seen = observe.for_gang(p, gang_seen, judged_nodes)
+    if (moved := _spare_replacement(p, gang_seen)) is not None:
         return moved
-    outcome = supervision.watch(p, pinned, pods)
+    outcome = _supervised(p, gang_seen)
     wanted = replacement.spares_short(seen, pinned) or replacement.shrunk(seen, pinned, current)
     if outcome.step == "running" and outcome.admission is None and wanted:
         # Short of spares, or shrunk: an admission pass holds more spares, or sees the full size fit again.
@@ -270,12 +274,32 @@ def _spare_replacement(p: Pass, seen: Observed) -> Outcome | None:
     if not replacement.applies(live):
         return None
     assert live is not None
-    lost = None if live.replacing else supervision.lost_past_grace(p, [*live.nodes, *live.spare_nodes])[0]
-    decision = replacement.decide(observe.for_spares(p, seen, lost), p.settings, p.session.server_now())
+    now = p.session.server_now()
+    lost = None  # while a move is under way, nothing is looked up
+    if not live.replacing:
+        lost = supervision.lost_past_grace(seen, [*live.nodes, *live.spare_nodes], p.settings, now)[0]
+    decision = replacement.decide(observe.for_spares(p, seen, lost), p.settings, now)
     if decision is None:
         return None
     written = _written(p, decision)
     return written if decision.step in replacement.MOVING else None
+
+
+def _supervised(p: Pass, seen: Observed, broken: gang.GangState | None = None) -> Outcome:
+    """Supervision over the placed gang of `seen` (`steps.supervision`), or over a gang `broken` by a create the
+    API refused for good: rank 0's progress ConfigMap is read first only when the decision uses it
+    (`supervision.reads_report`); the gang restarts the written decision made are counted in the metric."""
+    now = p.session.server_now()
+    state = broken if broken is not None else supervision.judge(seen, p.settings, now)
+    if supervision.reads_report(seen, state):
+        seen = observe.with_report(p, seen)
+    if broken is not None:
+        decision = supervision.broken(seen, broken, p.settings, now)
+    else:
+        decision = supervision.decide(seen, p.settings, now)
+    outcome = _written(p, decision)
+    m.GANG_RESTARTS.inc(supervision.restarts_in(decision))
+    return outcome
 
 
 def _queued_or_written(

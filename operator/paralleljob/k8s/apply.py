@@ -3,12 +3,13 @@
 Called by `handlers.reconcile` after a step decided. In order: the children to create (one at a time, then the
 pods in growing batches, `writes.create_all`: the job's own copy already there (409) is an outcome; a name held
 by someone else or a create refused for good raises, and the pass turns that refusal into the input of its next
-decision, before anything else of this one is written); the status patch (one merge patch of the status
-subresource) and the Events that go with it; the attempt record (its ConfigMap's `attempt.json` and labels);
-the pods deleted gracefully, then those force-deleted. Idempotent as every write here is: a pod already gone
-(404) is an outcome, not an error; a patch whose job or ConfigMap is gone raises `writes.Gone`, which the pass
-turns into its ordinary end. A job dict given as a `dict` is updated with the status written, so the rest of a
-pass builds on it.
+decision, before anything else of this one is written); the attempt record (its ConfigMap's `attempt.json` and
+labels); the status patch (one merge patch of the status subresource) and the Events that go with it; the Node
+labels (a merge patch of one label; a Node gone, 404, is an outcome); the pods deleted gracefully, then those
+force-deleted. A decision that ends the job (`Decision.record_last`) writes its record after the labels instead,
+right before the pods. A decision's `first` parts are written whole before it, each in this order. Idempotent as every write here is: a pod already gone (404) is an outcome, not an error; a
+patch whose job or ConfigMap is gone raises `writes.Gone`, which the pass turns into its ordinary end. A job dict
+given as a `dict` is updated with the status written, so the rest of a pass builds on it.
 """
 
 from __future__ import annotations
@@ -27,20 +28,27 @@ log = logging.getLogger(__name__)
 
 def apply(session: Session, job: Mapping[str, Any], decision: Decision) -> None:
     """Write `decision` for `job` (as read at the start of the pass)."""
+    for part in decision.first:  # the earlier parts of the pass's decision, each whole, in order
+        apply(session, job, part)
     namespace, name = str(job["metadata"]["namespace"]), str(job["metadata"]["name"])
     for child in decision.creates:
         if child["kind"] != "Pod":
             writes.create(session, child)
     writes.create_all(session, [child for child in decision.creates if child["kind"] == "Pod"])
     # The record is the operator's truth and the status its report: the record goes first, so a status a reader
-    # sees (Placed, say) is never ahead of the record the next pass acts on.
-    if decision.record is not None:
+    # sees (Placed, say) is never ahead of the record the next pass acts on. A job's end goes the other way round
+    # (`record_last`): its live record makes the next pass end the job again if this one is killed in between.
+    if decision.record is not None and not decision.record_last:
         write_record(session, namespace, name, decision.record)
     if decision.status:
         writes.patch_job_status(session, namespace, name, decision.status)
         _merge_status(job, decision.status)
     for event in decision.events:
         events.post(session, job, event.type, event.reason, event.message)
+    for label in decision.node_labels:
+        writes.label_node(session, label.node, label.key, label.value)
+    if decision.record is not None and decision.record_last:
+        write_record(session, namespace, name, decision.record)
     for pod in decision.deletes:
         writes.delete_pod(session, namespace, pod)
     for pod in decision.force_deletes:

@@ -26,6 +26,15 @@ class Event:
 
 
 @dataclasses.dataclass(frozen=True)
+class NodeLabel:
+    """One label set on a Node for the cluster's administrators (the operator's --slow-node-label)."""
+
+    node: str
+    key: str
+    value: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Decision:
     """Everything one step of a pass writes, and what it asks of the scheduler.
 
@@ -37,7 +46,17 @@ class Decision:
     (`k8s.apply`) writes them in this order: the children first, so that a refused create leaves the record as
     it was (the refusal is the next decision's input); then the record, then the status, so that a status a
     reader sees is never ahead of the record the next pass acts on (a pass killed between the two leaves a
-    record whose status `handlers.reported` writes again); the pods last, once the record says why they go."""
+    record whose status `handlers.reported` writes again); the pods last, once the record says why they go.
+
+    `record_last` turns the record's place around for a decision that ends the job (Succeeded or Failed): its
+    status and Events first, then the record, so that a pass killed between them leaves a live record, and the
+    next pass judges the same pods and ends the job again. A record written first would leave an ended job whose
+    status never says so (the finished step writes only Valid). `node_labels` are set after the Events.
+
+    `first` are decisions written whole before this one, in order (`before`): the earlier parts of one pass's
+    decision that a kill between them must leave written, with their Events, as separate writes did (supervision's
+    running status, in-place restarts counted, a broken gang's cause, before the restart or the end that
+    follows)."""
 
     step: str
     _: dataclasses.KW_ONLY  # every write by name: a Decision is read as a table of what it writes
@@ -47,18 +66,42 @@ class Decision:
     record: AttemptRecord | None = None
     deletes: tuple[str, ...] = ()
     force_deletes: tuple[str, ...] = ()
+    node_labels: tuple[NodeLabel, ...] = ()
+    record_last: bool = False
+    first: tuple[Decision, ...] = ()
     requeue_after: float | None = None
     wake_others: bool = False
 
     @property
     def writes_nothing(self) -> bool:
         """Whether applying it makes no API call (a quiet pass over a quiet job)."""
-        return not (self.creates or self.status or self.events or self.record or self.deletes or self.force_deletes)
+        return not (
+            self.creates
+            or self.status
+            or self.events
+            or self.record
+            or self.deletes
+            or self.force_deletes
+            or self.node_labels
+            or self.first
+        )
+
+    def before(self, later: Decision) -> Decision:
+        """This decision written whole, then `later` (`first`): for two parts of one pass's decision where a kill
+        between them must leave the earlier written, record, status and Events, as two writes would. What the pass
+        asks of the scheduler is the later's, with the GPUs either frees."""
+        parts = (*self.first, dataclasses.replace(self, first=()), *later.first)
+        return dataclasses.replace(
+            later,
+            first=tuple(part for part in parts if not part.writes_nothing),
+            wake_others=self.wake_others or later.wake_others,
+        )
 
     def then(self, later: Decision) -> Decision:
         """This decision's writes followed by `later`'s, written as one: the status patches merged (the later's
-        keys win), the Events and pods of both, the later's record; what the pass asks of the scheduler is the
-        later's (its step and when to look again), since the later decided knowing the first."""
+        keys win), the Events, pods and node labels of both, the later's record (with its place, `record_last`);
+        what the pass asks of the scheduler is the later's (its step and when to look again), since the later
+        decided knowing the first."""
         status = {**(self.status or {}), **(later.status or {})} or None
         return Decision(
             step=later.step,
@@ -68,6 +111,8 @@ class Decision:
             record=later.record if later.record is not None else self.record,
             deletes=tuple(dict.fromkeys((*self.deletes, *later.deletes))),
             force_deletes=tuple(dict.fromkeys((*self.force_deletes, *later.force_deletes))),
+            node_labels=tuple(dict.fromkeys((*self.node_labels, *later.node_labels))),
+            record_last=later.record_last if later.record is not None else self.record_last,
             requeue_after=later.requeue_after,
             wake_others=self.wake_others or later.wake_others,
         )

@@ -6,10 +6,8 @@ changes only the Valid condition, whatever the spec says now, and the pods still
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
-from typing import Any
 
-from paralleljob.handlers.observed import Observed, condition, is_terminating, pod_name, status_patch
+from paralleljob.handlers.observed import Observed, condition, pods_holding_gpus, status_patch
 from paralleljob.handlers.settings import Settings
 from paralleljob.manifests.decisions import Decision
 
@@ -30,12 +28,3 @@ def valid_after_end(problems: str | None) -> tuple[str, str, str]:
     if problems is None:
         return "True", "Validated", "the spec is valid"
     return "False", "InvalidSpec", problems
-
-
-def pods_holding_gpus(pods: Sequence[Mapping[str, Any]], ended: str | None) -> tuple[str, ...]:
-    """The pods of a job that ended `ended` to delete: those still holding GPUs and not already terminating; a
-    Succeeded job keeps its Succeeded pods for their logs."""
-    keep = {"Failed", "Succeeded"} if ended == "Succeeded" else {"Failed"}
-    return tuple(
-        pod_name(pod) for pod in pods if (pod.get("status") or {}).get("phase") not in keep and not is_terminating(pod)
-    )

@@ -2,6 +2,20 @@
 Failed. A restarting gang holds its old nodes, less the one blamed, for `restart_hold_seconds` (the record's
 heldNodes and heldUntil), so the GPUs it frees are not handed to another job mid-restart. A network that is not
 what the job planned fails it at once, and rank 0's progress is watched when the job sets a timeout.
+
+A pure decision, `decide(seen, settings, now) -> Decision`, written by `k8s.apply`. What one pass wrote in
+sequence stays in sequence (`Decision.before`: the running status and its Events, in-place restarts counted, a
+broken gang's cause, then the restart or the end), so a kill between them leaves the earlier written, with its
+Events. A gang restart writes the record before the status (a pass killed between them leaves a record the next
+pass carries on from), a job's end its status and Event before the record (`Decision.record_last`: a kill
+between them leaves a live record, and the next pass ends the job again). What it reads beyond the pass's first look is observed by
+`handlers.observe` right before it decides, because only a placed gang needs it: the lost nodes of the gang,
+its spares and its pods, with the watch's NotReady times, failed pulls and the weighed lost-peer evidence
+(`observe.for_gang`, one look shared with the spare step, which judges the gang on the same evidence), and rank
+0's progress ConfigMap (`observe.with_report`), read only when `reads_report` says this decision uses it, so
+that a quiet running gang without a watchdog, in-place restarts or a grow-back costs no read. The gang
+restarts a decision counts (its Restarting and RestartedInPlace Events) are the pass's metric
+(`restarts_in`).
 """
 
 from __future__ import annotations
@@ -12,74 +26,107 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import conditions, gang, lost_peers, start_failures, step_promise, stragglers, watchdog
-from paralleljob.handlers import metrics as m
-from paralleljob.handlers.passes import (
-    Outcome,
-    Pass,
-    delete_pods,
-    end,
-    lost_nodes,
-    write_record,
-    write_status,
-)
-from paralleljob.k8s import reads, timestamps, writes
-from paralleljob.manifests import labels, records
+from paralleljob.handlers import conditions, gang, start_failures, step_promise, stragglers, watchdog
+from paralleljob.handlers.observed import Observed, condition, is_terminating, pod_name, pods_holding_gpus, status_patch
+from paralleljob.handlers.settings import Settings
+from paralleljob.k8s import timestamps
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.manifests import progress as progress_channel
+from paralleljob.manifests import records
+from paralleljob.manifests.decisions import Decision, Event, NodeLabel
 from paralleljob_contract.network import NetworkFailure
 
 VERIFIED_STATUSES = ("True", "False", "Unknown")
 GROW_BACK = "GrowBack"
+# The Events that each count one gang restart (`restarts_in`, the pass's GANG_RESTARTS metric).
+RESTART_EVENTS = frozenset({"Restarting", "RestartedInPlace"})
 
 
-def watch(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Outcome:
-    placed = p.placed_nodes
-    nodes = [*placed, *(gang.node_of(pod) for pod in pods)]
-    planned = dict(enumerate(placed))
-    lost, due = lost_past_grace(p, nodes)
-    limits = start_failures.Limits(
-        p.settings.start_timeout_seconds, p.settings.container_creating_timeout_seconds, p.settings.image_pull_retries
-    )
-    at, pulls = p.session.server_now(), p.nodes.pull_failures
-    state = gang.judge(pods, len(placed), lost, limits=limits, at=at, planned_nodes=planned, pull_failures=pulls)
-    if due is not None and state.verdict in ("running", "starting"):
-        state = dataclasses.replace(state, recheck_in=min(due, state.recheck_in if state.recheck_in else due))
-    handlers: dict[str, Callable[[Pass, ResolvedJob, Sequence[Mapping[str, Any]], gang.GangState], Outcome]] = {
+def decide(seen: Observed, settings: Settings, now: datetime.datetime) -> Decision:
+    """The decision over the placed gang of `seen` (its `pinned` spec set): what its verdict writes."""
+    state = judge(seen, settings, now)
+    verdicts: dict[str, Callable[[Observed, gang.GangState, Settings, datetime.datetime], Decision]] = {
         "succeeded": _succeeded,
         "finishing": _finishing,
         "broken": broken,
         "running": _running,
         "starting": _starting,
     }
-    return handlers[state.verdict](p, resolved, pods, state)
+    return verdicts[state.verdict](seen, state, settings, now)
 
 
-def lost_past_grace(p: Pass, nodes: Sequence[str | None]) -> tuple[dict[str, str], float | None]:
+def judge(seen: Observed, settings: Settings, now: datetime.datetime) -> gang.GangState:
+    """The gang's state (`gang.judge`) on its pods and lost nodes, with when a NotReady node falls due."""
+    placed = _placed(seen)
+    lost, due = lost_past_grace(seen, [*placed, *(gang.node_of(pod) for pod in seen.pods)], settings, now)
+    limits = start_failures.Limits(
+        settings.start_timeout_seconds, settings.container_creating_timeout_seconds, settings.image_pull_retries
+    )
+    state = gang.judge(
+        seen.pods,
+        len(placed),
+        lost,
+        limits=limits,
+        at=now,
+        planned_nodes=dict(enumerate(placed)),
+        pull_failures=seen.pull_failures,
+    )
+    if due is not None and state.verdict in ("running", "starting"):
+        state = dataclasses.replace(state, recheck_in=min(due, state.recheck_in if state.recheck_in else due))
+    return state
+
+
+def reads_report(seen: Observed, state: gang.GangState) -> bool:
+    """Whether the decision on `state` uses rank 0's progress ConfigMap, so the pass reads it first: a finished
+    gang (its last checkpoint), a running one it watches (`_watched`), and a broken one whose in-place restarts
+    may still be counted before it restarts or fails (`_with_reported_in_place_restarts`)."""
+    live, resolved = seen.live, seen.pinned
+    if state.verdict == "succeeded":
+        return True
+    if live is None or resolved is None:
+        return False
+    if state.verdict == "running":
+        return _watched(live, resolved)
+    if state.verdict == "broken":
+        failed_network = state.network is not None and gang.slow_link_restart(state) is None
+        return not failed_network and pod_manifests.in_place_budget(resolved, live.attempt) > 0
+    return False
+
+
+def restarts_in(decision: Decision) -> int:
+    """The gang restarts a written decision made (the pass counts them in its metric)."""
+    parts = (*decision.first, decision)
+    return sum(1 for part in parts for event in part.events if event.reason in RESTART_EVENTS)
+
+
+def lost_past_grace(
+    seen: Observed, nodes: Sequence[str | None], settings: Settings, now: datetime.datetime
+) -> tuple[dict[str, str], float | None]:
     """Of these nodes, the lost ones that break the gang now: deleted ones, ones tainted out-of-service (shut
     down, as Kubernetes' non-graceful node shutdown declares: the pod garbage collector deletes their pods at
     once), NotReady ones past the grace period (counted from the Ready condition's transition as the API
-    server reports it), and ones their gang reports lost whose Lease is no longer renewed (`lost_peers`: two
-    signals, without the grace); with when the next one falls due."""
-    lost, due = _lost_to_the_node_watch(p, nodes)
-    gang_says = lost_peers.observe(p, [node for node in nodes if node and node not in lost])
-    due = min((t for t in (due, gang_says.recheck_in) if t is not None), default=None)
-    return {**lost, **gang_says.lost}, due
+    server reports it), and ones their gang reports lost whose Lease is no longer renewed (`seen.peers_lost`,
+    `handlers.lost_peers`: two signals, without the grace); with when the next one falls due."""
+    lost, due = _lost_to_the_node_watch(seen, nodes, settings, now)
+    peers = {node: why for node, why in seen.peers_lost.items() if node in nodes and node not in lost}
+    due = min((t for t in (due, seen.peers_recheck_in) if t is not None), default=None)
+    return {**lost, **peers}, due
 
 
-def _lost_to_the_node_watch(p: Pass, nodes: Sequence[str | None]) -> tuple[dict[str, str], float | None]:
+def _lost_to_the_node_watch(
+    seen: Observed, nodes: Sequence[str | None], settings: Settings, now: datetime.datetime
+) -> tuple[dict[str, str], float | None]:
     """Deleted, shut down, and NotReady past the grace period: what the Node watch says."""
-    lost = lost_nodes(p, nodes)
-    shut_down = p.nodes.snapshot.out_of_service
+    lost = {node: why for node, why in seen.gang_nodes_lost.items() if node in nodes}
+    shut_down = seen.out_of_service
     for node in lost.keys() & shut_down:
         lost[node] = "is NotReady and tainted out-of-service"
-    now, since = p.session.server_now(), p.nodes.snapshot.not_ready_since
     ages = {
-        node: timestamps.seconds_since(since.get(node), now) or 0.0
+        node: timestamps.seconds_since(seen.not_ready_since.get(node), now) or 0.0
         for node in lost
-        if node in p.nodes.not_ready and node not in shut_down
+        if node in seen.not_ready and node not in shut_down
     }
-    return breaking_nodes(lost, ages, p.settings.not_ready_grace_seconds)
+    return breaking_nodes(lost, ages, settings.not_ready_grace_seconds)
 
 
 def breaking_nodes(
@@ -102,44 +149,79 @@ def breaking_nodes(
     return broken, due
 
 
-def restarts_so_far(p: Pass) -> int:
+def restarts_so_far(seen: Observed) -> int:
     """The job's restarts against backoffLimit: every one before the live attempt, and its in-place ones."""
-    return p.live.restarts if p.live is not None else p.attempt
+    return seen.live.restarts if seen.live is not None else seen.attempt
 
 
-def _succeeded(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
-    message = f"training finished after {restarts_so_far(p)} restarts"
-    step, folder = _rank0_report(p, resolved).get("lastCheckpointStep"), pod_manifests.job_folder(resolved)
+def _placed(seen: Observed) -> list[str]:
+    """The node of each node rank of the live attempt, from its record."""
+    return list(seen.live.nodes) if seen.live is not None else []
+
+
+def _pinned(seen: Observed) -> ResolvedJob:
+    assert seen.pinned is not None  # the pass sets the live attempt's spec before supervision decides
+    return seen.pinned
+
+
+def _succeeded(seen: Observed, state: gang.GangState, settings: Settings, now: datetime.datetime) -> Decision:
+    resolved = _pinned(seen)
+    message = f"training finished after {restarts_so_far(seen)} restarts"
+    step, folder = _rank0_report(seen, resolved).get("lastCheckpointStep"), pod_manifests.job_folder(resolved)
     if step is not None and folder is not None:
         # The trainer always saves the last step; the Event tells where the job's result lies.
         message += f"; last checkpoint step {step} in {folder}/global_step{step}"
-    cond = p.condition("Ready", "False", "Finished", message)
-    cond = p.condition("Succeeded", "True", "TrainingFinished", message, base=cond)
-    return end(p, pods, "Succeeded", message, cond, ("Normal", "Completed"))
+    cond = condition(seen, "Ready", "False", "Finished", message, now)
+    cond = condition(seen, "Succeeded", "True", "TrainingFinished", message, now, base=cond)
+    return _end(seen, "Succeeded", message, cond, Event("Normal", "Completed", message), now)
 
 
-def _finishing(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
+def _finishing(seen: Observed, state: gang.GangState, settings: Settings, now: datetime.datetime) -> Decision:
     # Rank 0 finished and the others are exiting: the pods' own updates, or the grace running out, end the job.
-    return Outcome("finishing", requeue_after=state.recheck_in)
+    return Decision("finishing", requeue_after=state.recheck_in)
 
 
-def broken(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
-    if state.cause != gang.BROKEN:
-        p.event("Warning", state.cause, state.reason)
+def _end(seen: Observed, phase: str, message: str, cond: Any, event: Event, now: datetime.datetime) -> Decision:
+    """A terminal phase: one status write and its Event, then the record (`record_last`: a kill between the two
+    leaves a live record, and the next pass judges the same pods and ends the job again), the pods still
+    holding GPUs deleted, waiting jobs woken."""
+    patch = {"phase": phase, "message": message, "conditions": cond, "podsReady": 0}
+    # An invalid edit no longer gates anything once the job has ended: the Valid condition alone says so.
+    ended = dataclasses.replace(seen, spec_problem="")
+    status = status_patch(ended, {**patch, "completionTime": timestamps.format_time(now)})
+    return Decision(
+        phase.lower(),
+        status=status,
+        events=(event,) if status else (),
+        record=seen.live.with_outcome(phase) if seen.live is not None else None,
+        record_last=True,
+        deletes=pods_holding_gpus(seen.pods, phase),
+        wake_others=True,
+    )
+
+
+def broken(seen: Observed, state: gang.GangState, settings: Settings, now: datetime.datetime) -> Decision:
+    """A broken gang restarts while backoffLimit allows, else the job Fails; a network that is not what the job
+    planned fails it at once (but for a slow link the check names a node of: restarted without it)."""
+    resolved = _pinned(seen)
+    first = Decision(
+        "broken", events=(Event("Warning", state.cause, state.reason),) if state.cause != gang.BROKEN else ()
+    )
     base = None
     if state.network is not None:
         slow = gang.slow_link_restart(state)
         if slow is None:
-            return _network_failed(p, pods, state, state.network)
+            return first.before(_network_failed(seen, state, state.network, now))
         # The link check named a slow node: restart without it, NetworkVerified saying which link and why.
-        base = p.condition("NetworkVerified", "False", state.network.reason, state.network.message)
+        base = condition(seen, "NetworkVerified", "False", state.network.reason, state.network.message, now)
         state = slow
-    p = _with_reported_in_place_restarts(p, resolved)
+    counted, seen = _with_reported_in_place_restarts(seen, resolved)
+    first = first.before(counted) if counted is not None else first
     limit = resolved.spec.failure_policy.backoff_limit
-    counted = p.live.counted_restarts if p.live is not None else p.attempt
-    if restarts_left(counted, limit):
-        return _restart(p, pods, state, limit, base)
-    return _fail(p, pods, state, limit, base)
+    restarts = seen.live.counted_restarts if seen.live is not None else seen.attempt
+    if restarts_left(restarts, limit):
+        return first.before(_restart(seen, state, limit, base, settings, now))
+    return first.before(_fail(seen, state, limit, base, now))
 
 
 def restarts_left(attempt: int, backoff_limit: int) -> bool:
@@ -151,134 +233,152 @@ def _scheduled_reason(state: gang.GangState) -> str:
     return gang.CREATE_FAILED if state.cause == gang.CREATE_FAILED else "GangRestart"
 
 
-def _fail(p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int, base: Any = None) -> Outcome:
-    message = f"{state.reason}; backoffLimit {limit} reached after {restarts_so_far(p)} restarts"
+def _fail(seen: Observed, state: gang.GangState, limit: int, base: Any, now: datetime.datetime) -> Decision:
+    message = f"{state.reason}; backoffLimit {limit} reached after {restarts_so_far(seen)} restarts"
     reason = "GangFailed" if state.cause == gang.BROKEN else state.cause
-    cond = p.condition("Ready", "False", reason, state.reason, base=base)
+    cond = condition(seen, "Ready", "False", reason, state.reason, now, base=base)
     if state.cause == gang.CREATE_FAILED:
-        cond = p.condition("Scheduled", "False", gang.CREATE_FAILED, state.reason, base=cond)
-    cond = p.condition("Failed", "True", "BackoffLimitExceeded", message, base=cond)
-    return end(p, pods, "Failed", message, cond, ("Warning", "Failed"))
+        cond = condition(seen, "Scheduled", "False", gang.CREATE_FAILED, state.reason, now, base=cond)
+    cond = condition(seen, "Failed", "True", "BackoffLimitExceeded", message, now, base=cond)
+    return _end(seen, "Failed", message, cond, Event("Warning", "Failed", message), now)
 
 
-def _network_failed(
-    p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, network: NetworkFailure
-) -> Outcome:
+def _network_failed(seen: Observed, state: gang.GangState, network: NetworkFailure, now: datetime.datetime) -> Decision:
     """The network is not what the job planned: Failed at once, with the reason in its condition. Not a gang
     restart: the same spec on the same nodes fails the same way, so the restarts are kept for real faults."""
     message = f"{state.reason}; not restarted: fix spec.network or the nodes, then create the job again"
-    cond = p.condition(network.condition, "False", network.reason, network.message)
-    cond = p.condition("Ready", "False", gang.NETWORK, state.reason, base=cond)
-    cond = p.condition("Failed", "True", gang.NETWORK, message, base=cond)
-    return end(p, pods, "Failed", message, cond, ("Warning", "Failed"))
+    cond = condition(seen, network.condition, "False", network.reason, network.message, now)
+    cond = condition(seen, "Ready", "False", gang.NETWORK, state.reason, now, base=cond)
+    cond = condition(seen, "Failed", "True", gang.NETWORK, message, now, base=cond)
+    return _end(seen, "Failed", message, cond, Event("Warning", "Failed", message), now)
 
 
 def _restart(
-    p: Pass, pods: Sequence[Mapping[str, Any]], state: gang.GangState, limit: int, base: Any = None
-) -> Outcome:
-    excluded = p.excluded
+    seen: Observed, state: gang.GangState, limit: int, base: Any, settings: Settings, now: datetime.datetime
+) -> Decision:
+    """The gang restarts: the record first (the restart, its excluded nodes and hold), then the status, the
+    Restarting Event, every pod of the gang deleted gracefully, and the waiting jobs woken."""
+    excluded = list(seen.record.excluded_nodes) if seen.record is not None else []
     for node in (state.node, *state.blamed):
         if node and node not in excluded:
             excluded = [*excluded, node]
-    restarts = restarts_so_far(p) + 1
+    restarts = restarts_so_far(seen) + 1
     message = f"gang restart {restarts}/{limit}: {state.reason}; resuming from the last checkpoint"
-    held, until = _hold(p, state)
-    if p.live is not None:
-        write_record(p, p.live.with_restart(state.reason, excluded, into=restarts, held=held, until=until))
-    cond = p.condition("Ready", "False", state.cause, state.reason, base=base)
-    cond = p.condition("Scheduled", "False", _scheduled_reason(state), message, base=cond)
+    held, until = _hold(seen, state, settings, now)
+    live = seen.live
+    record = live.with_restart(state.reason, excluded, into=restarts, held=held, until=until) if live else None
+    cond = condition(seen, "Ready", "False", state.cause, state.reason, now, base=base)
+    cond = condition(seen, "Scheduled", "False", _scheduled_reason(state), message, now, base=cond)
     # The next attempt verifies its own network (it may run on other nodes).
     patch = {"phase": "Restarting", "message": message, "conditions": cond, "restarts": restarts, "network": None}
     hold = {"heldNodes": held or None, "heldUntil": until if held else None}
-    write_status(
-        p, {**patch, "placement": None, "spareNodes": None, "podsReady": 0, "excludedNodes": excluded or None, **hold}
+    gone = {"placement": None, "spareNodes": None, "podsReady": 0, "excludedNodes": excluded or None}
+    return Decision(
+        "restarting",
+        record=record,
+        status=status_patch(seen, {**patch, **gone, **hold}),
+        events=(Event("Warning", "Restarting", message),),
+        deletes=tuple(pod_name(pod) for pod in seen.pods if not is_terminating(pod)),
+        wake_others=True,
     )
-    m.GANG_RESTARTS.inc()
-    p.event("Warning", "Restarting", message)
-    delete_pods(p, pods)
-    return Outcome("restarting", wake_others=True)
 
 
-def _hold(p: Pass, state: gang.GangState) -> tuple[list[str], str | None]:
+def _hold(
+    seen: Observed, state: gang.GangState, settings: Settings, now: datetime.datetime
+) -> tuple[list[str], str | None]:
     """The restarting gang's hold: its placed nodes and spares less the one blamed, until restart_hold_seconds
     from now."""
     blamed = {state.node, *state.blamed}
-    spare_nodes = p.live.spare_nodes if p.live is not None else ()
-    kept = [node for node in (*p.placed_nodes, *spare_nodes) if node not in blamed]
-    if not kept or p.settings.restart_hold_seconds <= 0:
+    spare_nodes = seen.live.spare_nodes if seen.live is not None else ()
+    kept = [node for node in (*_placed(seen), *spare_nodes) if node not in blamed]
+    if not kept or settings.restart_hold_seconds <= 0:
         return [], None
-    until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=p.settings.restart_hold_seconds)
-    return kept, timestamps.format_time(until)
+    return kept, timestamps.format_time(now + datetime.timedelta(seconds=settings.restart_hold_seconds))
 
 
-def _running(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
-    """Every pod runs. The record says since when (the first pass to see it records the time, and rank 0's
-    network verdict once it has come), so Started is posted once per attempt and startTime never moves."""
-    live = p.live
-    assert live is not None  # a placed gang
+def _watched(live: records.AttemptRecord, resolved: ResolvedJob) -> bool:
+    """Whether a running gang's pass reads rank 0's report: for its network verdict until it has come, and
+    always under a progress timeout, in-place restarts or a grow-back due."""
     policy = resolved.spec.failure_policy
-    watched = (
+    return (
         live.network_report is None
         or policy.progress_timeout_seconds is not None
         or bool(policy.in_place_restarts)
         or live.grow_after is not None
     )
-    found = _rank0_config_map(p) if watched else None
+
+
+def _running(seen: Observed, state: gang.GangState, settings: Settings, now: datetime.datetime) -> Decision:
+    """Every pod runs. The record says since when (the first pass to see it records the time, and rank 0's
+    network verdict once it has come), so Started is posted once per attempt and startTime never moves."""
+    live = seen.live
+    assert live is not None  # a placed gang
+    resolved = _pinned(seen)
+    policy = resolved.spec.failure_policy
+    found = seen.progress if _watched(live, resolved) else None
     reported = progress_channel.status_of(found, resolved.spec.training.steps) if found is not None else {}
     network = live.network_report or reported.get("network")
-    started = live.started_at or timestamps.now()
+    started = live.started_at or timestamps.format_time(now)
     first_seen = live.started_at is None
+    record = None
     if first_seen or network != live.network_report:
-        live = live.with_started(started, network)
-        write_record(p, live)
+        live = record = live.with_started(started, network)
     message = f"all {state.ready} pods running"
-    cond = _network_conditions(p, p.condition("Ready", "True", "AllPodsRunning", message), network)
-    cond = _step_promise(p, cond, reported.get("progress") or {}, policy.slower_than_modeled_factor)
-    slow = stragglers.verdict((p.status.get("progress") or {}).get("stragglers"), _threshold(resolved))
+    cond = _network_conditions(seen, condition(seen, "Ready", "True", "AllPodsRunning", message, now), network, now)
+    cond = _step_promise(seen, cond, reported.get("progress") or {}, policy.slower_than_modeled_factor, now)
+    slow = stragglers.verdict((seen.status.get("progress") or {}).get("stragglers"), _threshold(resolved))
     if slow is not None:
-        cond = p.condition(stragglers.CONDITION, slow.status, slow.reason, slow.message, base=cond)
+        cond = condition(seen, stragglers.CONDITION, slow.status, slow.reason, slow.message, now, base=cond)
     patch = {"phase": "Running", "message": message, "conditions": cond, "podsReady": state.ready}
-    before = conditions.find(p.status.get("conditions"), "NetworkVerified")
-    slow_before = conditions.find(p.status.get("conditions"), stragglers.CONDITION)
-    if write_status(p, {**patch, "startTime": started}):
-        _network_event(p, cond, before)
+    before = conditions.find(seen.status.get("conditions"), "NetworkVerified")
+    slow_before = conditions.find(seen.status.get("conditions"), stragglers.CONDITION)
+    status = status_patch(seen, {**patch, "startTime": started})
+    events = [*_network_event(cond, before)] if status else []
     if stragglers.event_due(slow_before, slow):
-        p.event("Warning", stragglers.NAMED, slow.message if slow else "")
-    _label_slow_nodes(p)
+        events.append(Event("Warning", stragglers.NAMED, slow.message if slow else ""))
     if first_seen:
-        p.event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {p.attempt}")
-    elif found is not None:
-        p = dataclasses.replace(p, record=_count_in_place_restarts(p, resolved, found, live))
-    if (slow_gang := _slow_without_spare(p, resolved, live)) is not None:
-        return broken(p, resolved, pods, dataclasses.replace(slow_gang, ready=state.ready))
-    verdict = _progress_verdict(p, resolved, started, reported.get("progress"))
+        events.append(Event("Normal", "Started", f"{resolved.layout} on {state.ready} pods, attempt {seen.attempt}"))
+    written = Decision(
+        "running", record=record, status=status, events=tuple(events), node_labels=_slow_node_labels(seen, settings)
+    )
+    seen = seen.with_status(status)
+    if not first_seen and found is not None:
+        counted = _count_in_place_restarts(seen, resolved, found, live)
+        if counted is not None:
+            written = written.before(counted)
+            seen = seen.with_status(counted.status)
+        seen = dataclasses.replace(seen, record=counted.record if counted is not None else live)
+    if (slow_gang := _slow_without_spare(seen, resolved, live)) is not None:
+        return written.before(broken(seen, dataclasses.replace(slow_gang, ready=state.ready), settings, now))
+    verdict = _progress_verdict(seen, resolved, started, reported.get("progress"), now)
     if verdict.hung:
         hung = gang.GangState("broken", state.ready, verdict.message, cause=watchdog.NO_PROGRESS)
-        return broken(p, resolved, pods, hung)
+        return written.before(broken(seen, hung, settings, now))
     saved = reported.get("lastCheckpointStep")
     if live.grow_after is not None and isinstance(saved, int) and saved > live.grow_after:
         # The DP shrink: full size fits again and a newer checkpoint is saved: restart into the full size.
         why = f"growing back to full size after checkpoint step {saved}"
         grow = gang.GangState("broken", state.ready, why, cause=GROW_BACK)
-        return broken(dataclasses.replace(p, record=live.with_grow_restart()), resolved, pods, grow)
-    return Outcome("running", requeue_after=_resync(p, verdict.recheck_in, state.recheck_in))
+        return written.before(broken(dataclasses.replace(seen, record=live.with_grow_restart()), grow, settings, now))
+    return written.then(Decision("running", requeue_after=_resync(settings, verdict.recheck_in, state.recheck_in)))
 
 
-def _label_slow_nodes(p: Pass) -> None:
+def _slow_node_labels(seen: Observed, settings: Settings) -> tuple[NodeLabel, ...]:
     """The nodes named slow, labelled for the cluster's administrators where the operator is told to
     (--slow-node-label); each once, as the Node watch shows."""
-    named = (p.status.get("progress") or {}).get("stragglers")
+    named = (seen.status.get("progress") or {}).get("stragglers")
     node_labels = {
-        node: (found.get("metadata") or {}).get("labels") or {} for node, found in p.nodes.snapshot.dicts.items()
+        node: (found.get("metadata") or {}).get("labels") or {} for node, found in seen.watched_nodes.items()
     }
-    for node in stragglers.to_label(named, node_labels, p.settings.slow_node_label):
-        writes.label_node(p.session, node, p.settings.slow_node_label, "true")
+    key = settings.slow_node_label
+    return tuple(NodeLabel(node, key, "true") for node in stragglers.to_label(named, node_labels, key))
 
 
-def _slow_without_spare(p: Pass, resolved: ResolvedJob, live: records.AttemptRecord) -> gang.GangState | None:
+def _slow_without_spare(seen: Observed, resolved: ResolvedJob, live: records.AttemptRecord) -> gang.GangState | None:
     """stragglers.action Replace with no spare left: the gang restarts re-planned without its named nodes."""
-    named = (p.status.get("progress") or {}).get("stragglers")
-    slow = stragglers.to_replace(named, live.nodes, p.excluded, resolved.spec.failure_policy.stragglers.action)
+    named = (seen.status.get("progress") or {}).get("stragglers")
+    excluded = list(seen.record.excluded_nodes) if seen.record is not None else []
+    slow = stragglers.to_replace(named, live.nodes, excluded, resolved.spec.failure_policy.stragglers.action)
     if not slow or live.spare_nodes:
         return None
     why = "; ".join(f"node {node} {reason}" for node, reason in slow.items())
@@ -289,103 +389,109 @@ def _threshold(resolved: ResolvedJob) -> float:
     return resolved.spec.failure_policy.stragglers.threshold
 
 
-def _rank0_report(p: Pass, resolved: ResolvedJob) -> dict[str, Any]:
+def _rank0_report(seen: Observed, resolved: ResolvedJob) -> dict[str, Any]:
     """What rank 0 reported in its progress ConfigMap, validated (`manifests.progress.status_of`): progress,
     lastCheckpointStep and the network verdict; empty without a ConfigMap of this job's."""
-    found = _rank0_config_map(p)
+    found = seen.progress
     return progress_channel.status_of(found, resolved.spec.training.steps) if found is not None else {}
 
 
-def _rank0_config_map(p: Pass) -> Mapping[str, Any] | None:
-    """The job's progress ConfigMap, when the job owns it."""
-    found = reads.get_config_map(p.session, p.namespace, labels.progress_config_map_name(p.name))
-    return found if found is not None and labels.owned_by(found, p.uid) else None
-
-
-def _with_reported_in_place_restarts(p: Pass, resolved: ResolvedJob) -> Pass:
-    """The pass with rank 0's in-place restarts counted, before a broken gang is restarted or failed: a report
-    that came after the last pass over the running gang would otherwise be lost with its pods."""
-    live = p.live
-    if live is None or not pod_manifests.in_place_budget(resolved, live.attempt):
-        return p
-    found = _rank0_config_map(p)
-    return p if found is None else dataclasses.replace(p, record=_count_in_place_restarts(p, resolved, found, live))
+def _with_reported_in_place_restarts(seen: Observed, resolved: ResolvedJob) -> tuple[Decision | None, Observed]:
+    """Rank 0's in-place restarts counted, before a broken gang is restarted or failed (a report that came after
+    the last pass over the running gang would otherwise be lost with its pods): what that writes, and the
+    observation as the rest of the decision builds on it."""
+    live = seen.live
+    if live is None or not pod_manifests.in_place_budget(resolved, live.attempt) or seen.progress is None:
+        return None, seen
+    counted = _count_in_place_restarts(seen, resolved, seen.progress, live)
+    if counted is None:
+        return None, seen
+    return counted, dataclasses.replace(seen.with_status(counted.status), record=counted.record)
 
 
 def _count_in_place_restarts(
-    p: Pass, resolved: ResolvedJob, found: Mapping[str, Any], live: records.AttemptRecord
-) -> records.AttemptRecord:
+    seen: Observed, resolved: ResolvedJob, found: Mapping[str, Any], live: records.AttemptRecord
+) -> Decision | None:
     """The in-place restarts rank 0 reports for the live attempt, validated and within the attempt's budget,
-    into its record and the job's status, with one Event per restart counted; the record as it is now."""
+    into its record and the job's status, with one Event per restart counted; None when none is new."""
     budget = pod_manifests.in_place_budget(resolved, live.attempt)
     count = progress_channel.in_place_restarts_of(found, live.started_at, budget)
     if count is None or count <= live.in_place_restarts:
-        return live
-    counted = live.with_in_place_restarts(count)
-    write_record(p, counted)
+        return None
     limit = resolved.spec.failure_policy.backoff_limit
-    before = int(p.status.get("inPlaceRestarts") or 0) - live.in_place_restarts
-    write_status(p, {"restarts": live.attempt + count, "inPlaceRestarts": max(0, before) + count})
-    for number in range(live.in_place_restarts + 1, count + 1):
-        message = (
+    before = int(seen.status.get("inPlaceRestarts") or 0) - live.in_place_restarts
+    events = tuple(
+        Event(
+            "Warning",
+            "RestartedInPlace",
             f"in-place restart {live.attempt + number}/{limit}: a rank failed and every pod restarted its ranks "
-            f"from the last checkpoint; no pod was recreated ({number}/{budget} in place for these pods)"
+            f"from the last checkpoint; no pod was recreated ({number}/{budget} in place for these pods)",
         )
-        p.event("Warning", "RestartedInPlace", message)
-        m.GANG_RESTARTS.inc()
-    return counted
+        for number in range(live.in_place_restarts + 1, count + 1)
+    )
+    status = status_patch(seen, {"restarts": live.attempt + count, "inPlaceRestarts": max(0, before) + count})
+    return Decision("running", record=live.with_in_place_restarts(count), status=status, events=events)
 
 
 def _progress_verdict(
-    p: Pass, resolved: ResolvedJob, running_since: str, reported: Mapping[str, Any] | None
+    seen: Observed,
+    resolved: ResolvedJob,
+    running_since: str,
+    reported: Mapping[str, Any] | None,
+    now: datetime.datetime,
 ) -> watchdog.Verdict:
     """The watchdog's verdict on rank 0's reported progress (only when the job sets a timeout), for the gang
     running since `running_since` (this attempt's, from its record)."""
     timeout = resolved.spec.failure_policy.progress_timeout_seconds
     if timeout is None:
         return watchdog.Verdict(False)
-    live = p.live
+    live = seen.live
     # The pods' supervisors restart a hung gang in place while the attempt has in-place restarts left.
     in_place_first = live is not None and live.in_place_restarts < pod_manifests.in_place_budget(resolved, live.attempt)
-    return watchdog.judge_progress(reported, running_since, timeout, p.session.server_now(), in_place_first)
+    return watchdog.judge_progress(reported, running_since, timeout, now, in_place_first)
 
 
-def _resync(p: Pass, *due: float | None) -> float:
+def _resync(settings: Settings, *due: float | None) -> float:
     """When to look at a gang again without an event: when something falls due, at most every resync period."""
-    return min([p.settings.resync_seconds, *(after for after in due if after is not None)])
+    return min([settings.resync_seconds, *(after for after in due if after is not None)])
 
 
-def _network_conditions(p: Pass, cond: list[dict[str, Any]], report: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def _network_conditions(
+    seen: Observed, cond: list[dict[str, Any]], report: Mapping[str, Any] | None, now: datetime.datetime
+) -> list[dict[str, Any]]:
     """NetworkReady and NetworkVerified from rank 0's network verdict, once it has arrived: it is sent after a
     warm-up collective over every rank, so every rank passed the preflight."""
     if not report:
         return cond
     ready = "every rank passed the network preflight and joined the process groups"
-    cond = p.condition("NetworkReady", "True", "PreflightPassed", ready, base=cond)
+    cond = condition(seen, "NetworkReady", "True", "PreflightPassed", ready, now, base=cond)
     verified = str(report.get("verified")) if report.get("verified") in VERIFIED_STATUSES else "Unknown"
     reason, message = str(report.get("reason") or "NotReported"), str(report.get("message") or "")
-    return p.condition("NetworkVerified", verified, reason, message, base=cond)
+    return condition(seen, "NetworkVerified", verified, reason, message, now, base=cond)
 
 
 def _step_promise(
-    p: Pass, cond: list[dict[str, Any]], progress: Mapping[str, Any], factor: float
+    seen: Observed, cond: list[dict[str, Any]], progress: Mapping[str, Any], factor: float, now: datetime.datetime
 ) -> list[dict[str, Any]]:
     """SlowerThanModeled from rank 0's measured and modeled step times (`step_promise`, a pure decision)."""
     measured, modeled = progress.get("stepSeconds"), progress.get("modeledStepSeconds")
     current = conditions.find(cond, step_promise.TYPE)
-    verdict = step_promise.decide(measured, modeled, factor, current, p.session.server_now())
-    return cond if verdict is None else p.condition(step_promise.TYPE, *dataclasses.astuple(verdict), base=cond)
+    verdict = step_promise.decide(measured, modeled, factor, current, now)
+    if verdict is None:
+        return cond
+    return condition(seen, step_promise.TYPE, verdict.status, verdict.reason, verdict.message, now, base=cond)
 
 
-def _network_event(p: Pass, cond: list[dict[str, Any]], before: Mapping[str, Any] | None) -> None:
+def _network_event(cond: list[dict[str, Any]], before: Mapping[str, Any] | None) -> tuple[Event, ...]:
     """A Warning a person sees in `kubectl describe` when NCCL chose less than the job planned (`before`: the
     NetworkVerified condition this pass found)."""
     verified = conditions.find(cond, "NetworkVerified")
     if verified and verified.get("status") == "False" and (before or {}).get("reason") != verified.get("reason"):
-        p.event("Warning", "NetworkDegraded", f"{verified['reason']}: {verified['message']}")
+        return (Event("Warning", "NetworkDegraded", f"{verified['reason']}: {verified['message']}"),)
+    return ()
 
 
-def _starting(p: Pass, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]], state: gang.GangState) -> Outcome:
+def _starting(seen: Observed, state: gang.GangState, settings: Settings, now: datetime.datetime) -> Decision:
     # What a stalled pod waits on (an unschedulable reason, a failed pull), for `kubectl get pj`.
-    write_status(p, {"podsReady": state.ready, **({"message": state.reason} if state.reason else {})})
-    return Outcome("starting", requeue_after=_resync(p, state.recheck_in))
+    status = status_patch(seen, {"podsReady": state.ready, **({"message": state.reason} if state.reason else {})})
+    return Decision("starting", status=status, requeue_after=_resync(settings, state.recheck_in))
