@@ -8,7 +8,6 @@ step `test_lost_nodes.py`, `test_out_of_service.py`, `test_stragglers.py`, `test
 from __future__ import annotations
 
 import dataclasses
-import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +21,8 @@ from paralleljob.handlers.settings import Settings
 from paralleljob.handlers.steps import conflicts, creation, draining, finished, invalid, replacement
 from paralleljob.manifests import children, labels, records
 from paralleljob.manifests.decisions import Decision, Event
+from tests.operator.decision_data import EARLIER, NOW, READY, STAMP, condition, job, pod, seconds_before_now
 
-NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
-STAMP = "2026-01-01T12:00:00Z"
-EARLIER = "2026-01-01T11:00:00Z"
-UID = "uid-1"
 SETTINGS = Settings(image="trainer:test", force_delete_after_seconds=120.0, resync_seconds=60.0)
 SPEC = validate_document(
     yaml.safe_load((Path(__file__).parents[2] / "examples" / "gpt-small-8gpu.yaml").read_text())
@@ -34,56 +30,12 @@ SPEC = validate_document(
 INVALID = "spec.template.env[0].name: PARALLELJOB_NODE_RANK is set by the operator"
 
 
-def condition(kind: str, status: str, reason: str, message: str, at: str = EARLIER) -> dict[str, Any]:
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": at,
-        "observedGeneration": 2,
-    }
-
-
 VALID = condition("Valid", "True", "Validated", "the spec is valid")
-READY = condition("Ready", "True", "AllPodsRunning", "all 2 pods running")
 SUCCEEDED = condition("Succeeded", "True", "TrainingFinished", "training finished after 0 restarts")
-
-
-def job(**status: Any) -> dict[str, Any]:
-    metadata = {"name": "gpt", "namespace": "research", "uid": UID, "generation": 2}
-    return {"apiVersion": "paralleljob.io/v1alpha1", "kind": "ParallelJob", "metadata": metadata, "status": status}
 
 
 def record(**fields: Any) -> records.AttemptRecord:
     return records.AttemptRecord(**{"attempt": 0, "spec": {}, "image": "trainer:test", "nodes": ("n0", "n1"), **fields})
-
-
-def pod(
-    name: str,
-    *,
-    attempt: int = 0,
-    node: str = "n0",
-    phase: str = "Running",
-    deleting_since: str | None = None,
-    gang_size: int = 2,
-    owner: str = UID,
-    rank: int | None = None,
-) -> dict[str, Any]:
-    metadata: dict[str, Any] = {
-        "name": name,
-        "labels": {labels.ATTEMPT_LABEL: str(attempt), labels.GANG_SIZE_LABEL: str(gang_size)},
-        "ownerReferences": [{"kind": "ParallelJob", "name": "gpt", "uid": owner, "controller": True}],
-    }
-    if rank is not None:
-        metadata["labels"][labels.NODE_RANK_LABEL] = str(rank)
-    if deleting_since is not None:
-        metadata["deletionTimestamp"] = deleting_since
-    return {"metadata": metadata, "spec": {"nodeName": node}, "status": {"phase": phase}}
-
-
-def seconds_before_now(seconds: float) -> str:
-    return (NOW - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def seen(job_: dict[str, Any], **fields: Any) -> Observed:

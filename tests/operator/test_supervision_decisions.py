@@ -26,7 +26,7 @@ from paralleljob.k8s import apply
 from paralleljob.manifests import labels, records
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.manifests.decisions import Decision, Event, NodeLabel
-from tests.operator.test_step_decisions import EARLIER, NOW, READY, STAMP, condition, job, pod, seconds_before_now
+from tests.operator.decision_data import EARLIER, NOW, READY, STAMP, condition, job, pod, seconds_before_now
 
 SETTINGS = Settings(
     image="trainer:test",

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers import conditions, gang, start_failures, step_promise, stragglers, watchdog
+from paralleljob.handlers import conditions, gang, rank0, start_failures, stragglers, watchdog
 from paralleljob.handlers.observed import Observed, condition, is_terminating, pod_name, pods_holding_gpus, status_patch
 from paralleljob.handlers.settings import Settings
 from paralleljob.k8s import timestamps
@@ -36,7 +36,6 @@ from paralleljob.manifests import records
 from paralleljob.manifests.decisions import Decision, Event, NodeLabel
 from paralleljob_contract.network import NetworkFailure
 
-VERIFIED_STATUSES = ("True", "False", "Unknown")
 GROW_BACK = "GrowBack"
 # The Events that each count one gang restart (`restarts_in`, the pass's GANG_RESTARTS metric).
 RESTART_EVENTS = frozenset({"Restarting", "RestartedInPlace"})
@@ -79,7 +78,7 @@ def judge(seen: Observed, settings: Settings, now: datetime.datetime) -> gang.Ga
 def reads_report(seen: Observed, state: gang.GangState) -> bool:
     """Whether the decision on `state` uses rank 0's progress ConfigMap, so the pass reads it first: a finished
     gang (its last checkpoint), a running one it watches (`_watched`), and a broken one whose in-place restarts
-    may still be counted before it restarts or fails (`_with_reported_in_place_restarts`)."""
+    may still be counted before it restarts or fails (`rank0.with_reported_in_place_restarts`)."""
     live, resolved = seen.live, seen.pinned
     if state.verdict == "succeeded":
         return True
@@ -167,7 +166,7 @@ def _pinned(seen: Observed) -> ResolvedJob:
 def _succeeded(seen: Observed, state: gang.GangState, settings: Settings, now: datetime.datetime) -> Decision:
     resolved = _pinned(seen)
     message = f"training finished after {restarts_so_far(seen)} restarts"
-    step, folder = _rank0_report(seen, resolved).get("lastCheckpointStep"), pod_manifests.job_folder(resolved)
+    step, folder = rank0.report(seen, resolved).get("lastCheckpointStep"), pod_manifests.job_folder(resolved)
     if step is not None and folder is not None:
         # The trainer always saves the last step; the Event tells where the job's result lies.
         message += f"; last checkpoint step {step} in {folder}/global_step{step}"
@@ -215,7 +214,7 @@ def broken(seen: Observed, state: gang.GangState, settings: Settings, now: datet
         # The link check named a slow node: restart without it, NetworkVerified saying which link and why.
         base = condition(seen, "NetworkVerified", "False", state.network.reason, state.network.message, now)
         state = slow
-    counted, seen = _with_reported_in_place_restarts(seen, resolved)
+    counted, seen = rank0.with_reported_in_place_restarts(seen, resolved)
     first = first.before(counted) if counted is not None else first
     limit = resolved.spec.failure_policy.backoff_limit
     restarts = seen.live.counted_restarts if seen.live is not None else seen.attempt
@@ -324,8 +323,12 @@ def _running(seen: Observed, state: gang.GangState, settings: Settings, now: dat
     if first_seen or network != live.network_report:
         live = record = live.with_started(started, network)
     message = f"all {state.ready} pods running"
-    cond = _network_conditions(seen, condition(seen, "Ready", "True", "AllPodsRunning", message, now), network, now)
-    cond = _step_promise(seen, cond, reported.get("progress") or {}, policy.slower_than_modeled_factor, now)
+    cond = rank0.network_conditions(
+        seen, condition(seen, "Ready", "True", "AllPodsRunning", message, now), network, now
+    )
+    cond = rank0.step_promise_conditions(
+        seen, cond, reported.get("progress") or {}, policy.slower_than_modeled_factor, now
+    )
     slow = stragglers.verdict((seen.status.get("progress") or {}).get("stragglers"), _threshold(resolved))
     if slow is not None:
         cond = condition(seen, stragglers.CONDITION, slow.status, slow.reason, slow.message, now, base=cond)
@@ -333,7 +336,7 @@ def _running(seen: Observed, state: gang.GangState, settings: Settings, now: dat
     before = conditions.find(seen.status.get("conditions"), "NetworkVerified")
     slow_before = conditions.find(seen.status.get("conditions"), stragglers.CONDITION)
     status = status_patch(seen, {**patch, "startTime": started})
-    events = [*_network_event(cond, before)] if status else []
+    events = [*rank0.network_event(cond, before)] if status else []
     if stragglers.event_due(slow_before, slow):
         events.append(Event("Warning", stragglers.NAMED, slow.message if slow else ""))
     if first_seen:
@@ -343,7 +346,7 @@ def _running(seen: Observed, state: gang.GangState, settings: Settings, now: dat
     )
     seen = seen.with_status(status)
     if not first_seen and found is not None:
-        counted = _count_in_place_restarts(seen, resolved, found, live)
+        counted = rank0.count_in_place_restarts(seen, resolved, found, live)
         if counted is not None:
             written = written.before(counted)
             seen = seen.with_status(counted.status)
@@ -389,50 +392,6 @@ def _threshold(resolved: ResolvedJob) -> float:
     return resolved.spec.failure_policy.stragglers.threshold
 
 
-def _rank0_report(seen: Observed, resolved: ResolvedJob) -> dict[str, Any]:
-    """What rank 0 reported in its progress ConfigMap, validated (`manifests.progress.status_of`): progress,
-    lastCheckpointStep and the network verdict; empty without a ConfigMap of this job's."""
-    found = seen.progress
-    return progress_channel.status_of(found, resolved.spec.training.steps) if found is not None else {}
-
-
-def _with_reported_in_place_restarts(seen: Observed, resolved: ResolvedJob) -> tuple[Decision | None, Observed]:
-    """Rank 0's in-place restarts counted, before a broken gang is restarted or failed (a report that came after
-    the last pass over the running gang would otherwise be lost with its pods): what that writes, and the
-    observation as the rest of the decision builds on it."""
-    live = seen.live
-    if live is None or not pod_manifests.in_place_budget(resolved, live.attempt) or seen.progress is None:
-        return None, seen
-    counted = _count_in_place_restarts(seen, resolved, seen.progress, live)
-    if counted is None:
-        return None, seen
-    return counted, dataclasses.replace(seen.with_status(counted.status), record=counted.record)
-
-
-def _count_in_place_restarts(
-    seen: Observed, resolved: ResolvedJob, found: Mapping[str, Any], live: records.AttemptRecord
-) -> Decision | None:
-    """The in-place restarts rank 0 reports for the live attempt, validated and within the attempt's budget,
-    into its record and the job's status, with one Event per restart counted; None when none is new."""
-    budget = pod_manifests.in_place_budget(resolved, live.attempt)
-    count = progress_channel.in_place_restarts_of(found, live.started_at, budget)
-    if count is None or count <= live.in_place_restarts:
-        return None
-    limit = resolved.spec.failure_policy.backoff_limit
-    before = int(seen.status.get("inPlaceRestarts") or 0) - live.in_place_restarts
-    events = tuple(
-        Event(
-            "Warning",
-            "RestartedInPlace",
-            f"in-place restart {live.attempt + number}/{limit}: a rank failed and every pod restarted its ranks "
-            f"from the last checkpoint; no pod was recreated ({number}/{budget} in place for these pods)",
-        )
-        for number in range(live.in_place_restarts + 1, count + 1)
-    )
-    status = status_patch(seen, {"restarts": live.attempt + count, "inPlaceRestarts": max(0, before) + count})
-    return Decision("running", record=live.with_in_place_restarts(count), status=status, events=events)
-
-
 def _progress_verdict(
     seen: Observed,
     resolved: ResolvedJob,
@@ -454,41 +413,6 @@ def _progress_verdict(
 def _resync(settings: Settings, *due: float | None) -> float:
     """When to look at a gang again without an event: when something falls due, at most every resync period."""
     return min([settings.resync_seconds, *(after for after in due if after is not None)])
-
-
-def _network_conditions(
-    seen: Observed, cond: list[dict[str, Any]], report: Mapping[str, Any] | None, now: datetime.datetime
-) -> list[dict[str, Any]]:
-    """NetworkReady and NetworkVerified from rank 0's network verdict, once it has arrived: it is sent after a
-    warm-up collective over every rank, so every rank passed the preflight."""
-    if not report:
-        return cond
-    ready = "every rank passed the network preflight and joined the process groups"
-    cond = condition(seen, "NetworkReady", "True", "PreflightPassed", ready, now, base=cond)
-    verified = str(report.get("verified")) if report.get("verified") in VERIFIED_STATUSES else "Unknown"
-    reason, message = str(report.get("reason") or "NotReported"), str(report.get("message") or "")
-    return condition(seen, "NetworkVerified", verified, reason, message, now, base=cond)
-
-
-def _step_promise(
-    seen: Observed, cond: list[dict[str, Any]], progress: Mapping[str, Any], factor: float, now: datetime.datetime
-) -> list[dict[str, Any]]:
-    """SlowerThanModeled from rank 0's measured and modeled step times (`step_promise`, a pure decision)."""
-    measured, modeled = progress.get("stepSeconds"), progress.get("modeledStepSeconds")
-    current = conditions.find(cond, step_promise.TYPE)
-    verdict = step_promise.decide(measured, modeled, factor, current, now)
-    if verdict is None:
-        return cond
-    return condition(seen, step_promise.TYPE, verdict.status, verdict.reason, verdict.message, now, base=cond)
-
-
-def _network_event(cond: list[dict[str, Any]], before: Mapping[str, Any] | None) -> tuple[Event, ...]:
-    """A Warning a person sees in `kubectl describe` when NCCL chose less than the job planned (`before`: the
-    NetworkVerified condition this pass found)."""
-    verified = conditions.find(cond, "NetworkVerified")
-    if verified and verified.get("status") == "False" and (before or {}).get("reason") != verified.get("reason"):
-        return (Event("Warning", "NetworkDegraded", f"{verified['reason']}: {verified['message']}"),)
-    return ()
 
 
 def _starting(seen: Observed, state: gang.GangState, settings: Settings, now: datetime.datetime) -> Decision:
