@@ -62,11 +62,13 @@ def run_gang(
     budget: int,
     fail_until: int,
     script: str = RANK_SCRIPT,
-    progress_timeout: float | None = None,
+    progress_timeouts: tuple[float | None, float | None] = (None, None),
+    beats: int = 30,
 ) -> tuple[list[int], list[subprocess.CompletedProcess[str]]]:
-    """Two nodes of two ranks, each node's supervisor a process of its own, as two pods."""
+    """Two nodes of two ranks, each node's supervisor a process of its own, as two pods; `progress_timeouts` are
+    node 0's and node 1's."""
     port = free_port_pair()
-    env = {**os.environ, "OUT": str(tmp_path), "FAIL_RANK": "3", "FAIL_UNTIL": str(fail_until)}
+    env = {**os.environ, "OUT": str(tmp_path), "FAIL_RANK": "3", "FAIL_UNTIL": str(fail_until), "BEATS": str(beats)}
     procs = [
         subprocess.Popen(
             launcher.supervisor_command(
@@ -78,7 +80,7 @@ def run_gang(
                 in_place_restarts=budget,
                 command=[sys.executable, "-c", script],
                 python=(sys.executable,),
-                progress_timeout_seconds=progress_timeout,
+                progress_timeout_seconds=progress_timeouts[node],
             ),
             env=env,
             cwd=ROOT,
@@ -118,16 +120,16 @@ def test_a_gang_that_spent_its_in_place_budget_fails_its_pods_for_a_gang_restart
     assert "in-place restarts spent: 1" in results[1].stdout
 
 
-# A rank that beats every 0.1 s for 3 s and finishes (rank 0 at once: a finished rank beats no more and is
-# not hung), except rank 3 in generations below FAIL_UNTIL: it beats five times and then hangs (as in a collective
-# that never returns), neither failing nor beating.
+# A rank that beats every 0.1 s BEATS times (3 s by default) and finishes (rank 0 at once: a finished rank beats no
+# more and is not hung), except rank 3 in generations below FAIL_UNTIL: it beats five times and then hangs (as in a
+# collective that never returns), neither failing nor beating.
 BEATING_RANK_SCRIPT = """
 import os, pathlib, time
 from paralleljob_contract import heartbeat
 rank, generation = int(os.environ["RANK"]), int(os.environ["PARALLELJOB_IN_PLACE_RESTARTS"])
 (pathlib.Path(os.environ["OUT"]) / f"rank{rank}-gen{generation}").write_text("started")
 hangs = generation < int(os.environ["FAIL_UNTIL"]) and rank == int(os.environ["FAIL_RANK"])
-for beat in range(0 if rank == 0 else 30):
+for beat in range(0 if rank == 0 else int(os.environ.get("BEATS", "30"))):
     if hangs and beat == 5:
         time.sleep(600)
     heartbeat.beat()
@@ -138,18 +140,25 @@ for beat in range(0 if rank == 0 else 30):
 def test_a_rank_that_stops_beating_restarts_the_gang_in_place_and_beating_ranks_are_left_alone(
     tmp_path: pathlib.Path,
 ) -> None:
-    # Every rank runs 3 s, twice the timeout: only the one that went quiet is judged hung.
-    _, results = run_gang(tmp_path, budget=2, fail_until=1, script=BEATING_RANK_SCRIPT, progress_timeout=1.5)
+    # Every rank runs 6 s, twice node 1's timeout: only the one that went quiet is judged hung. Node 0 allows its
+    # ranks 30 s, so that a rank of it slow to start on a loaded machine (seconds of silence before its first beat)
+    # cannot be judged hung in rank 3's stead; node 1's 3 s leave its ranks of generation 1 that much to start.
+    _, results = run_gang(
+        tmp_path, budget=2, fail_until=1, script=BEATING_RANK_SCRIPT, progress_timeouts=(30.0, 3.0), beats=60
+    )
     output = "\n".join(r.stdout for r in results)
     assert [r.returncode for r in results] == [0, 0], output
-    assert re.search(
-        r"in-place restart 1/2: node 1: rank 3 made no progress for \d+s \(progress timeout 1.5s\)", output
-    )
+    assert re.search(r"in-place restart 1/2: node 1: rank 3 made no progress for \d+s \(progress timeout 3s\)", output)
     assert sorted(p.name for p in tmp_path.glob("rank*-gen1")) == [f"rank{r}-gen1" for r in range(4)]
     assert not list(tmp_path.glob("rank*-gen2"))
 
 
 def test_a_gang_that_hangs_past_its_in_place_budget_fails_its_pods_for_a_gang_restart(tmp_path: pathlib.Path) -> None:
-    _, results = run_gang(tmp_path, budget=1, fail_until=99, script=BEATING_RANK_SCRIPT, progress_timeout=1.0)
+    # Node 0 allows 30 s (see above): on a loaded machine a 1 s timeout there judged one of its own healthy ranks
+    # hung before node 1's report arrived, and both pods exited 124. Its ranks beat for 20 s, so that they are
+    # still running when the gang gives up, however slowly node 1 notices rank 3 (they are stopped then).
+    _, results = run_gang(
+        tmp_path, budget=1, fail_until=99, script=BEATING_RANK_SCRIPT, progress_timeouts=(30.0, 1.0), beats=200
+    )
     assert [r.returncode for r in results] == [EXIT_PEER, EXIT_NO_PROGRESS], "\n".join(r.stdout for r in results)
     assert "in-place restarts spent: 1" in results[1].stdout
