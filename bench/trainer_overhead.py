@@ -1,7 +1,7 @@
 """CPU step-time ratio: the 3D trainer against the same GPT as a plain DeepSpeed PipelineModule without TP.
 
     .venv/bin/python -m bench.trainer_overhead [--steps 30]
-    .venv/bin/python -m bench.trainer_overhead --timing   # the per-rank compute timing's cost alone
+    .venv/bin/python -m bench.trainer_overhead --timing [--layout 1x1x2]   # the per-rank compute timing's cost
 
 Same model (quickstart size: 4 layers, hidden 128, 4 heads, sequence 128, vocabulary 256, fp32, AdamW,
 clipping 1.0), global batch 16, micro-batch 4, at PP2 x DP2. Three runs:
@@ -120,27 +120,39 @@ def plain_step_time(steps: int) -> float:
     return float(json.loads(line[len("PLAIN ") :])["step_time_s"])
 
 
-def trainer_step_time(tp: int, steps: int, timing: bool = True) -> float:
-    """The trainer's median step; `timing` False turns its per-rank compute timing off (straggler window 0)."""
+def trainer_step_time(layout: tuple[int, int, int], steps: int, timing: bool = True) -> float:
+    """The trainer's median step at `layout` (PP, TP, DP); `timing` False turns its per-rank compute timing off
+    (straggler window 0)."""
     model = {**MODEL, "precision": "fp32"}
-    document = common.job_document(2, tp, 2, model, steps=steps, batch=BATCH, micro=MICRO, data={"source": "synthetic"})
+    document = common.job_document(*layout, model, steps=steps, batch=BATCH, micro=MICRO, data={"source": "synthetic"})
     env = None if timing else {stragglers.WINDOW_ENV: "0"}
     return common.median_after_warmup(common.run_trainer(document, env), "step_time_s", WARMUP)
 
 
-def timing_overhead(steps: int, rounds: int) -> None:
-    """--timing: the TP2 trainer with its per-rank compute timing (window 20, the default) against without it,
-    alternating rounds, best of each; and the clock's own cost per step, from the cost of one timed section
-    (measured here) times the sections a rank times per step (4 micro-batches: a forward and a backward each,
-    the optimizer, and 4 TP collectives per block and micro-batch on a stage of 2 blocks)."""
+def timing_overhead(steps: int, rounds: int, layout: tuple[int, int, int]) -> None:
+    """--timing: the trainer with its per-rank compute timing (window 20, the default) against without it.
+
+    Each round runs both, in alternating order (off first, then on first), so that a drift of the machine's speed
+    falls on each side alike; the figure is the median of the rounds' paired ratios, with the best of each side
+    beside it. The clock's own cost per step is the cost of one timed section (measured here) times the sections a
+    rank times per step: per micro-batch a forward and a backward, and at TP above 1 four TP collectives per
+    block of its stage; and the optimizer once."""
+    pp, tp, dp = layout
     section = clock_section_seconds()
-    sections = (BATCH // (MICRO * 2)) * (2 + 4 * MODEL["layers"] // 2) + 1
-    runs = [(trainer_step_time(2, steps, False), trainer_step_time(2, steps, True)) for _ in range(rounds)]
+    micro_batches = BATCH // (MICRO * dp)
+    sections = micro_batches * (2 + (4 * MODEL["layers"] // pp if tp > 1 else 0)) + 1
+    runs = []
+    for index in range(rounds):
+        order = (False, True) if index % 2 == 0 else (True, False)
+        measured = {timing: trainer_step_time(layout, steps, timing) for timing in order}
+        runs.append((measured[False], measured[True]))
     off, on = (min(column) for column in zip(*runs, strict=True))
     print(json.dumps({
+        "layout": f"PP{pp} x TP{tp} x DP{dp}",
         "timing_off_step_s": round(off, 4),
         "timing_on_step_s": round(on, 4),
-        "overhead": round(on / off - 1, 4),
+        "overhead_best_of_each": round(on / off - 1, 4),
+        "overhead_median_of_pairs": round(statistics.median(b / a - 1 for a, b in runs), 4),
         "rounds": [[round(a, 4), round(b, 4)] for a, b in runs],
         "clock_section_us": round(section * 1e6, 2),
         "sections_per_step": sections,
@@ -168,16 +180,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternate the three runs this many times")
     parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--timing", action="store_true", help="only the per-rank compute timing's cost (issue 36)")
+    parser.add_argument(
+        "--layout", default="2x2x2", help="PPxTPxDP of --timing (2x2x2; 1x1x2 gives each of 2 cores one rank)"
+    )
     arguments = parser.parse_args()
     if arguments.plain_worker:
         plain_worker(arguments.steps)
         return
     if arguments.timing:
-        timing_overhead(arguments.steps, arguments.rounds)
+        pp, tp, dp = (int(size) for size in arguments.layout.split("x"))
+        timing_overhead(arguments.steps, arguments.rounds, (pp, tp, dp))
         return
     # Alternating rounds, best of each: other load on a shared machine only ever slows a run down.
     rounds = [
-        (plain_step_time(arguments.steps), trainer_step_time(1, arguments.steps), trainer_step_time(2, arguments.steps))
+        (
+            plain_step_time(arguments.steps),
+            trainer_step_time((2, 1, 2), arguments.steps),
+            trainer_step_time((2, 2, 2), arguments.steps),
+        )
         for _ in range(arguments.rounds)
     ]
     plain, tp1, tp2 = (min(column) for column in zip(*rounds, strict=True))
