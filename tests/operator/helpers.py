@@ -71,10 +71,13 @@ def operator_requests(server: UpstreamServer) -> list[tuple[str, str, str, str]]
 
 def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str = "research") -> None:
     """Return once the passes the operator started on the job before this call have most likely ended, shown by
-    recorded requests: a job's passes run one after another (its coalescer key), so a read of the job after the
-    second poke is a later pass than the one that read it after the first. Not a proof: one pass may read its
-    job more than once. A test that needs one write of a pass waits for that write itself, then calls this to
-    let what follows it settle."""
+    recorded requests: a job's passes run one after another (its coalescer key), and each begins by reading its
+    attempt record (a ConfigMap) and then the job, so a record read after a poke followed by a job read is a
+    pass that began after the poke; the second poke's is later than every pass begun before this call. A job
+    read alone after the poke is not enough: the tail of a pass begun earlier (a pass was still running when
+    the poke landed) can make it, and the poke's own pass is then still to come. Not a proof: one pass may read
+    a ConfigMap and its job more than once. A test that needs one write of a pass waits for that write itself,
+    then calls this to let what follows it settle."""
     for poke in ("1", "2"):
         mark = len(cluster.server.calls)
         patch = {"metadata": {"labels": {"test.paralleljob.io/poke": f"{time.monotonic_ns()}-{poke}"}}}
@@ -83,10 +86,10 @@ def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str =
         )
 
         def read_since(mark: int = mark) -> bool:
-            later = cluster.server.calls[mark:]
-            return any(
-                c[0] == "get" and c[2] == "paralleljobs" and c[4].startswith("paralleljob-operator") for c in later
-            )
+            later = [
+                c[2] for c in cluster.server.calls[mark:] if c[0] == "get" and c[4].startswith("paralleljob-operator")
+            ]
+            return "configmaps" in later and "paralleljobs" in later[later.index("configmaps") :]
 
         wait_for(read_since, what=f"the operator's pass over the change {poke}")
 
