@@ -92,6 +92,24 @@ def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str =
             return "configmaps" in later and "paralleljobs" in later[later.index("configmaps") :]
 
         wait_for(read_since, what=f"the operator's pass over the change {poke}")
+    # A pass begun before the second poke can still make that pair (the first poke's own, when an earlier pass
+    # held it back), with the second poke's pass still to come: wait until the operator has sent nothing for a
+    # second, far longer than the gap between one pass and the next queued behind it.
+    _wait_until_quiet(cluster, seconds=1.0)
+
+
+def _wait_until_quiet(cluster: Cluster, seconds: float, timeout: float = 60.0) -> None:
+    """Return once the operator has made no request through the proxy for `seconds`."""
+
+    def count() -> int:
+        return sum(1 for c in cluster.server.calls if c[4].startswith("paralleljob-operator"))
+
+    deadline, last, since = time.monotonic() + timeout, count(), time.monotonic()
+    while time.monotonic() - since < seconds:
+        assert time.monotonic() < deadline, f"the operator did not go quiet for {seconds:g}s within {timeout:g}s"
+        time.sleep(0.1)
+        if (now := count()) != last:
+            last, since = now, time.monotonic()
 
 
 def _history(server: UpstreamServer) -> list[upstream.Change]:

@@ -60,7 +60,7 @@ def test_invalid_job_gets_a_condition_an_event_and_nothing_else(cluster, operato
     reads = [c[:3] for c in calls if c[0] in {"get", "list"}]
     gets = [r for r in reads if r[0] == "get"]
     assert {r for r in gets} == {("get", "paralleljob.io", "paralleljobs"), ("get", "", "configmaps")}
-    assert gets.count(("get", "", "configmaps")) == gets.count(("get", "paralleljob.io", "paralleljobs"))
+    assert gets.count(("get", "", "configmaps")) == gets.count(("get", "paralleljob.io", "paralleljobs")), calls
     lists = [r for r in reads if r[0] == "list"]
     assert sorted(lists) == [("list", "", "nodes"), ("list", "", "pods"), ("list", "", "pods")], lists
     assert cluster.pods() == []
