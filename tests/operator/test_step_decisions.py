@@ -670,3 +670,6 @@ def test_a_decision_followed_by_another_writes_both_and_asks_what_the_later_asks
         requeue_after=2.0,
     )
     assert Decision("quiet").writes_nothing and not later.writes_nothing
+    # The parts each must write whole before it stay, in order: a running pass's part before an in-place restart
+    # it counts, then the final word (supervision.decide).
+    assert Decision("c", first=(first,)).then(Decision("d", first=(later,))).first == (first, later)

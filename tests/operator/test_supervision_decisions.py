@@ -497,6 +497,11 @@ COUNTED = Decision(
             id="running-the-same-report-again-counts-nothing",
         ),
         pytest.param(
+            placed(LIVE, spec=IN_PLACE, progress=REPORTED, status=SLOW_STATUS),
+            dataclasses.replace(COUNTED, requeue_after=60.0, first=(SLOW_NAMED,)),
+            id="running-a-straggler-named-in-the-pass-that-counts-a-restart-keeps-its-condition-and-event",
+        ),
+        pytest.param(
             placed(LIVE, rank_pod(0, "n0"), failed(1, "n1"), spec=IN_PLACE, progress=REPORTED),
             restarted(
                 FAILED_POD,

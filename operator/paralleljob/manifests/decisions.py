@@ -99,9 +99,10 @@ class Decision:
 
     def then(self, later: Decision) -> Decision:
         """This decision's writes followed by `later`'s, written as one: the status patches merged (the later's
-        keys win), the Events, pods and node labels of both, the later's record (with its place, `record_last`);
-        what the pass asks of the scheduler is the later's (its step and when to look again), since the later
-        decided knowing the first."""
+        keys win), the Events, pods and node labels of both, the later's record (with its place, `record_last`),
+        and the parts either must write whole before it (`first`, this one's then the later's); what the pass asks
+        of the scheduler is the later's (its step and when to look again), since the later decided knowing the
+        first."""
         status = {**(self.status or {}), **(later.status or {})} or None
         return Decision(
             step=later.step,
@@ -113,6 +114,7 @@ class Decision:
             force_deletes=tuple(dict.fromkeys((*self.force_deletes, *later.force_deletes))),
             node_labels=tuple(dict.fromkeys((*self.node_labels, *later.node_labels))),
             record_last=later.record_last if later.record is not None else self.record_last,
+            first=(*self.first, *later.first),
             requeue_after=later.requeue_after,
             wake_others=self.wake_others or later.wake_others,
         )
