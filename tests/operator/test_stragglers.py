@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from paralleljob.api import crd
-from tests.operator.helpers import job_doc, printed_row, wait_for
+from tests.operator.helpers import Operator, install_operator_rbac, job_doc, printed_row, wait_for
 
 TWO_REPLICAS = {"parallelism": {"pipeline": 1, "tensor": 4, "data": 2}}
 
@@ -51,6 +52,45 @@ def test_a_reported_straggler_is_named_in_status_condition_event_and_column(clus
     assert len([e for e in cluster.events() if e["reason"] == "SlowNode"]) == 1
     # Rank 0 names nodes; it never moves a pod.
     assert all(pod["status"]["phase"] == "Running" for pod in cluster.pods())
+
+
+def test_a_named_node_is_labelled_for_administrators_where_the_chart_enables_it(server, cluster, tmp_path):
+    """The chart's slowNodeLabel: its RBAC (patch on Nodes) and its flag, on the operator process; the named node
+    gets `key=true` once, its peer nothing, and the label stays once the next window names nobody."""
+    key = "example.com/slow"
+    chart = {"slowNodeLabel": {"enabled": True, "key": key}}
+    kubeconfig = install_operator_rbac(server, cluster.client, values=chart)
+    operator = Operator(server, tmp_path / "operator.log", kubeconfig, [*Operator.ARGS, f"--slow-node-label={key}"])
+    operator.start()
+    try:
+        cluster.add_nodes(2)
+        cluster.apply(job_doc(**TWO_REPLICAS))
+        wait_for(lambda: len(cluster.pods()) == 2, what="2 pods")
+        cluster.bind_all()
+        status = wait_for(lambda: cluster.status().get("phase") == "Running" and cluster.status(), what="Running")
+        node, peer = (next(p["node"] for p in status["placement"] if p["nodeRank"] == rank) for rank in (1, 0))
+        report(
+            cluster, step="40", stragglers=json.dumps([{"nodeRank": 1, "factor": 2.57, "stage": 0, "steps": [21, 40]}])
+        )
+
+        def labels(name: str) -> dict[str, str]:
+            return cluster.core.read_node(name).metadata.labels or {}
+
+        wait_for(lambda: labels(node).get(key) == "true", what=f"{key}=true on {node}")
+        assert key not in labels(peer)
+        report(cluster, step="60", stragglers="[]")
+        wait_for(
+            lambda: any(c["type"] == "Straggler" and c["status"] == "False" for c in cluster.status()["conditions"]),
+            what="Straggler False",
+        )
+        assert labels(node).get(key) == "true"  # the administrator removes it, once the node is fixed
+        label_writes = [
+            c for c in server.calls if c[0] == "patch" and c[2] == "nodes" and c[4].startswith("paralleljob")
+        ]
+        assert len(label_writes) == 1, label_writes
+    finally:
+        operator.stop()
+        sys.stderr.write((tmp_path / "operator.log").read_text()[-4000:])
 
 
 # PP 2 x TP 4 x DP 2 on 4-GPU nodes: four node ranks, each with a peer (its stage in the other replica).
