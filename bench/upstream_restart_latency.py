@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from bench import common, kwok
-from paralleljob.k8s import timestamps
+from paralleljob.manifests import timestamps
 from testcluster import controlplane
 from testcluster.admin import job_doc
 from testcluster.api import Api

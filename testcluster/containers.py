@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from paralleljob.k8s import timestamps
+from paralleljob.manifests import timestamps
 
 
 class Addresses:

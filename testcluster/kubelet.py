@@ -53,8 +53,8 @@ from typing import Any
 
 import requests
 
-from paralleljob.k8s import timestamps
 from paralleljob.local import throttle as throttle_cgroup
+from paralleljob.manifests import timestamps
 from testcluster import containers, controlplane, images, podnet
 from testcluster import sandbox as sandbox_program
 

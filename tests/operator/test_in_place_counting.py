@@ -6,8 +6,7 @@ inPlaceRestarts 0, after one in-place restart and one pod loss)."""
 
 from __future__ import annotations
 
-from paralleljob.k8s import timestamps
-from paralleljob.manifests import labels
+from paralleljob.manifests import labels, timestamps
 from paralleljob_contract import progress as channel
 from tests.operator.helpers import job_doc, wait_for
 

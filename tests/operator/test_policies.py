@@ -8,7 +8,7 @@ import pytest
 
 from paralleljob import planning
 from paralleljob.handlers import conditions, gang, start_failures
-from paralleljob.k8s import timestamps
+from paralleljob.manifests import timestamps
 
 
 def pod(rank, phase="Running", node=None, **extra):

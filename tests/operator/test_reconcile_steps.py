@@ -11,6 +11,7 @@ import yaml
 
 from paralleljob import planning
 from paralleljob.api import validate_document
+from paralleljob.handlers import observe
 from paralleljob.handlers.observed import INVALID_NOTE
 from paralleljob.handlers.steps import admission, conflicts, creation, draining, finished, invalid, supervision
 from paralleljob.manifests import configmap, labels
@@ -93,7 +94,7 @@ def test_a_job_waiting_for_its_namesakes_pods_says_which(previous, said):
     assert conflicts.waiting_message(previous) == said
 
 
-# Step 5, admission: the usage index's pods of this job that the API no longer has are not counted against it.
+# Step 5, admission (what it observes): the usage index's pods of this job that the API no longer has are not counted against it.
 @pytest.mark.parametrize(
     ("claims", "present", "departed"),
     [
@@ -105,7 +106,7 @@ def test_a_job_waiting_for_its_namesakes_pods_says_which(previous, said):
     ids=["one-gone", "other-namespace", "other-jobs-names", "none-gone"],
 )
 def test_an_admission_does_not_wait_on_its_own_departed_pods(claims, present, departed):
-    assert admission.departed_pods("ns", "job", claims, present) == departed
+    assert observe.departed_pods("ns", "job", claims, present) == departed
 
 
 def plan_config_map(uid: str, attempt: int, nodes: int) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import datetime
 import pytest
 
 from paralleljob.handlers import watchdog
-from paralleljob.k8s import timestamps
+from paralleljob.manifests import timestamps
 from tests.operator.helpers import job_doc, wait_for
 
 NOW = datetime.datetime(2026, 1, 31, 12, 0, 0, tzinfo=datetime.UTC)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from paralleljob.k8s import timestamps
+from paralleljob.manifests import timestamps
 
 TYPES = (
     "Valid",

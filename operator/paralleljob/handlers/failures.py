@@ -17,6 +17,7 @@ from typing import Any
 import kubernetes
 
 from paralleljob.handlers import conditions
+from paralleljob.handlers.placement import PlanningFailed
 from paralleljob.k8s import events, reads, writes
 from paralleljob.k8s.session import Session
 
@@ -27,10 +28,6 @@ PLANNING_FAILED, RECONCILE_ERROR, RECONCILED = "PlanningFailed", "ReconcileError
 # Failures in a row before the job is told: one failed pass is retried at once and usually heals.
 REPORT_AFTER = 2
 MESSAGE_LIMIT = 1000
-
-
-class PlanningFailed(Exception):
-    """The planner raised on a job that validation accepted: a planner bug, reported on the job."""
 
 
 def describe(error: BaseException) -> str:

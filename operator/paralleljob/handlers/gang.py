@@ -21,8 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from paralleljob.handlers.start_failures import Limits, describe, overdue, stall_of, waiting_note
-from paralleljob.k8s import timestamps
-from paralleljob.manifests import labels
+from paralleljob.manifests import labels, timestamps
 from paralleljob_contract.network import NetworkFailure, parse_failure, slow_nodes
 
 Verdict = Literal["succeeded", "finishing", "broken", "running", "starting"]

@@ -15,8 +15,8 @@ import dataclasses
 from collections.abc import Collection, Mapping
 
 from paralleljob.handlers.passes import Pass
-from paralleljob.k8s import reads, timestamps
-from paralleljob.manifests import labels
+from paralleljob.k8s import reads
+from paralleljob.manifests import labels, timestamps
 from paralleljob.manifests import progress as progress_channel
 
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from paralleljob.k8s import timestamps
+from paralleljob.manifests import timestamps
 from paralleljob.planning.inventory import NodeInfo, node_info, sort_nodes
 
 # Set by a cluster admin on a node known to be shut down: its pods may be force-deleted (KEP-2268).

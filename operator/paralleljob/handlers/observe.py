@@ -9,7 +9,8 @@ placed gang's steps need is added later in the pass, once it is known to need it
 the gang, its spares and its pods, with the watch's NotReady times, pull failures and the weighed lost-peer
 evidence: one look for the spare step and supervision, which judge the gang on the same evidence), `for_spares`
 (the nodes of a gang whose pod vanished, looked up afresh, beside supervision's lost nodes), `last_checkpoint`
-(for a shrunk job whose full size fits again) and `with_report` (rank 0's progress ConfigMap, read only when
+(for a shrunk job whose full size fits again), `cluster_view` and `for_admission` (what an admission plans against
+and the `-config` ConfigMap it replaces, read under the admission lock) and `with_report` (rank 0's progress ConfigMap, read only when
 supervision's decision uses it: a quiet running gang without a watchdog, in-place restarts or a grow-back costs
 no read, as before).
 """
@@ -17,7 +18,8 @@ no read, as before).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
@@ -25,8 +27,9 @@ from paralleljob.handlers import gang
 from paralleljob.handlers.nodes import shut_down
 from paralleljob.handlers.observed import Observed, attempt_of, is_terminating
 from paralleljob.handlers.passes import Pass, lost_nodes
+from paralleljob.handlers.placement import ClusterView
 from paralleljob.k8s import reads, writes
-from paralleljob.manifests import labels
+from paralleljob.manifests import labels, records
 from paralleljob.manifests import progress as progress_channel
 
 
@@ -129,6 +132,50 @@ def last_checkpoint(p: Pass, current: ResolvedJob) -> int | None:
     reported = progress_channel.status_of(found, current.spec.training.steps) if found is not None else {}
     step = reported.get("lastCheckpointStep")
     return step if isinstance(step, int) else None
+
+
+def cluster_view(p: Pass, labelled: Sequence[Mapping[str, Any]]) -> ClusterView:
+    """What an admission pass plans against: the watches' node records and usage totals (less this job's rank pods
+    the API no longer has, `labelled` being its pods read now), and every job's reservations but this one's, read
+    from the API under the admission lock (so the placement another operator wrote just before is in it), with
+    those of the admission round's start that are not yet released."""
+    # Every job's record of the cluster, whatever namespaces this operator manages: a job another operator
+    # placed (one per team, each watching its own namespaces) holds its nodes all the same.
+    found = reads.list_reserving_config_maps(p.session)
+    present = {pod["metadata"]["name"] for pod in labelled}
+    usage = p.nodes.usage.without(departed_pods(p.namespace, p.name, p.nodes.usage.claims, present))
+    held = records.reservations_of(found, exclude=(p.namespace, p.name), bound=usage.bound)
+    if p.nodes.round_held is not None:
+        holder = f"{p.namespace}/{p.name}"
+        earlier = sorted((r for r in p.nodes.round_held if r.holder != holder), key=lambda r: (r.node, r.holder))
+        held = list(dict.fromkeys([*held, *earlier]))  # a reservation in both counts once
+    return ClusterView(p.nodes.snapshot, usage.usage, held, p.nodes.builder)
+
+
+def departed_pods(
+    namespace: str, job: str, claims: Iterable[tuple[str, str]], present: Collection[str]
+) -> list[tuple[str, str]]:
+    """Of the usage index's pods, the job's rank pods (`<job>-<nodeRank>` in its namespace) not in `present`: the
+    index learns of a deletion a moment after the API, and a restarting gang must not wait on its own old pods."""
+    named = re.compile(rf"{re.escape(job)}-\d+")
+    return [
+        (their_namespace, name)
+        for their_namespace, name in claims
+        if their_namespace == namespace and name.startswith(job) and named.fullmatch(name) and name not in present
+    ]
+
+
+def for_admission(p: Pass, seen: Observed, current: ResolvedJob, view: ClusterView) -> Observed:
+    """What the admission step (`steps.admission`) decides from: the job's spec as it is to be planned (`current`:
+    narrowed to Kueue's admitted flavours for a queued job), the cluster view, and the job's `-config` ConfigMap
+    read again under the admission lock, which the attempt's ConfigMap replaces (the previous attempt's, or a
+    deleted namesake's the garbage collector has not removed yet). One another owner holds is refused here
+    (`writes.NameConflict`), as the create would be."""
+    name = labels.config_map_name(p.name)
+    previous = reads.get_config_map(p.session, p.namespace, name)
+    if previous is not None and labels.claim_of(previous, p.name, p.uid) == "foreign":
+        raise writes.NameConflict("ConfigMap", name, labels.holder_of(previous))
+    return dataclasses.replace(seen, spec=current, cluster=view, admission_config_map=previous)
 
 
 def _conflict_held(p: Pass, pods: tuple[object, ...]) -> bool:

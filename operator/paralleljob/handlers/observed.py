@@ -14,8 +14,8 @@ from typing import Any
 
 from paralleljob.api import ResolvedJob
 from paralleljob.handlers import conditions
-from paralleljob.k8s import timestamps
-from paralleljob.manifests import labels, records
+from paralleljob.handlers.placement import ClusterView
+from paralleljob.manifests import labels, records, timestamps
 from paralleljob.planning.inventory import TERMINAL_POD_PHASES
 
 RUNNING_CONTINUES = "; the running attempt continues, and nothing new starts until the spec is fixed"
@@ -112,6 +112,12 @@ class Observed(JobFields):
     not_ready_since: Mapping[str, str] = dataclasses.field(default_factory=dict)
     pull_failures: Mapping[str, int] = dataclasses.field(default_factory=dict)
     peers_recheck_in: float | None = None
+    # For the admission step (`observe.for_admission`): what it plans against (the watches' nodes and usage, every
+    # other job's reservations), and the job's `-config` ConfigMap read again under the admission lock (its
+    # previous attempt's, or a deleted namesake's), which the new attempt's replaces; `spec` is then the spec to
+    # plan, narrowed to Kueue's admitted flavours for a queued job.
+    cluster: ClusterView | None = None
+    admission_config_map: Mapping[str, Any] | None = None
     # The job's own progress ConfigMap (rank 0's report), read only when supervision's decision uses it
     # (`steps.supervision.reads_report`, `observe.with_report`); None when not read, or not the job's.
     progress: Mapping[str, Any] | None = None

@@ -1,9 +1,9 @@
 """What one reconcile pass works with (`Pass`: the job, its attempt record, the watches' view, the operator's
-`Settings`) and what it returns (`Outcome`), with the writes every step shares: the one status patch
-(`write_status`, skipped when nothing changed), the attempt record, deleting the job's pods, and ending the
-job in a terminal phase, for the step that still writes itself (`admission`), the live attempt's status report
-(`handlers.reported`) and the Kueue hooks. The steps that decide (from `handlers.observed`; `k8s.apply` writes) do not import it; none
-imports another step; `handlers.reconcile` runs them in order.
+`Settings`) and what it returns (`Outcome`), with the writes the Kueue hooks (`handlers.queueing`) and the live
+attempt's status report (`handlers.reported`) still make themselves: the one status patch (`write_status`, skipped
+when nothing changed) and the attempt record (`write_record`); and the one look at nodes the watch does not know
+(`lost_nodes`). The steps (`handlers.steps`, which decide from `handlers.observed`; `k8s.apply` writes) do not import it; none imports
+another step; `handlers.reconcile` runs them in order.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from paralleljob import planning
 from paralleljob.handlers import conditions, observed
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.nodes import NodeSnapshot
-from paralleljob.handlers.observed import Observed, is_terminating, status_patch
+from paralleljob.handlers.observed import Observed, status_patch
 from paralleljob.handlers.settings import Settings
-from paralleljob.k8s import apply, events, reads, timestamps, writes
+from paralleljob.handlers.steps.admission import AdmissionRequest
+from paralleljob.k8s import apply, events, reads, writes
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import records
 from paralleljob.planning.inventory import TERMINAL_POD_PHASES, ClusterBuilder
@@ -26,7 +27,6 @@ from paralleljob.planning.usage import UsageSnapshot
 
 # A job's terminal phases are named like a pod's.
 TERMINAL = TERMINAL_POD_PHASES
-ADMITTED = "Admitted"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,15 +45,6 @@ class NodeView:
     round_held: frozenset[planning.Reservation] | None = None
     # Failed image pulls per pod uid, counted from the job-pods watch (`start_failures.PullFailures`).
     pull_failures: Mapping[str, int] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class AdmissionRequest:
-    """What orders a job in the admission queue: restarting or new, its PriorityClass, its creation time."""
-
-    restarting: bool
-    priority_class: str | None
-    created: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,18 +140,6 @@ def write_record(p: Pass, record: records.AttemptRecord) -> None:
     apply.write_record(p.session, p.namespace, p.name, record)
 
 
-def deleting_for(p: Pass, pod: Mapping[str, Any]) -> float:
-    """Seconds since the pod's deletion was asked, on the API server's clock (`observed.deleting_for`)."""
-    return observed.deleting_for(pod, p.session.server_now())
-
-
-def delete_pods(p: Pass, pods: Sequence[Mapping[str, Any]]) -> None:
-    """Delete gracefully; a pod already terminating is left to its kubelet (a second delete changes nothing)."""
-    for pod in pods:
-        if not is_terminating(pod):
-            writes.delete_pod(p.session, p.namespace, pod["metadata"]["name"])
-
-
 def lost_nodes(p: Pass, names: Collection[str | None]) -> dict[str, str]:
     """Of these nodes, those NotReady or deleted, with why. The Node watch answers; a node it has not seen
     (it may not have listed yet) is looked up with one list before being called deleted."""
@@ -171,27 +150,3 @@ def lost_nodes(p: Pass, names: Collection[str | None]) -> dict[str, str]:
         existing = {name for name in unknown if reads.node_exists(p.session, name)}
         lost.update({name: "no longer exists" for name in unknown - existing})
     return lost
-
-
-def end(
-    p: Pass, pods: Sequence[Mapping[str, Any]], phase: str, message: str, cond: Any, event: tuple[str, str]
-) -> Outcome:
-    """A terminal phase: one status write and its Event, then the record (so a kill between the two leaves a
-    live record, and the next pass judges the same pods and ends the job again), the remaining pods deleted,
-    waiting jobs woken."""
-    patch = {"phase": phase, "message": message, "conditions": cond, "podsReady": 0}
-    # An invalid edit no longer gates anything once the job has ended: the Valid condition alone says so.
-    ended = dataclasses.replace(p, spec_problem="")
-    if write_status(ended, {**patch, "completionTime": timestamps.now()}):
-        p.event(event[0], event[1], message)
-    if p.live is not None:
-        write_record(p, p.live.with_outcome(phase))
-    delete_finished_pods(p, pods, phase)
-    return Outcome(phase.lower(), wake_others=True)
-
-
-def delete_finished_pods(p: Pass, pods: Sequence[Mapping[str, Any]], phase: str | None = None) -> None:
-    """Delete the pods still holding GPUs; a finished job keeps its Succeeded pods for their logs."""
-    ended = phase or (p.record.outcome if p.record is not None else None)
-    keep = {"Succeeded"} if ended == "Succeeded" else set()
-    delete_pods(p, [pod for pod in pods if (pod.get("status") or {}).get("phase") not in {"Failed", *keep}])

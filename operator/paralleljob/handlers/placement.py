@@ -26,6 +26,22 @@ from paralleljob.planning.usage import NodeUsage
 log = logging.getLogger(__name__)
 
 
+class PlanningFailed(Exception):
+    """The planner raised on a job that validation accepted: a planner bug, reported on the job
+    (`handlers.failures`: Reconciled=False, reason PlanningFailed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterView:
+    """What an admission plans against, from the watches: node records, the usage totals of bound pods (less
+    this job's own departed pods), other jobs' reservations, and the builder that reuses the node records."""
+
+    nodes: NodeSnapshot
+    usage: Mapping[str, NodeUsage]
+    held: list[planning.Reservation]
+    builder: ClusterBuilder
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """A plan and the slim Node dicts it uses, or the planner's reason why the job does not fit."""

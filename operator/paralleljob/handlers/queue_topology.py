@@ -15,7 +15,7 @@ from typing import Any
 
 from paralleljob.api import ResolvedJob
 from paralleljob.handlers import passes
-from paralleljob.handlers.steps.admission import ClusterView
+from paralleljob.handlers.placement import ClusterView
 from paralleljob.k8s import workloads
 from paralleljob.manifests import kueue_topology as kt
 from paralleljob.manifests import workload as wl

@@ -48,8 +48,8 @@ import kopf
 
 from paralleljob.api import ResolvedJob
 from paralleljob.handlers import multikueue, passes, queue_topology
-from paralleljob.k8s import reads, timestamps, workloads, writes
-from paralleljob.manifests import kueue_topology, labels
+from paralleljob.k8s import reads, workloads, writes
+from paralleljob.manifests import kueue_topology, labels, timestamps
 from paralleljob.manifests import workload as wl
 from paralleljob_contract import environment
 from paralleljob_contract import progress as channel

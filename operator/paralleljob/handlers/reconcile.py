@@ -2,10 +2,10 @@
 
 The pass reads what it decides from into one frozen value (`handlers.observe` -> `handlers.observed.Observed`),
 a step turns it into one `Decision` with a pure `decide(observed, settings, now)` (`finished`, `invalid`,
-`draining`, `conflicts`, `creation`, `replacement`, `supervision`), and `k8s.apply` writes it (`_written`). A
-write the API refuses is observed by the next decision, not handled inside one. `admission`, the Kueue hooks
-(`handlers.queueing`) and the status report of the live attempt (`handlers.reported`) still read and write
-through the `Pass` (`handlers.passes`).
+`draining`, `conflicts`, `admission`, `creation`, `replacement`, `supervision`), and `k8s.apply` writes it
+(`_written`; for an admission, right after the admission lock's fence). A write the API refuses is observed by the
+next decision, not handled inside one. The Kueue hooks (`handlers.queueing`) and the status report of the live
+attempt (`handlers.reported`) still read and write through the `Pass` (`handlers.passes`).
 
 Level-triggered and idempotent, so the operator can die at any moment and converge after a restart.
 The pass reads the job's attempt record (`manifests.records`, in its `-config` ConfigMap), the job and its pods
@@ -64,7 +64,7 @@ from paralleljob.handlers import (
 )
 from paralleljob.handlers import metrics as m
 from paralleljob.handlers.observed import PREVIOUS_JOB_RECHECK_SECONDS, Observed
-from paralleljob.handlers.passes import AdmissionRequest, NodeView, Outcome, Pass
+from paralleljob.handlers.passes import NodeView, Outcome, Pass
 from paralleljob.handlers.settings import Settings
 from paralleljob.handlers.steps import (
     admission,
@@ -81,13 +81,15 @@ from paralleljob.k8s.session import Session
 from paralleljob.manifests import labels, records
 from paralleljob.manifests.decisions import Decision
 
+AdmissionRequest = admission.AdmissionRequest
+
 __all__ = ["AdmissionRequest", "NodeView", "Outcome", "Pass", "Settings", "reconcile"]
 
 log = logging.getLogger(__name__)
 
 # Steps after which only an edit or a deletion changes anything: no resync.
 RESTING_STEPS = frozenset({"gone", "finished", "succeeded", "failed", "invalid"})
-# The steps that end a job (supervision's, and `passes.end` for the admission step).
+# The steps that end a job (supervision's, and the admission step's for a network it refuses).
 ENDED = frozenset({"succeeded", "failed"})
 
 
@@ -202,21 +204,20 @@ def _first_step_that_applies(p: Pass) -> Outcome:
                 return gated
             current = gated
             if not p.admit:
-                return admission.awaiting_admission(p)
+                queued = _written(p, admission.awaiting(seen, now))
+                return dataclasses.replace(queued, admission=admission.request(seen))
             # Kueue hook (handlers.queue_topology): under TAS, only the nodes of Kueue's TopologyAssignment.
-            view = queue_topology.inside_assignment(p, current, admission.cluster_view(p, labelled))
-            choice = p.record.layout_choice if p.record is not None else None
-            if current.needs_layout:
-                chosen = admission.choose_layout(p, current, view)
-                if isinstance(chosen, Outcome):
-                    return queueing.placed_or_released(p, chosen)  # Kueue hook: unplaceable gives the quota back
-                current, choice = chosen
-            return queueing.placed_or_released(p, admission.admit(p, current, view, choice))  # Kueue hook, as above
+            view = queue_topology.inside_assignment(p, current, observe.cluster_view(p, labelled))
+            decision = admission.decide(observe.for_admission(p, seen, current, view), p.settings, now)
+            admitted = _written(p, decision, fence=p.fence)
+            if decision.step == "unschedulable":  # the job keeps its place: the reservations it was planned around
+                admitted = dataclasses.replace(admitted, held=tuple(view.held))
+            return queueing.placed_or_released(p, admitted)  # Kueue hook: unplaceable gives the quota back
         pinned = specs.pinned_spec(p, current)
         if p.admit:
             if replacement.shrunk(seen, pinned, current):  # the DP shrink: does the full size fit again?
                 assert current is not None
-                view = admission.cluster_view(p, labelled)
+                view = observe.cluster_view(p, labelled)
                 usage = p.nodes.usage.without([(p.namespace, pod["metadata"]["name"]) for pod in pods])
                 found = placement.plan(current, view.nodes, usage.usage, view.held, p.excluded, view.builder)
                 fits = found.plan is not None
@@ -225,7 +226,7 @@ def _first_step_that_applies(p: Pass) -> Outcome:
                 return _queued_or_written(p, replacement.grow_when_fits(seen, pinned, current, fits), view.held)
             if replacement.spares_short(seen, pinned):  # hot spares used or lost: hold more where the cluster allows
                 # Under Kueue's TAS, only inside the nodes Kueue assigned (handlers.queue_topology).
-                view = queue_topology.inside_assignment(p, pinned, admission.cluster_view(p, labelled))
+                view = queue_topology.inside_assignment(p, pinned, observe.cluster_view(p, labelled))
                 cluster = view.builder.build(view.nodes.infos, view.usage, view.held)
                 decision = replacement.top_up(seen, pinned, cluster)
                 return _queued_or_written(p, decision, view.held, fenced=True)
@@ -262,7 +263,7 @@ def _first_step_that_applies(p: Pass) -> Outcome:
     wanted = replacement.spares_short(seen, pinned) or replacement.shrunk(seen, pinned, current)
     if outcome.step == "running" and outcome.admission is None and wanted:
         # Short of spares, or shrunk: an admission pass holds more spares, or sees the full size fit again.
-        return dataclasses.replace(outcome, admission=admission.admission_request(p))
+        return dataclasses.replace(outcome, admission=admission.request(seen))
     return outcome
 
 
@@ -316,10 +317,11 @@ def _queued_or_written(
     return _written(p, decision)
 
 
-def _written(p: Pass, decision: Decision | None) -> Outcome:
-    """Write a step's decision (`k8s.apply`, the one writer) and say what the pass asks of the scheduler."""
+def _written(p: Pass, decision: Decision | None, fence: Callable[[], None] | None = None) -> Outcome:
+    """Write a step's decision (`k8s.apply`, the one writer; `fence`, the admission lock's, before an admitted
+    attempt) and say what the pass asks of the scheduler."""
     assert decision is not None  # a refusal always decides a name conflict
-    apply.apply(p.session, p.job, decision)
+    apply.apply(p.session, p.job, decision, fence)
     if decision.status and "phase" in decision.status:
         m.observe_phase(p.namespace, p.name, decision.status["phase"])
     return Outcome(decision.step, wake_others=decision.wake_others, requeue_after=decision.requeue_after)

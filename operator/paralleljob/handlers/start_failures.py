@@ -28,7 +28,7 @@ import threading
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
-from paralleljob.k8s import timestamps
+from paralleljob.manifests import timestamps
 
 PULL_FAILED, PULL_BACKOFF = "ErrImagePull", "ImagePullBackOff"
 CREATING = "ContainerCreating"

@@ -22,7 +22,7 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from paralleljob.k8s import timestamps
+from paralleljob.manifests import timestamps
 
 NO_PROGRESS = "NoProgress"
 

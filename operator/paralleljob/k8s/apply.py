@@ -3,38 +3,47 @@
 Called by `handlers.reconcile` after a step decided. In order: the children to create (one at a time, then the
 pods in growing batches, `writes.create_all`: the job's own copy already there (409) is an outcome; a name held
 by someone else or a create refused for good raises, and the pass turns that refusal into the input of its next
-decision, before anything else of this one is written); the attempt record (its ConfigMap's `attempt.json` and
-labels); the status patch (one merge patch of the status subresource) and the Events that go with it; the Node
-labels (a merge patch of one label; a Node gone, 404, is an outcome); the pods deleted gracefully, then those
-force-deleted. A decision that ends the job (`Decision.record_last`) writes its record after the labels instead,
-right before the pods. A decision's `first` parts are written whole before it, each in this order. Idempotent as every write here is: a pod already gone (404) is an outcome, not an error; a
-patch whose job or ConfigMap is gone raises `writes.Gone`, which the pass turns into its ordinary end. A job dict
-given as a `dict` is updated with the status written, so the rest of a pass builds on it.
+decision, before anything else of this one is written); an admission's attempt ConfigMap (`Decision.attempt`:
+created, or the previous attempt's made into it in one write, right after the admission lock's `fence`); the
+attempt record (its ConfigMap's `attempt.json` and labels); the status patch (one merge patch of the status
+subresource) and the Events that go with it; the Node labels (a merge patch of one label; a Node gone, 404, is an
+outcome); the pods deleted gracefully, then those force-deleted. A decision that ends the job
+(`Decision.record_last`) writes its record after the labels instead, right before the pods. A decision's `first`
+parts are written whole before it, each in this order. Idempotent as every write here is: a pod already gone
+(404) is an outcome, not an error; a patch whose job or ConfigMap is gone raises `writes.Gone`, which the pass
+turns into its ordinary end. A job dict given as a `dict` is updated with the status written, so the rest of a
+pass builds on it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from paralleljob.k8s import events, writes
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import labels, records
-from paralleljob.manifests.decisions import Decision
+from paralleljob.manifests.decisions import AttemptWrite, Decision
 
 log = logging.getLogger(__name__)
 
 
-def apply(session: Session, job: Mapping[str, Any], decision: Decision) -> None:
-    """Write `decision` for `job` (as read at the start of the pass)."""
+def apply(
+    session: Session, job: Mapping[str, Any], decision: Decision, fence: Callable[[], None] | None = None
+) -> None:
+    """Write `decision` for `job` (as read at the start of the pass). `fence` (the admission lock's, for an
+    admission pass) raises when the lock is no longer safely held: it is asked right before a fenced attempt's
+    ConfigMap, the write that reserves GPUs."""
     for part in decision.first:  # the earlier parts of the pass's decision, each whole, in order
-        apply(session, job, part)
+        apply(session, job, part, fence)
     namespace, name = str(job["metadata"]["namespace"]), str(job["metadata"]["name"])
     for child in decision.creates:
         if child["kind"] != "Pod":
             writes.create(session, child)
     writes.create_all(session, [child for child in decision.creates if child["kind"] == "Pod"])
+    if decision.attempt is not None:
+        write_attempt(session, decision.attempt, fence)
     # The record is the operator's truth and the status its report: the record goes first, so a status a reader
     # sees (Placed, say) is never ahead of the record the next pass acts on. A job's end goes the other way round
     # (`record_last`): its live record makes the next pass end the job again if this one is killed in between.
@@ -54,6 +63,18 @@ def apply(session: Session, job: Mapping[str, Any], decision: Decision) -> None:
     for pod in decision.force_deletes:
         log.warning("force-deleting pod %s/%s: its node is lost", namespace, pod)
         writes.delete_pod(session, namespace, pod, force=True)
+
+
+def write_attempt(session: Session, attempt: AttemptWrite, fence: Callable[[], None] | None = None) -> None:
+    """Write an admission's attempt ConfigMap: created, or the previous attempt's replaced in one write, so that
+    the job always has a record once it had one (a pass killed between a delete and a create would forget its
+    restarts)."""
+    if attempt.fenced and fence is not None:
+        fence()  # the reservations read for the plan are still the cluster's: no other operator has planned since
+    if attempt.replaces is None:
+        writes.create(session, attempt.config_map)
+    else:
+        writes.replace_config_map(session, attempt.replaces, attempt.config_map)
 
 
 def write_record(session: Session, namespace: str, job: str, record: records.AttemptRecord) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 import kubernetes
 import urllib3
 
-from paralleljob.k8s import timestamps
 from paralleljob.k8s.session import Session
+from paralleljob.manifests import timestamps
 
 COMPONENT = "paralleljob-operator"
 MESSAGE_LIMIT = 1024

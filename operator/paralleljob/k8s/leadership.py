@@ -38,8 +38,8 @@ import urllib3
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock import leaselock
 
-from paralleljob.k8s import timestamps
 from paralleljob.k8s.session import Session
+from paralleljob.manifests import timestamps
 
 log = logging.getLogger(__name__)
 # The client's elector logs every renewal of a held Lease ("leader ... has successfully acquired lease") and

@@ -1,9 +1,9 @@
 """What one reconcile pass decides to write, as one value: a `Decision`.
 
 Pure data, no I/O. A reconcile step (`handlers.steps`) turns what the pass observed (`handlers.observed`) into a
-Decision; `k8s.apply` is the one code that writes it (the status patch and its Events, the attempt record, the
-pods to delete gracefully or force), and `handlers.reconcile` turns what is left (the step's name, whether GPUs
-may have been freed, when to look again) into the scheduler's `Outcome`. It lives below `k8s` so that the module
+Decision; `k8s.apply` is the one code that writes it (an admitted attempt's ConfigMap, the status patch and its
+Events, the attempt record, the pods to delete gracefully or force), and `handlers.reconcile` turns what is left
+(the step's name, whether GPUs may have been freed, when to look again) into the scheduler's `Outcome`. It lives below `k8s` so that the module
 that writes it may import it; the steps build it without importing `k8s`.
 """
 
@@ -35,10 +35,23 @@ class NodeLabel:
 
 
 @dataclasses.dataclass(frozen=True)
+class AttemptWrite:
+    """An admission's attempt ConfigMap (its plan, network and record, whose placement reserves the GPUs): created,
+    or the one read in the pass (`replaces`, the previous attempt's) made into it with one write at that one's
+    resourceVersion, so that the job always has a record once it had one. `fenced`: the admission lock's fence is
+    asked right before it (the reservations the plan was made around are still the cluster's)."""
+
+    config_map: Mapping[str, Any]
+    replaces: Mapping[str, Any] | None = None
+    fenced: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class Decision:
     """Everything one step of a pass writes, and what it asks of the scheduler.
 
-    `creates` are the job's children to create (a Service, RBAC, pods; the pods in growing batches); `status`
+    `creates` are the job's children to create (a Service, RBAC, pods; the pods in growing batches); `attempt`
+    is an admission's attempt ConfigMap (`AttemptWrite`), written after them and before the rest; `status`
     is the merge patch of the job's status subresource (None: nothing changed, no write); `events` go with it (a
     step asks for an Event only when its status patch is written, as a person reads them together); `record`
     replaces the attempt record in the job's `-config` ConfigMap; `deletes` are the names of the job's pods to
@@ -61,6 +74,7 @@ class Decision:
     step: str
     _: dataclasses.KW_ONLY  # every write by name: a Decision is read as a table of what it writes
     creates: tuple[Mapping[str, Any], ...] = ()
+    attempt: AttemptWrite | None = None
     status: Mapping[str, Any] | None = None
     events: tuple[Event, ...] = ()
     record: AttemptRecord | None = None
@@ -77,6 +91,7 @@ class Decision:
         """Whether applying it makes no API call (a quiet pass over a quiet job)."""
         return not (
             self.creates
+            or self.attempt
             or self.status
             or self.events
             or self.record
@@ -107,6 +122,7 @@ class Decision:
         return Decision(
             step=later.step,
             creates=(*self.creates, *later.creates),
+            attempt=later.attempt if later.attempt is not None else self.attempt,
             status=status,
             events=(*self.events, *later.events),
             record=later.record if later.record is not None else self.record,

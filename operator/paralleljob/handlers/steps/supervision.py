@@ -29,10 +29,9 @@ from paralleljob.api import ResolvedJob
 from paralleljob.handlers import conditions, gang, rank0, start_failures, stragglers, watchdog
 from paralleljob.handlers.observed import Observed, condition, is_terminating, pod_name, pods_holding_gpus, status_patch
 from paralleljob.handlers.settings import Settings
-from paralleljob.k8s import timestamps
 from paralleljob.manifests import pods as pod_manifests
 from paralleljob.manifests import progress as progress_channel
-from paralleljob.manifests import records
+from paralleljob.manifests import records, timestamps
 from paralleljob.manifests.decisions import Decision, Event, NodeLabel
 from paralleljob_contract.network import NetworkFailure
 

@@ -1,6 +1,7 @@
 """Kubernetes timestamps (RFC 3339, UTC, whole seconds), the one format every status, condition and Event uses.
 
-Pure; called by `events`, by the handlers' conditions and gang policy, and by the test cluster's kubelet.
+Pure (it sits below `k8s`, so that the reconcile steps, which may not reach the API, use it too); called by
+`k8s.events`, by the handlers' conditions, decisions and gang policy, and by the test cluster's kubelet.
 """
 
 from __future__ import annotations
