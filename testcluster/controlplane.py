@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from testcluster import pki
+from testcluster import pki, polling
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / ".tools" / "bin"
@@ -285,19 +285,20 @@ def get(state: State, path: str, token: str | None = None, timeout: float = 5.0)
 
 
 def wait_until(state: State, component: str, ready: Any, timeout: float = READY_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Return once `ready()` (an OSError counting as not yet); ControlPlaneError with the component's log when it
+    exits or is not ready within `timeout`."""
+
+    def up() -> Any:
         if not _alive(state.pids[component]):
             raise ControlPlaneError(f"{component} exited:\n{_tail(state.folder / 'logs' / f'{component}.log')}")
-        try:
-            if ready():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise ControlPlaneError(
-        f"{component} not ready after {timeout:.0f} s:\n{_tail(state.folder / 'logs' / f'{component}.log')}"
-    )
+        return ready()
+
+    try:
+        polling.wait_for(up, timeout, component, interval=0.2, tolerate=(OSError,))
+    except TimeoutError:
+        raise ControlPlaneError(
+            f"{component} not ready after {timeout:.0f} s:\n{_tail(state.folder / 'logs' / f'{component}.log')}"
+        ) from None
 
 
 def post(state: State, path: str, body: Any) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 import requests
 import yaml
 
-from testcluster import controlplane
+from testcluster import controlplane, polling
 
 SCRAPE_SECONDS = 1
 
@@ -63,14 +62,14 @@ class Prometheus:
             server.stop()
 
     def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{self.url}/-/ready", timeout=2).ok:
-                    return
+        def ready() -> bool:
             assert self.process.poll() is None, "prometheus exited at start; see prometheus.log"
-            time.sleep(0.2)
-        pytest.fail("prometheus did not become ready", pytrace=False)
+            return requests.get(f"{self.url}/-/ready", timeout=2).ok
+
+        try:
+            polling.wait_for(ready, timeout, "prometheus /-/ready", interval=0.2, tolerate=(requests.RequestException,))
+        except TimeoutError:
+            pytest.fail("prometheus did not become ready", pytrace=False)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query's result; fails the test, naming the query, when Prometheus refuses it."""

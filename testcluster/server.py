@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import kubernetes
 import yaml
 
-from testcluster import controlplane
+from testcluster import controlplane, polling
 from testcluster.proxy import FaultProxy
 
 REPO = controlplane.REPO
@@ -550,13 +550,15 @@ def install_crd(state: controlplane.State) -> None:
     client = admin_client(state)
     extensions = kubernetes.client.ApiextensionsV1Api(client)
     extensions.create_custom_resource_definition(yaml.safe_load(CRD.read_text()))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def established() -> bool:
         conditions = extensions.read_custom_resource_definition(CRD_NAME).status.conditions or []
-        if any(c.type == "Established" and c.status == "True" for c in conditions):
-            return
-        time.sleep(0.1)
-    raise controlplane.ControlPlaneError(f"the CRD {CRD_NAME} was not Established")
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    try:
+        polling.wait_for(established, 60, f"the CRD {CRD_NAME} Established", interval=0.1)
+    except TimeoutError as error:
+        raise controlplane.ControlPlaneError(str(error)) from None
 
 
 def started(folder: Path) -> Iterator[UpstreamServer]:

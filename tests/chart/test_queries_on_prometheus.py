@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from paralleljob.handlers import job_metrics, metrics
+from testcluster import polling
 from testcluster.prometheus import Prometheus
 from tests.chart.helpers import CHART, render
 
@@ -92,12 +93,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
 
 
 def _wait(condition: Any, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    pytest.fail("timed out waiting for Prometheus to scrape the operator's metrics")
+    try:
+        polling.wait_for(condition, timeout, "Prometheus to scrape the operator's metrics", interval=0.2)
+    except TimeoutError as error:
+        pytest.fail(str(error))
 
 
 TARGETS = [(panel["title"], target["expr"]) for panel in DASHBOARD["panels"] for target in panel["targets"]]

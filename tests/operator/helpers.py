@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from testcluster import polling
 from testcluster import server as upstream
 from testcluster.admin import TWO_NODES, Cluster, job_doc, wait_for
 from testcluster.chart import chart_leader_election_args, chart_lease_name, install_operator_rbac, read_chart_lease
@@ -98,18 +99,13 @@ def finish_operator_passes(cluster: Cluster, name: str = "gpt", namespace: str =
     _wait_until_quiet(cluster, seconds=1.0)
 
 
-def _wait_until_quiet(cluster: Cluster, seconds: float, timeout: float = 60.0) -> None:
+def _wait_until_quiet(cluster: Cluster, seconds: float) -> None:
     """Return once the operator has made no request through the proxy for `seconds`."""
 
     def count() -> int:
         return sum(1 for c in cluster.server.calls if c[4].startswith("paralleljob-operator"))
 
-    deadline, last, since = time.monotonic() + timeout, count(), time.monotonic()
-    while time.monotonic() - since < seconds:
-        assert time.monotonic() < deadline, f"the operator did not go quiet for {seconds:g}s within {timeout:g}s"
-        time.sleep(0.1)
-        if (now := count()) != last:
-            last, since = now, time.monotonic()
+    polling.wait_until_steady(count, seconds, what="the operator's requests to stop", interval=0.1)
 
 
 def _history(server: UpstreamServer) -> list[upstream.Change]:

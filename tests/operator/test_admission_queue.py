@@ -17,6 +17,7 @@ from paralleljob.handlers import reconcile
 from paralleljob.handlers.admission_queue import AdmissionQueue, Order
 from paralleljob.k8s import session as k8s_session
 from paralleljob.planning.inventory import Reservation
+from testcluster import polling
 from tests.operator.helpers import (
     Cluster,
     Operator,
@@ -190,14 +191,7 @@ def cluster_wide_record_lists(apiserver: Any) -> int:
 
 def quiet(count: Callable[[], int], seconds: float = 1.5) -> int:
     """The count once it has not changed for `seconds`."""
-    last, since = count(), time.monotonic()
-    deadline = since + 60
-    while time.monotonic() - since < seconds:
-        assert time.monotonic() < deadline, f"still changing after a minute: {last}"
-        time.sleep(0.05)
-        if (now := count()) != last:
-            last, since = now, time.monotonic()
-    return last
+    return int(polling.wait_until_steady(count, seconds, what="the count"))
 
 
 def touch_job(cluster: Cluster, name: str, value: str) -> None:

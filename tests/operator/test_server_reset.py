@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import kubernetes
 
+from testcluster import polling
 from testcluster.server import UpstreamServer
 
 NAMESPACE = "research"
@@ -74,9 +75,7 @@ def test_a_namespace_made_again_after_a_reset_keeps_what_is_put_in_it(apiserver:
     core.delete_namespace(NAMESPACE)  # the second test's reset begins
 
     # The first deletion is taken up five seconds after it: watch for 8 whether anything deletes the second's.
-    deadline = time.monotonic() + 8
-    while time.monotonic() < deadline and holding(client, "second") == every_kind:
-        time.sleep(0.01)
+    polling.holds_for(lambda: holding(client, "second") == every_kind, 8, interval=0.01)
     os.kill(controllers, signal.SIGSTOP)
     try:
         apiserver.reset()
@@ -84,10 +83,7 @@ def test_a_namespace_made_again_after_a_reset_keeps_what_is_put_in_it(apiserver:
         fill(client, "third")
     finally:
         os.kill(controllers, signal.SIGCONT)
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and holding(client, "third") == every_kind:
-        time.sleep(0.1)
-    assert holding(client, "third") == every_kind
+    assert polling.holds_for(lambda: holding(client, "third") == every_kind, 3, interval=0.1)
 
 
 def test_a_request_held_when_a_test_ends_never_reaches_the_next_one(apiserver: UpstreamServer) -> None:

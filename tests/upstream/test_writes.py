@@ -3,7 +3,6 @@ slow-start batches that stop at the first refusal, so a quota that refuses them 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ import pytest
 
 from paralleljob.k8s import session as k8s_session
 from paralleljob.k8s import writes
-from testcluster import controlplane
+from testcluster import controlplane, polling
 from testcluster.api import Api
 from testcluster.proxy import FaultProxy
 from tests.api.jobs import job
@@ -86,10 +85,9 @@ def test_a_quota_that_refuses_them_all_stops_the_batches(
 
 def wait_for_quota(admin: Api, namespace: str) -> None:
     """The quota controller fills `status.hard` before the quota admission enforces it."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def filled() -> Any:
         quota = admin.ok(admin.send("GET", f"/api/v1/namespaces/{namespace}/resourcequotas/configmaps"))
-        if (quota.get("status") or {}).get("hard"):
-            return
-        time.sleep(0.1)
-    raise TimeoutError("the quota's status was never filled")
+        return (quota.get("status") or {}).get("hard")
+
+    polling.wait_for(filled, 30, "the quota's status.hard", interval=0.1)
