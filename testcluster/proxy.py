@@ -22,7 +22,8 @@ Faults (attributes of `FaultProxy`, safe to set from the test's thread):
 A held request is in `holding` as (verb, resource, namespace) while it waits; `end_holds` (a test's end) lifts
 every hold and delay and answers what they kept with 503, never sending it on. Every request is recorded in
 `calls` as (method, resource, namespace, user agent, status), and in `requests` with its verb, group,
-subresource, name, and whether it was a delete with `gracePeriodSeconds=0` (a force delete).
+subresource, name, and whether it was a delete with `gracePeriodSeconds=0` (a force delete): in the lists of the
+test it arrived in (`begin`), never in the next one's.
 """
 
 from __future__ import annotations
@@ -144,6 +145,8 @@ class FaultProxy:
         self.rejects: dict[str, tuple[int, str, str]] = {}
         # Moved on by `end_holds`: a request held across it is answered 503 here, never sent on.
         self.epoch = 0
+        # Moved on by `begin`: a request that arrived in an earlier test is not recorded in this one's lists.
+        self.test = 0
         self.port = 0
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -229,8 +232,11 @@ class FaultProxy:
         verb, group, full_resource, _, name = verb_of(request.method, request.path, watching)
         body = await request.read()
         force = _force(request.method, request.query, body)
+        arrived = self.test
 
         def record(status: int) -> None:
+            if self.test != arrived:
+                return  # an earlier test's request (delayed or held, or its answer late): not this test's
             self.calls.append(Call(request.method, resource, namespace, agent, status))
             self.requests.append(Request(verb, group, full_resource, namespace, agent, status, name, force))
 
@@ -263,7 +269,8 @@ class FaultProxy:
             answer_headers["Date"] = self._date()
             if upstream.status == 403:  # a short Status: read whole, to keep its message
                 refused = await upstream.read()
-                self.denied.append(_message(refused))
+                if self.test == arrived:
+                    self.denied.append(_message(refused))
                 return aiohttp.web.Response(status=403, body=refused, headers=answer_headers)
             response = aiohttp.web.StreamResponse(status=upstream.status, headers=answer_headers)
             await response.prepare(request)
@@ -276,6 +283,15 @@ class FaultProxy:
             except ConnectionResetError:
                 pass  # the client went away (a stopped operator's watch): nothing is left to answer
             return response
+
+    def begin(self) -> None:
+        """A test begins: nothing recorded yet, and a request of an earlier test answered from now on (one delayed
+        by `latency`, held, or awaiting the server's answer when that test ended) is not recorded in this one's
+        `calls`, `requests` or `denied`."""
+        self.test += 1
+        self.calls.clear()
+        self.requests.clear()
+        self.denied.clear()
 
     def end_holds(self) -> None:
         """Lift every hold and delay without sending on what they kept: a request held or delayed until now is

@@ -399,9 +399,7 @@ class UpstreamServer:
 
     def begin(self) -> None:
         """A test begins: nothing recorded, no fault, deletions confirmed quickly."""
-        self.proxy.requests.clear()
-        self.proxy.calls.clear()
-        self.proxy.denied.clear()
+        self.proxy.begin()
         self.agent.history.clear()
         self.agent.termination_seconds = 0.2
 

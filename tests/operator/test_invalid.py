@@ -62,7 +62,7 @@ def test_invalid_job_gets_a_condition_an_event_and_nothing_else(cluster, operato
     assert {r for r in gets} == {("get", "paralleljob.io", "paralleljobs"), ("get", "", "configmaps")}
     assert gets.count(("get", "", "configmaps")) == gets.count(("get", "paralleljob.io", "paralleljobs")), calls
     lists = [r for r in reads if r[0] == "list"]
-    assert sorted(lists) == [("list", "", "nodes"), ("list", "", "pods"), ("list", "", "pods")], lists
+    assert sorted(lists) == [("list", "", "nodes"), ("list", "", "pods"), ("list", "", "pods")], calls
     assert cluster.pods() == []
     assert made_here(cluster.core.list_namespaced_config_map("research")) == []  # the cluster's root CA only
 

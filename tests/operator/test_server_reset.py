@@ -112,6 +112,24 @@ def test_a_request_held_when_a_test_ends_never_reaches_the_next_one(apiserver: U
     assert answers == [503], answers
 
 
+def test_a_request_delayed_when_a_test_ends_is_not_recorded_in_the_next_one(apiserver: UpstreamServer) -> None:
+    # A test's operator can leave a request sleeping in the proxy's latency (test_admission_queue.py delays its
+    # cluster-wide ConfigMap lists by 3 s). Answered 503 after the reset, it was recorded in the next test's calls,
+    # where test_invalid.py counted it as a list that test's operator made (seen running the two together).
+    client = kubernetes.config.new_client_from_config(str(apiserver.proxied_kubeconfig))
+    proxied = kubernetes.client.CoreV1Api(client)
+    apiserver.proxy.latency[("list", "configmaps")] = 1.0
+    answers: list[object] = []
+    sending = threading.Thread(target=lambda: answers.append(_answer(proxied.list_config_map_for_all_namespaces)))
+    sending.start()
+    time.sleep(0.3)  # the list reaches the proxy and sleeps there, in its delay
+    apiserver.reset()
+    apiserver.begin()  # the next test
+    sending.join(10)
+    assert answers == [503], answers
+    assert [c for c in apiserver.calls if c[2] == "configmaps"] == []
+
+
 def _answer(call: Callable[[], object]) -> int:
     try:
         call()
