@@ -44,9 +44,7 @@ images-test: $(VENV)/.stamp-dev tools images
 lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy operator/paralleljob/api operator/paralleljob/planning operator/paralleljob/k8s operator/paralleljob/manifests \
-		operator/paralleljob/local operator/paralleljob/commands operator/paralleljob/handlers operator/paralleljob/defaults.py \
-		trainer-image/paralleljob_contract trainer-image/paralleljob_trainer
+	$(BIN)/mypy operator/paralleljob trainer-image/paralleljob_contract trainer-image/paralleljob_trainer
 	$(BIN)/lint-imports
 
 setup: $(VENV)/.stamp-run
