@@ -16,6 +16,7 @@ import yaml
 
 from paralleljob import planning
 from paralleljob.api import validate_document
+from paralleljob.handlers import reported
 from paralleljob.handlers.observed import INVALID_NOTE, Observed
 from paralleljob.handlers.settings import Settings
 from paralleljob.handlers.steps import conflicts, creation, draining, finished, invalid, replacement
@@ -673,3 +674,21 @@ def test_a_decision_followed_by_another_writes_both_and_asks_what_the_later_asks
     # The parts each must write whole before it stay, in order: a running pass's part before an in-place restart
     # it counts, then the final word (supervision.decide).
     assert Decision("c", first=(first,)).then(Decision("d", first=(later,))).first == (first, later)
+
+
+# -- the live attempt's report (`handlers.reported`): what a pass killed between the record and the status missed --
+
+
+def test_a_status_that_does_not_report_the_record_is_written_again_and_only_then() -> None:
+    unreported = spared(status={"phase": "Running", "message": "all 2 pods running"})
+    decision = reported.decide(unreported, SPARED)
+    assert decision is not None and decision.step == "reported"
+    fields = reported.fields(NAME, HELD, SPARE_CONFIG_MAP, SPARED)
+    assert fields is not None and fields["spareNodes"] == ["local-2"]
+    assert [entry["node"] for entry in fields["placement"]] == ["local-0", "local-1"]
+    assert decision == Decision("reported", status={**fields, "observedGeneration": 2})
+    # Once written, the next pass writes nothing; nor while a spare's move is under way.
+    assert reported.decide(unreported.with_status(decision.status), SPARED) is None
+    moving = HELD.with_spares_taken({1: "local-2"})
+    assert moving.replacing
+    assert reported.decide(spared(moving, status={"phase": "Running"}), SPARED) is None

@@ -28,7 +28,7 @@ NAME_CONFLICT_RECHECK_SECONDS = 30.0
 
 class JobFields:
     """What a pass reads off its job and its attempt record: shared by `Observed` and by `passes.Pass`, which the
-    step not yet decided (admission) and the status report of the live attempt (`handlers.reported`) still use."""
+    Kueue hooks (`handlers.queueing`) still use."""
 
     job: Mapping[str, Any]
     record: records.AttemptRecord | None

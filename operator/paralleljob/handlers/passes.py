@@ -1,9 +1,9 @@
 """What one reconcile pass works with (`Pass`: the job, its attempt record, the watches' view, the operator's
-`Settings`) and what it returns (`Outcome`), with the writes the Kueue hooks (`handlers.queueing`) and the live
-attempt's status report (`handlers.reported`) still make themselves: the one status patch (`write_status`, skipped
-when nothing changed) and the attempt record (`write_record`); and the one look at nodes the watch does not know
-(`lost_nodes`). The steps (`handlers.steps`, which decide from `handlers.observed`; `k8s.apply` writes) do not import it; none imports
-another step; `handlers.reconcile` runs them in order.
+`Settings`) and what it returns (`Outcome`), with the writes the Kueue hooks (`handlers.queueing`) still make
+themselves: the one status patch (`write_status`, skipped when nothing changed) and the attempt record
+(`write_record`); and the one look at nodes the watch does not know (`lost_nodes`). The steps (`handlers.steps`,
+which decide from `handlers.observed`; `k8s.apply` writes) do not import it; none imports another step;
+`handlers.reconcile` runs them in order.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ The pass reads what it decides from into one frozen value (`handlers.observe` ->
 a step turns it into one `Decision` with a pure `decide(observed, settings, now)` (`finished`, `invalid`,
 `draining`, `conflicts`, `admission`, `creation`, `replacement`, `supervision`), and `k8s.apply` writes it
 (`_written`; for an admission, right after the admission lock's fence). A write the API refuses is observed by the
-next decision, not handled inside one. The Kueue hooks (`handlers.queueing`) and the status report of the live
-attempt (`handlers.reported`) still read and write through the `Pass` (`handlers.passes`).
+next decision, not handled inside one; so is the status report of the live attempt (`handlers.reported`). The
+Kueue hooks (`handlers.queueing`) still read and write through the `Pass` (`handlers.passes`).
 
 Level-triggered and idempotent, so the operator can die at any moment and converge after a restart.
 The pass reads the job's attempt record (`manifests.records`, in its `-config` ConfigMap), the job and its pods
@@ -233,7 +233,8 @@ def _first_step_that_applies(p: Pass) -> Outcome:
             # Placed meanwhile: the rest is supervision's, so the admission worker moves on at once.
             return Outcome("placed", requeue_after=0.0)
         # What a pass killed between the record and the status left unreported (issue 39): the status follows it.
-        reported.report(p, pinned)
+        if (unreported := reported.decide(seen, pinned)) is not None:
+            _written(p, unreported)
         # Kueue hook (handlers.queueing.supervise): Kueue evicted the Workload: checkpoint, stop, back to Queued.
         if (evicting := queueing.supervise(p, pinned, pods)) is not None:
             return evicting

@@ -7,7 +7,8 @@ operator killed between the two writes leaves a record its status does not repor
 the decision on from the record without writing that status again: a job Succeeded with its placement naming the
 node it had lost, a shrunk one reported at its full layout to the end (issue 39, found by
 tests/operator/test_kill_loop_nodes.py). So every supervision pass over a live attempt writes these fields
-again where they differ (`report`); one that finds them as the record says writes nothing.
+again where they differ (`decide`); one that finds them as the record says writes nothing. Pure, as the steps are:
+`k8s.apply` writes the Decision.
 """
 
 from __future__ import annotations
@@ -16,21 +17,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paralleljob.api import ResolvedJob
-from paralleljob.handlers.passes import Pass, write_status
+from paralleljob.handlers.observed import Observed, status_patch
 from paralleljob.manifests import configmap, labels, records
+from paralleljob.manifests.decisions import Decision
 from paralleljob_contract import jobfile
 from paralleljob_contract.layout import node_ranks
 
 
-def report(p: Pass, pinned: ResolvedJob) -> None:
-    """Write the live attempt's fields where the status differs from its record; not while a spare's move is
-    under way (it reports the new node once the rank's pod is made again there)."""
-    live = p.live
-    if live is None or live.replacing or p.config_map is None:
-        return
-    found = fields(p.name, live, p.config_map, pinned)
-    if found is not None:
-        write_status(p, found)
+def decide(seen: Observed, pinned: ResolvedJob) -> Decision | None:
+    """The live attempt's fields where the status differs from its record; None when they agree, and while a
+    spare's move is under way (it reports the new node once the rank's pod is made again there)."""
+    live = seen.live
+    if live is None or live.replacing or seen.config_map is None:
+        return None
+    found = fields(seen.name, live, seen.config_map, pinned)
+    written = status_patch(seen, found) if found is not None else None
+    return Decision("reported", status=written) if written is not None else None
 
 
 def fields(
