@@ -56,7 +56,7 @@ def test_a_reported_straggler_is_named_in_status_condition_event_and_column(clus
 
 def test_a_named_node_is_labelled_for_administrators_where_the_chart_enables_it(server, cluster, tmp_path):
     """The chart's slowNodeLabel: its RBAC (patch on Nodes) and its flag, on the operator process; the named node
-    gets `key=true` once, its peer nothing, and the label stays once the next window names nobody."""
+    gets `key=true`, its peer nothing, and the label stays once the next window names nobody."""
     key = "example.com/slow"
     chart = {"slowNodeLabel": {"enabled": True, "key": key}}
     kubeconfig = install_operator_rbac(server, cluster.client, values=chart)
@@ -84,10 +84,15 @@ def test_a_named_node_is_labelled_for_administrators_where_the_chart_enables_it(
             what="Straggler False",
         )
         assert labels(node).get(key) == "true"  # the administrator removes it, once the node is fixed
+        # Only the named node is labelled. Which nodes carry the label is read from the Node watch (level-triggered,
+        # no memory of its own), so a pass that begins before the watch shows the label writes the same merge patch
+        # again: 2 patches of gpt's node in 1 of 10 runs of tests/operator.
         label_writes = [
-            c for c in server.calls if c[0] == "patch" and c[2] == "nodes" and c[4].startswith("paralleljob")
+            (r.name, r.status)
+            for r in server.proxy.requests
+            if r.verb == "patch" and r.resource == "nodes" and r.agent.startswith("paralleljob")
         ]
-        assert len(label_writes) == 1, label_writes
+        assert label_writes and set(label_writes) == {(node, 200)}, label_writes
     finally:
         operator.stop()
         sys.stderr.write((tmp_path / "operator.log").read_text()[-4000:])
