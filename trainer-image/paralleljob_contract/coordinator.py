@@ -28,6 +28,8 @@ MAX_WAIT_SECONDS = 10.0
 COORDINATOR_TIMEOUT_SECONDS = 60.0
 # How often node rank 0 looks for peers that stopped answering (`paralleljob_contract.peers`).
 PEER_CHECK_SECONDS = 1.0
+# How long a request's thread waits on a caller that stops sending (its socket timeout).
+REQUEST_TIMEOUT_SECONDS = 5.0
 
 
 def log(node_rank: int, message: str) -> None:
@@ -112,7 +114,13 @@ class Coordinator:
         changed = threading.Condition()
         self.changed = changed
 
+        self.closed = threading.Event()
+        closed = self.closed
+
         class Handler(BaseHTTPRequestHandler):
+            # A caller that stops sending mid-request holds its thread (and close()) this long at most.
+            timeout = REQUEST_TIMEOUT_SECONDS
+
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
                 with changed:
@@ -123,7 +131,8 @@ class Coordinator:
                     wait = min(float(body.get("wait", 0)), MAX_WAIT_SECONDS)
                     if wait > 0:
                         generation = int(body.get("generation", 0))
-                        changed.wait_for(lambda: state.settled(self.path, generation), timeout=wait)
+                        settled = lambda: closed.is_set() or state.settled(self.path, generation)  # noqa: E731
+                        changed.wait_for(settled, timeout=wait)
                         answer = state.view(generation)
                 payload = json.dumps(answer).encode()
                 self.send_response(200)
@@ -135,12 +144,9 @@ class Coordinator:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        ThreadingHTTPServer.allow_reuse_address = True
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server((host, port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, name="coordinator", daemon=True)
         self.thread.start()
-        self.closed = threading.Event()
         if report_peers is not None:
             watch = threading.Thread(target=self.watch_peers, args=(report_peers,), name="peers", daemon=True)
             watch.start()
@@ -164,9 +170,31 @@ class Coordinator:
                 log(0, f"peers not answering: {text}")
 
     def close(self) -> None:
+        """Stop serving: the long polls in flight are answered now, and every request's thread has ended when
+        this returns, so that none is left writing to stderr while the interpreter exits."""
         self.closed.set()
+        with self.changed:
+            self.changed.notify_all()
         self.server.shutdown()
-        self.server.server_close()
+        self.server.server_close()  # joins the request threads (_Server.block_on_close)
+
+
+class _Server(ThreadingHTTPServer):
+    """The coordinator's server. Its request threads are joined on close rather than left as daemon threads: a
+    daemon thread still answering at interpreter exit (a traceback half written to stderr) aborted node rank 0's
+    supervisor ("Fatal Python error: _enter_buffered_busy"), failing a job that had trained to its last step."""
+
+    allow_reuse_address = True
+    daemon_threads = False
+    block_on_close = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A caller that has gone (its node finished or died with a long poll in flight) needs no answer; any
+        other error is one line in node rank 0's log, not a traceback."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):
+            return
+        log(0, f"coordinator: a request from {client_address[0]} failed ({type(error).__name__}: {error})")
 
 
 def apply_request(state: GangState, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
