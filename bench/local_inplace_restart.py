@@ -34,6 +34,8 @@ from typing import Any
 
 import yaml
 
+from testcluster import polling
+
 ROOT = Path(__file__).resolve().parents[1]
 STARTED_LINE = re.compile(r"generation (\d+) ranks started \(rank=pid\): (.*)")
 GOAL_SECONDS, GOAL_RATIO = 6.0, 0.3
@@ -63,15 +65,6 @@ def rank_pid(output: Path, rank: int, generation: int) -> int | None:
     return None
 
 
-def wait_for(predicate: Any, timeout: float = 600.0, tick: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while (value := predicate()) is None or value is False:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the run did not get there in time")
-        time.sleep(tick)
-    return value
-
-
 def job_file(scratch: Path, hang: float | None) -> Path:
     """The quickstart, or with --hang a copy that sets progressTimeoutSeconds (its corpus path made absolute)."""
     quickstart = ROOT / "examples" / "quickstart.yaml"
@@ -84,6 +77,11 @@ def job_file(scratch: Path, hang: float | None) -> Path:
     path = scratch / "quickstart-hang.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def wait_for(predicate: Any, what: str) -> Any:
+    """`testcluster.polling.wait_for`, asked every 20 ms: the recovery times this bench prints are that fine."""
+    return polling.wait_for(predicate, 600.0, what, interval=0.02)
 
 
 def measure(output: Path, kill_at: int, rank: int, job: Path, hang: float | None) -> dict[str, float]:
@@ -106,15 +104,16 @@ def measure(output: Path, kill_at: int, rank: int, job: Path, hang: float | None
         cwd=ROOT,
     )
     try:
-        wait_for(lambda: step_records(metrics) or None)
+        wait_for(lambda: step_records(metrics), "the first step")
         cold = time.monotonic() - started
-        wait_for(lambda: any(r["step"] >= kill_at for r in step_records(metrics)))
-        pid = wait_for(lambda: rank_pid(output, rank, 0))
+        wait_for(lambda: any(r["step"] >= kill_at for r in step_records(metrics)), f"step {kill_at}")
+        pid = wait_for(lambda: rank_pid(output, rank, 0), f"rank {rank}'s pid")
         os.kill(pid, signal.SIGKILL if hang is None else signal.SIGSTOP)
         killed = time.monotonic()
-        wait_for(lambda: rank_pid(output, 0, 1))
+        wait_for(lambda: rank_pid(output, 0, 1), "generation 1's ranks")
         ranks_started = time.monotonic() - killed
-        wait_for(lambda: any(r.get("in_place_restarts") == 1 for r in step_records(metrics)))
+        in_place = lambda: any(r.get("in_place_restarts") == 1 for r in step_records(metrics))  # noqa: E731
+        wait_for(in_place, "a step after the in-place restart")
         restart = time.monotonic() - killed
         out, _ = proc.communicate(timeout=600)
     finally:

@@ -48,6 +48,16 @@ def wait_for(what: str, condition: Any, product: Product, timeout: float) -> Any
         pytest.fail(f"{error}; {product.what_was_seen()}")
 
 
+def wait_for_kueue(product: Product, what: str, condition: Any, timeout: float = 240) -> Any:
+    """`wait_for` on a product with Kueue installed: a timeout also shows its queues, Workloads and log."""
+    try:
+        return polling.wait_for(condition, timeout, what)
+    except TimeoutError as error:
+        log = (product.cluster.folder / "logs" / "kueue.log").read_text(errors="replace")[-3000:]
+        seen = product.kubectl("get", "pj,workloads,clusterqueues,pods", "-A", "-o", "wide")
+        pytest.fail(f"{error}\n{seen}\n--- kueue:\n{log}\n{product.what_was_seen()}")
+
+
 PODS = "/api/v1/namespaces/default/pods"
 
 

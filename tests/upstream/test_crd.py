@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from typing import Any
 
 import pytest
 import yaml
 
 from paralleljob.api import crd, parsing, rules
+from testcluster import polling
 from testcluster.api import REPO, Api, Tool
 from tests.api import cel_cases
 from tests.api.jobs import DELETE, job
@@ -266,10 +266,14 @@ def test_a_job_stored_before_a_rule_existed_can_still_have_its_status_and_labels
 
 def wait_for_ok(send: Any, want: int = 201, timeout: float = 30) -> dict[str, Any]:
     """Send until the answer has status `want`: a CRD's new version is served a moment after it is stored."""
-    deadline = time.monotonic() + timeout
-    while True:
-        response = send()
-        if response.status_code == want or time.monotonic() > deadline:
-            assert response.status_code == want, response.text
-            return dict(response.json())
-        time.sleep(0.2)
+    last: list[Any] = []
+
+    def answered() -> bool:
+        last[:] = [send()]
+        return bool(last[0].status_code == want)
+
+    try:
+        polling.wait_for(answered, timeout, f"an answer {want}", interval=0.2)
+    except TimeoutError:
+        pytest.fail(f"no answer {want} in {timeout} s; the last: {last[0].status_code} {last[0].text}")
+    return dict(last[0].json())

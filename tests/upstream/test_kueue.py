@@ -22,11 +22,12 @@ import pytest
 import yaml
 
 from paralleljob_contract import jobfile
-from testcluster import controlplane, kueue, polling
+from testcluster import controlplane, kueue
 from testcluster.api import CHART, RELEASE, RELEASE_NAMESPACE
 from testcluster.product import Product
 from testcluster.quickstart import LOSS_TOLERANCE, cluster_quickstart, losses
 from tests.trainer.reference import train_reference
+from tests.upstream.helpers import wait_for_kueue
 
 pytestmark = pytest.mark.slow
 CLAIM = "checkpoints"
@@ -162,24 +163,15 @@ def pods(product: Product, namespace: str, job: str) -> list[dict[str, Any]]:
     return list(found.get("items") or [])
 
 
-def wait_for(product: Product, what: str, condition_met: Any, timeout: float = 240) -> Any:
-    try:
-        return polling.wait_for(condition_met, timeout, what)
-    except TimeoutError as error:
-        kueue_log = (product.cluster.folder / "logs" / "kueue.log").read_text(errors="replace")[-3000:]
-        seen = product.kubectl("get", "pj,workloads,clusterqueues,pods", "-A", "-o", "wide")
-        pytest.fail(f"{error}\n{seen}\n--- kueue:\n{kueue_log}\n{product.what_was_seen()}")
-
-
 def test_quota_admits_one_job_inside_its_flavour_the_second_waits_queued_and_gets_the_quota_when_it_finishes(
     product: Product, namespace: str
 ) -> None:
     apply(product, flavor("pool-a", pool="a"), cluster_queue(f"{namespace}-cq", "pool-a", gpus=1))
     apply(product, local_queue(namespace, "team", f"{namespace}-cq"))
     apply(product, small_job("first", namespace, queue="team", steps=30))
-    wait_for(product, "first Running", lambda: phase(product, namespace, "first") == "Running")
+    wait_for_kueue(product, "first Running", lambda: phase(product, namespace, "first") == "Running")
     apply(product, small_job("second", namespace, queue="team", steps=2))
-    wait_for(product, "second Queued", lambda: phase(product, namespace, "second") == "Queued")
+    wait_for_kueue(product, "second Queued", lambda: phase(product, namespace, "second") == "Queued")
 
     # `kubectl get pj` says Queued, `kubectl get workloads` lists both, `kubectl describe pj` names the queue.
     table = product.kubectl("get", "pj", "-n", namespace)
@@ -204,17 +196,17 @@ def test_quota_admits_one_job_inside_its_flavour_the_second_waits_queued_and_get
     assert second["metadata"]["ownerReferences"][0]["kind"] == "ParallelJob"
     assert condition(second, "QuotaReserved").get("status") != "True"
 
-    wait_for(product, "first Succeeded", lambda: phase(product, namespace, "first") == "Succeeded", 300)
+    wait_for_kueue(product, "first Succeeded", lambda: phase(product, namespace, "first") == "Succeeded", 300)
     # Finished on its Workload returns the quota, and the second runs.
     finished = lambda: condition(workload(product, namespace, "first"), "Finished").get("status") == "True"  # noqa: E731
-    wait_for(product, "first's Workload Finished", finished, 30)
+    wait_for_kueue(product, "first's Workload Finished", finished, 30)
     assert [p["metadata"]["uid"] for p in pods(product, namespace, "first")] == [
         p["metadata"]["uid"] for p in first_pods
     ]
-    wait_for(product, "second Succeeded", lambda: phase(product, namespace, "second") == "Succeeded", 300)
+    wait_for_kueue(product, "second Succeeded", lambda: phase(product, namespace, "second") == "Succeeded", 300)
     assert [p["spec"]["nodeName"] for p in pods(product, namespace, "second")] == ["gpu-0"]
     finished = lambda: condition(workload(product, namespace, "second"), "Finished").get("status") == "True"  # noqa: E731
-    wait_for(product, "second's Workload Finished", finished, 30)
+    wait_for_kueue(product, "second's Workload Finished", finished, 30)
 
 
 def test_a_job_borrows_idle_quota_within_its_cohort(product: Product, namespace: str) -> None:
@@ -253,13 +245,13 @@ def test_a_job_borrows_idle_quota_within_its_cohort(product: Product, namespace:
         seen.append(gpu_usage())
         return both_placed() and seen[-1].get("total") == "2"
 
-    wait_for(product, "both admitted and placed, the usage counting both", borrowing, 300)
+    wait_for_kueue(product, "both admitted and placed, the usage counting both", borrowing, 300)
     for job in ("one", "two"):
         admission = (workload(product, namespace, job) or {})["status"]["admission"]
         assert admission["clusterQueue"] == f"{namespace}-team-a"
     assert seen[-1]["borrowed"] == "1", seen[-1]
     for job in ("one", "two"):
-        wait_for(product, f"{job} Succeeded", lambda job=job: phase(product, namespace, job) == "Succeeded", 300)
+        wait_for_kueue(product, f"{job} Succeeded", lambda job=job: phase(product, namespace, job) == "Succeeded", 300)
 
 
 def borrower(name: str, namespace: str) -> dict[str, Any]:
@@ -284,7 +276,7 @@ def test_a_gang_the_admitted_flavour_cannot_hold_gives_the_quota_back(product: P
         said = "cannot hold the gang" in str(job_of(product, namespace, "wide").get("status", {}).get("message"))
         return found if said and condition(found, "Requeued").get("reason") == "PlacementFailed" else None
 
-    found = wait_for(product, "the quota given back, and the job saying why", released, 120)
+    found = wait_for_kueue(product, "the quota given back, and the job saying why", released, 120)
     assert found["spec"]["podSets"][0]["count"] == 2
     assert found["status"].get("requeueState", {}).get("requeueAt"), "considered again only after a backoff"
     status = job_of(product, namespace, "wide")["status"]
@@ -301,7 +293,7 @@ def test_a_job_without_the_queue_label_ignores_kueue(product: Product, namespace
     apply(product, flavor("pool-b", pool="b"), cluster_queue(f"{namespace}-none", "pool-b", gpus=0))
     apply(product, local_queue(namespace, "empty", f"{namespace}-none"))
     apply(product, small_job("waits", namespace, queue="empty"), small_job("plain", namespace, queue=None))
-    wait_for(product, "plain Succeeded", lambda: phase(product, namespace, "plain") == "Succeeded", 300)
+    wait_for_kueue(product, "plain Succeeded", lambda: phase(product, namespace, "plain") == "Succeeded", 300)
     assert workload(product, namespace, "plain") is None
     assert "Queued" not in json.dumps(job_of(product, namespace, "plain")["status"]["conditions"])
     assert phase(product, namespace, "waits") == "Queued" and pods(product, namespace, "waits") == []
@@ -328,10 +320,10 @@ def test_preemption_checkpoints_the_lower_priority_job_which_resumes_on_the_same
     folder = product.cluster.folder / "kubelet" / "pvc" / namespace / CLAIM / namespace
     metrics = folder / "low" / "metrics" / "metrics.jsonl"
     # Well before its first checkpoint (step 20): the checkpoint asked for is what saves its progress.
-    wait_for(product, "low past step 3", lambda: metrics.exists() and max(losses(metrics) or {0: 0}) >= 3, 300)
+    wait_for_kueue(product, "low past step 3", lambda: metrics.exists() and max(losses(metrics) or {0: 0}) >= 3, 300)
     apply(product, small_job("high", namespace, queue="team", steps=2, priority=f"{namespace}-high"))
 
-    wait_for(product, "low Queued by the eviction", lambda: phase(product, namespace, "low") == "Queued", 120)
+    wait_for_kueue(product, "low Queued by the eviction", lambda: phase(product, namespace, "low") == "Queued", 120)
     events = product.kubectl("get", "events", "-n", namespace, "--field-selector", "involvedObject.name=low")
     assert "CheckpointRequested" in events and "Evicted" in events, events
     record = json.loads(get(product, f"/api/v1/namespaces/{namespace}/configmaps/low-config")["data"]["attempt.json"])
@@ -344,8 +336,8 @@ def test_preemption_checkpoints_the_lower_priority_job_which_resumes_on_the_same
     scheduled = [r["step"] for r in records if r.get("event") == "checkpoint" and "request" not in r]
     assert requested_step > max((step for step in scheduled if step <= requested_step), default=0), records
 
-    wait_for(product, "high Succeeded", lambda: phase(product, namespace, "high") == "Succeeded", 300)
-    wait_for(product, "low Succeeded", lambda: phase(product, namespace, "low") == "Succeeded", 400)
+    wait_for_kueue(product, "high Succeeded", lambda: phase(product, namespace, "high") == "Succeeded", 300)
+    wait_for_kueue(product, "low Succeeded", lambda: phase(product, namespace, "low") == "Succeeded", 400)
     final = job_of(product, namespace, "low")["status"]
     # An eviction is not a restart against backoffLimit: the restarts are the gang failures alone (on this
     # machine's one network a gang may fail if another job's torchrun holds port 29500 as it starts).

@@ -22,10 +22,11 @@ import yaml
 from paralleljob import planning
 from paralleljob.api import validate_document
 from paralleljob.planning.inventory import build_cluster
-from testcluster import controlplane, kueue, polling
+from testcluster import controlplane, kueue
 from testcluster.api import CHART, RELEASE, RELEASE_NAMESPACE
 from testcluster.product import Product
 from testcluster.quickstart import cluster_quickstart
+from tests.upstream.helpers import wait_for_kueue
 
 pytestmark = pytest.mark.slow
 KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
@@ -122,15 +123,6 @@ def status(product: Product, namespace: str, name: str) -> dict[str, Any]:
     return dict(found.get("status") or {})
 
 
-def wait_for(product: Product, what: str, condition_met: Any, timeout: float = 240) -> Any:
-    try:
-        return polling.wait_for(condition_met, timeout, what)
-    except TimeoutError as error:
-        log = (product.cluster.folder / "logs" / "kueue.log").read_text(errors="replace")[-3000:]
-        seen = product.kubectl("get", "pj,workloads,pods", "-A", "-o", "wide")
-        pytest.fail(f"{error}\n{seen}\n--- kueue:\n{log}\n{product.what_was_seen()}")
-
-
 def hosts_of(found: dict[str, Any]) -> dict[str, int]:
     """Pods per host of a Workload's TopologyAssignment (the hostname level is the lowest: only it is listed)."""
     assignment = found["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"]
@@ -167,7 +159,7 @@ def test_a_2x2x2_job_gets_a_topology_request_lands_each_pipeline_replica_in_one_
 ) -> None:
     apply(product, job("gpt", namespace, 2, 2, 2))
     admitted = lambda: condition(workload(product, namespace, "paralleljob-gpt"), "Admitted").get("status") == "True"  # noqa: E731
-    wait_for(product, "the Workload admitted", admitted)
+    wait_for_kueue(product, "the Workload admitted", admitted)
     found = workload(product, namespace, "paralleljob-gpt")
     request = found["spec"]["podSets"][0]["topologyRequest"]
     # Four nodes fit no block (three nodes each): the gang is preferred in a block; a replica of two fits a rack.
@@ -175,7 +167,7 @@ def test_a_2x2x2_job_gets_a_topology_request_lands_each_pipeline_replica_in_one_
     assigned = hosts_of(found)
     assert assigned == {"gpu-0": 1, "gpu-1": 1, "gpu-3": 1, "gpu-4": 1}, "one slice in each rack of two nodes"
 
-    placed = wait_for(product, "placed", lambda: status(product, namespace, "gpt").get("placement"))
+    placed = wait_for_kueue(product, "placed", lambda: status(product, namespace, "gpt").get("placement"))
     seen = status(product, namespace, "gpt")
     assert {entry["node"] for entry in placed} == set(assigned), "exactly the nodes Kueue assigned"
     # Each pipeline replica (its two stages) inside one rack, hence one block: the cost model's choice of rank
@@ -191,7 +183,7 @@ def test_a_2x2x2_job_gets_a_topology_request_lands_each_pipeline_replica_in_one_
     assert isinstance(plan, planning.Plan), plan
     assert {e.node_rank: e.node for e in plan.nodes} == {e["nodeRank"]: e["node"] for e in placed}
 
-    pods = wait_for(
+    pods = wait_for_kueue(
         product,
         "four pods",
         lambda: len(pods_of(product, namespace, "gpt")) == 4 and pods_of(product, namespace, "gpt"),
@@ -209,7 +201,7 @@ def test_a_2x2x2_job_gets_a_topology_request_lands_each_pipeline_replica_in_one_
         found = workload(product, namespace, plain_workload_name(product, namespace))
         return condition(found, "Admitted").get("status") == "True"
 
-    wait_for(product, "the plain Job's Workload admitted", plain_admitted)
+    wait_for_kueue(product, "the plain Job's Workload admitted", plain_admitted)
     theirs = hosts_of(workload(product, namespace, plain_workload_name(product, namespace)))
     assert not set(theirs) & set(assigned), (theirs, assigned)
     assert sum(theirs.values()) == 2 and set(theirs) <= {"gpu-2", "gpu-5"}, theirs
@@ -257,11 +249,11 @@ def test_a_job_whose_pipeline_replica_fits_no_block_waits_with_kueues_reason_and
         reserved = condition(found, "QuotaReserved")
         return found if reserved.get("status") == "False" and "topology" in reserved.get("message", "") else None
 
-    found = wait_for(product, "Kueue's reason on the Workload", refused)
+    found = wait_for_kueue(product, "Kueue's reason on the Workload", refused)
     assert found["spec"]["podSets"][0]["topologyRequest"] == {"required": BLOCK}
     kueue_says = condition(found, "QuotaReserved")["message"]
     # The job says what Kueue says, in its Queued condition and message.
-    said = wait_for(
+    said = wait_for_kueue(
         product,
         "the job's message",
         lambda: (
@@ -272,7 +264,7 @@ def test_a_job_whose_pipeline_replica_fits_no_block_waits_with_kueues_reason_and
     # A small job queued after it is admitted and placed: Kueue has considered the wide one since, and still
     # never admitted it, so the operator never had a quota to give back.
     apply(product, job("small", namespace, 1, 2, 1))
-    wait_for(product, "the small job placed", lambda: status(product, namespace, "small").get("placement"))
+    wait_for_kueue(product, "the small job placed", lambda: status(product, namespace, "small").get("placement"))
     wide = workload(product, namespace, "paralleljob-wide")
     assert not (wide.get("status") or {}).get("admission") and condition(wide, "Admitted").get("status") != "True"
     events = product.kubectl("get", "events", "-n", namespace, "--field-selector", "involvedObject.name=wide")
