@@ -26,6 +26,7 @@ from paralleljob.handlers.steps import admission
 from paralleljob.manifests import configmap, labels, records
 from paralleljob.manifests.decisions import AttemptWrite, Decision, Event
 from paralleljob.planning.inventory import ClusterBuilder
+from testcluster import admin
 from tests.operator.decision_data import EARLIER, NOW, STAMP, UID, condition, job
 
 SETTINGS = Settings(image="trainer:test", resync_seconds=60.0)
@@ -353,6 +354,22 @@ def test_a_budget_job_no_layout_fits_waits_pending_and_says_so_once() -> None:
     )
     again = admission.decide(seen.with_status(decision.status), SETTINGS, NOW)
     assert (again.status, again.events) == (None, ())
+
+
+def test_a_budget_no_layout_uses_waits_with_one_line_and_no_attempt() -> None:
+    """Moved from test_layout_choice.py (an operator-process test), with the same assertions: the operator
+    tests' job on a budget of 7 GPUs, which no layout of its model uses, on two nodes."""
+    doc = admin.job_doc(parallelism={"gpus": 7})
+    doc["spec"]["deepspeed"] = {"train_batch_size": 32}
+    resolved = validate_document(doc).resolved
+    assert resolved is not None
+    seen = Observed(job={**job(), "spec": doc["spec"]}, spec=resolved, cluster=view(2))
+    decision = admission.decide(seen, SETTINGS, NOW)
+    assert decision.status is not None
+    chosen = {c["type"]: c for c in decision.status["conditions"]}["LayoutChosen"]
+    assert (chosen["status"], chosen["reason"]) == ("False", "NoLayout")
+    assert chosen["message"].startswith("no valid layout uses exactly 7 GPUs")
+    assert decision.attempt is None  # no attempt ConfigMap, so no pod: the creation step makes pods from it
 
 
 def test_a_planner_that_raises_is_a_planning_failure_not_a_crash() -> None:

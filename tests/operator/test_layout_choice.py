@@ -34,15 +34,3 @@ def test_the_layout_is_chosen_once_at_admission_and_kept_across_a_restart(cluste
     wait_for(lambda: restarted(cluster, 1, pods=4), what="a new generation of 4 pods")
     assert cluster.status()["layoutChoice"] == choice
     assert [e["reason"] for e in cluster.events()].count("LayoutChosen") == 1
-
-
-def test_a_budget_no_layout_fits_waits_with_one_line(cluster, operator):
-    cluster.add_nodes(2)
-    doc = budget_job()
-    doc["spec"]["parallelism"] = {"gpus": 7}
-    cluster.apply(doc)
-    status = wait_for(lambda: cluster.status().get("message") and cluster.status(), what="a reason")
-    chosen = {c["type"]: c for c in status["conditions"]}["LayoutChosen"]
-    assert (chosen["status"], chosen["reason"]) == ("False", "NoLayout")
-    assert chosen["message"].startswith("no valid layout uses exactly 7 GPUs")
-    assert cluster.pods() == []
