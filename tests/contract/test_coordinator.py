@@ -15,6 +15,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from paralleljob_contract.coordinator import Coordinator, CoordinatorClient, GangState
 from tests.contract.helpers import ROOT, free_port_pair
 
@@ -42,6 +44,25 @@ def test_a_long_poll_in_flight_when_the_coordinator_closes_is_answered_and_its_t
     assert handler_threads() == [], "a handler thread outlived close(): it may write at interpreter exit"
     poll.join(timeout=5)
     assert answers and answers[0]["finished"] == 0, answers
+
+
+def test_a_lost_peers_report_in_flight_when_the_coordinator_closes_ends_and_logs_before_close_returns(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    entered = threading.Event()
+
+    def report(text: str) -> None:  # a progress hook whose API call is slow, then fails
+        entered.set()
+        time.sleep(2)  # longer than the server's shutdown (its loop looks every 0.5 s)
+        raise RuntimeError("the API server went away")
+
+    coordinator = Coordinator(GangState(nodes=2, in_place_restarts=0), "127.0.0.1", free_port_pair(), report)
+    assert entered.wait(10), "the first report ('[]') was never sent"
+
+    coordinator.close()
+
+    assert [t for t in threading.enumerate() if t.name == "peers"] == [], "the report outlived close()"
+    assert "could not report the peers not answering (RuntimeError" in capsys.readouterr().err
 
 
 GONE_CALLER = """

@@ -147,9 +147,10 @@ class Coordinator:
         self.server = _Server((host, port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, name="coordinator", daemon=True)
         self.thread.start()
+        self.watch: threading.Thread | None = None
         if report_peers is not None:
-            watch = threading.Thread(target=self.watch_peers, args=(report_peers,), name="peers", daemon=True)
-            watch.start()
+            self.watch = threading.Thread(target=self.watch_peers, args=(report_peers,), name="peers", daemon=True)
+            self.watch.start()
 
     def watch_peers(self, report: Callable[[str], None]) -> None:
         """Report the peers not answering whenever they change ("[]" first, so that no report of an earlier
@@ -177,6 +178,8 @@ class Coordinator:
             self.changed.notify_all()
         self.server.shutdown()
         self.server.server_close()  # joins the request threads (_Server.block_on_close)
+        if self.watch is not None:  # a report in flight may log when it ends: let it, before the exit
+            self.watch.join(timeout=REQUEST_TIMEOUT_SECONDS)
 
 
 class _Server(ThreadingHTTPServer):
