@@ -125,15 +125,22 @@ def wait_for(clusters: tuple[Product, Product], what: str, met: Any, timeout: fl
         pytest.fail(f"{error}\n" + "\n".join(seen))
 
 
-def test_a_job_on_the_manager_runs_on_the_worker_shows_its_progress_on_the_manager_and_its_deletion_cascades(
-    clusters: tuple[Product, Product],
-) -> None:
+def queued_namespace(clusters: tuple[Product, Product]) -> str:
+    """A namespace of its own on both clusters, its LocalQueue dispatching through MultiKueue on the manager."""
     manager, worker = clusters
     namespace = f"mk-{uuid.uuid4().hex[:6]}"
     for product in clusters:
         product.kubectl("create", "namespace", namespace)
     apply(worker, *queues(namespace, None))
     apply(manager, *queues(namespace, multikueue.ADMISSION_CHECK))
+    return namespace
+
+
+def test_a_job_on_the_manager_runs_on_the_worker_shows_its_progress_on_the_manager_and_its_deletion_cascades(
+    clusters: tuple[Product, Product],
+) -> None:
+    manager, worker = clusters
+    namespace = queued_namespace(clusters)
     job = "dispatched"
     apply(manager, dispatched_job(job, namespace))
     path = f"{JOBS_API}/namespaces/{namespace}/paralleljobs/{job}"
@@ -174,11 +181,7 @@ def test_a_job_that_ends_on_the_worker_ends_on_the_manager_and_leaves_the_worker
     clusters: tuple[Product, Product],
 ) -> None:
     manager, worker = clusters
-    namespace = f"mk-{uuid.uuid4().hex[:6]}"
-    for product in clusters:
-        product.kubectl("create", "namespace", namespace)
-    apply(worker, *queues(namespace, None))
-    apply(manager, *queues(namespace, multikueue.ADMISSION_CHECK))
+    namespace = queued_namespace(clusters)
     job = dispatched_job("short", namespace)
     job["spec"]["training"]["steps"] = 3
     apply(manager, job)
