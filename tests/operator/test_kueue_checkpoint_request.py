@@ -4,8 +4,12 @@ checkpoints: a job without spec.checkpoint is stopped without asking (mypy --str
 
 from __future__ import annotations
 
+import datetime
+
 from paralleljob.api import validate_document
-from paralleljob.handlers import queueing
+from paralleljob.handlers.observed import Observed
+from paralleljob.handlers.settings import Settings
+from paralleljob.handlers.steps import kueue
 from tests.operator.helpers import job_doc
 
 RUNNING_POD = {"status": {"phase": "Running"}}
@@ -16,5 +20,9 @@ def test_a_job_without_checkpoints_is_not_asked_for_one_before_its_eviction() ->
     doc["spec"].pop("checkpoint", None)
     result = validate_document(doc)
     assert result.resolved is not None and result.resolved.spec.checkpoint is None
-    # The pass is never read for such a job: nothing to ask, whatever the pods do.
-    assert queueing._checkpoint_needed(None, result.resolved, [RUNNING_POD]) is None  # type: ignore[arg-type]
+    # Nothing to ask, whatever the pods do; and rank 0's progress is not even read for it.
+    seen = Observed(job=doc)
+    now = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    settings = Settings(image="trainer:test")
+    assert kueue.checkpoint_needed(seen, result.resolved, [RUNNING_POD], settings, now) is None
+    assert not kueue._may_ask(result.resolved, [RUNNING_POD])

@@ -15,7 +15,8 @@ from typing import Any
 from paralleljob.api import ResolvedJob
 from paralleljob.handlers import conditions
 from paralleljob.handlers.placement import ClusterView
-from paralleljob.manifests import labels, records, timestamps
+from paralleljob.manifests import kueue_topology, labels, records, timestamps
+from paralleljob.manifests import workload as wl
 from paralleljob.planning.inventory import TERMINAL_POD_PHASES
 
 RUNNING_CONTINUES = "; the running attempt continues, and nothing new starts until the spec is fixed"
@@ -27,8 +28,7 @@ NAME_CONFLICT_RECHECK_SECONDS = 30.0
 
 
 class JobFields:
-    """What a pass reads off its job and its attempt record: shared by `Observed` and by `passes.Pass`, which the
-    Kueue hooks (`handlers.queueing`) still use."""
+    """What a pass reads off its job and its attempt record: shared by `Observed` and by `passes.Pass`."""
 
     job: Mapping[str, Any]
     record: records.AttemptRecord | None
@@ -58,6 +58,23 @@ class JobFields:
     def attempt(self) -> int:
         """The attempt the job is on (its restart count against backoffLimit), as its record says."""
         return self.record.next_attempt if self.record is not None else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueSeen:
+    """What the Kueue step (`steps.kueue`) decides from, for a job queued through Kueue (`handlers.queueing`
+    reads it): the LocalQueue, whether the operator runs with Kueue, the job's Workload as read, and only what the
+    decision at hand uses besides: the priority and topology request of a Workload to create, the admitted
+    ResourceFlavors, the TopologyAssignment's nodes (or the rule they break) and those Kueue is to replace."""
+
+    name: str
+    enabled: bool = True
+    workload: Mapping[str, Any] | None = None
+    priority: wl.Priority | None = None
+    topology_request: Mapping[str, Any] | None = None
+    flavors: tuple[Mapping[str, Any], ...] = ()
+    assigned: kueue_topology.AssignedNodes | None = None
+    awaiting: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +138,8 @@ class Observed(JobFields):
     # The job's own progress ConfigMap (rank 0's report), read only when supervision's decision uses it
     # (`steps.supervision.reads_report`, `observe.with_report`); None when not read, or not the job's.
     progress: Mapping[str, Any] | None = None
+    # For a job queued through Kueue, what the Kueue step decides from (`handlers.queueing`); None otherwise.
+    queue: QueueSeen | None = None
 
     @property
     def live(self) -> records.AttemptRecord | None:

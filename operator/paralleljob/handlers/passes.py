@@ -1,25 +1,21 @@
 """What one reconcile pass works with (`Pass`: the job, its attempt record, the watches' view, the operator's
-`Settings`) and what it returns (`Outcome`), with the writes the Kueue hooks (`handlers.queueing`) still make
-themselves: the one status patch (`write_status`, skipped when nothing changed) and the attempt record
-(`write_record`); and the one look at nodes the watch does not know (`lost_nodes`). The steps (`handlers.steps`,
-which decide from `handlers.observed`; `k8s.apply` writes) do not import it; none imports another step;
-`handlers.reconcile` runs them in order.
+`Settings`) and what it returns (`Outcome`), with the one look at nodes the watch does not know (`lost_nodes`).
+Nothing here writes: the steps (`handlers.steps`, which decide from `handlers.observed` and do not import this)
+decide, `k8s.apply` writes, and `handlers.reconcile` runs them in order.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from paralleljob import planning
-from paralleljob.handlers import conditions, observed
-from paralleljob.handlers import metrics as m
+from paralleljob.handlers import observed
 from paralleljob.handlers.nodes import NodeSnapshot
-from paralleljob.handlers.observed import Observed, status_patch
 from paralleljob.handlers.settings import Settings
 from paralleljob.handlers.steps.admission import AdmissionRequest
-from paralleljob.k8s import apply, events, reads, writes
+from paralleljob.k8s import reads
 from paralleljob.k8s.session import Session
 from paralleljob.manifests import records
 from paralleljob.planning.inventory import TERMINAL_POD_PHASES, ClusterBuilder
@@ -108,36 +104,6 @@ class Pass(observed.JobFields):
     def idle_phase(self) -> str:
         """The phase of a job between attempts: Restarting once it has restarted, else Pending."""
         return "Restarting" if self.attempt else "Pending"
-
-    def condition(
-        self, kind: str, status: str, reason: str, message: str, *, base: Sequence[Mapping[str, Any]] | None = None
-    ) -> list[dict[str, Any]]:
-        """The job's conditions (or `base`, the ones this pass has built so far) with this one set."""
-        current = self.status.get("conditions") if base is None else base
-        return conditions.set_condition(current, kind, status, reason, message, self.generation)
-
-    def event(self, kind: str, reason: str, message: str) -> None:
-        events.post(self.session, self.job, kind, reason, message)
-
-
-def write_status(p: Pass, patch: Mapping[str, Any]) -> bool:
-    """Patch status when something in `patch` differs from it (`observed.status_patch`); True when written."""
-    written = status_patch(Observed(p.job, spec_problem=p.spec_problem), patch)
-    if written is None:
-        return False
-    writes.patch_job_status(p.session, p.namespace, p.name, written)
-    if isinstance(p.job, dict):  # the rest of the pass builds on what it wrote (its conditions above all)
-        merged = {**p.status, **written}
-        p.job["status"] = {key: value for key, value in merged.items() if value is not None}
-    if "phase" in written:
-        m.observe_phase(p.namespace, p.name, written["phase"])
-    return True
-
-
-def write_record(p: Pass, record: records.AttemptRecord) -> None:
-    """Replace the attempt record in the job's ConfigMap, with the labels that go with it: the first write of
-    every decision it holds."""
-    apply.write_record(p.session, p.namespace, p.name, record)
 
 
 def lost_nodes(p: Pass, names: Collection[str | None]) -> dict[str, str]:

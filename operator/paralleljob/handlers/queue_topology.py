@@ -1,10 +1,12 @@
-"""Kueue's Topology-Aware Scheduling for a queued job (`handlers.queueing` calls these): the topology request
-written into a new Workload when the queue's flavour has a Kueue Topology, the nodes of an admission's
-TopologyAssignment (or the hard rule they break), and the job's pods marked as Kueue's TAS pods.
+"""Kueue's Topology-Aware Scheduling for a queued job, observed (`handlers.queueing` calls these): the topology
+request to write into a new Workload when the queue's flavour has a Kueue Topology, the nodes of an admission's
+TopologyAssignment (or the hard rule they break) and those Kueue is to replace, and the cluster view narrowed to
+the assigned nodes.
 
-Observe here (the LocalQueue, its ClusterQueue, the flavour, the Topology; the node records of the watch), decide
-in `manifests.kueue_topology` (pure), and let `handlers.queueing` write. A queue whose flavours have no
-topologyName never reaches anything but `flavour_topology`, which then says None.
+Observe here (the LocalQueue, its ClusterQueue, the flavour, the Topology; the node records of the watch), compute
+with `manifests.kueue_topology` (pure), and let the Kueue step (`handlers.steps.kueue`) decide, which also marks
+the job's pods as Kueue's TAS pods. A queue whose flavours have no topologyName never reaches anything but
+`flavour_topology`, which then says None.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ from paralleljob.handlers.placement import ClusterView
 from paralleljob.k8s import workloads
 from paralleljob.manifests import kueue_topology as kt
 from paralleljob.manifests import workload as wl
-
-RULE_BROKEN = "TopologyRuleBroken"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,29 +91,18 @@ def lost(p: passes.Pass, nodes: kt.AssignedNodes, found: Mapping[str, Any]) -> l
     return kt.awaiting_replacement(nodes.nodes, found, snapshot.known, snapshot.not_ready)
 
 
-def as_tas_pods(current: ResolvedJob, found: Mapping[str, Any]) -> ResolvedJob:
-    """The job whose pods carry Kueue's TAS pod annotations: the topology level of the request (Kueue leaves a
-    pod with one out of its non-TAS usage, since the Workload's assignment counts it) and the Workload's name
-    (Kueue's node controller finds a failed node's pods by it). `manifests.pods` adds the hostname nodeSelector."""
-    pod_sets = (found.get("spec") or {}).get("podSets") or ()
-    request = (pod_sets[0].get("topologyRequest") if pod_sets else None) or {}
-    if not request:
-        return current
-    key, level = kt.pod_annotation(request)
-    name = str((found.get("metadata") or {}).get("name") or "")
-    template = current.spec.template
-    annotations = {**(template.annotations or {}), key: level, kt.WORKLOAD_ANNOTATION: name}
-    spec = dataclasses.replace(current.spec, template=dataclasses.replace(template, annotations=annotations))
-    return dataclasses.replace(current, job=dataclasses.replace(current.job, spec=spec))
-
-
 def inside_assignment(p: passes.Pass, current: ResolvedJob, view: ClusterView) -> ClusterView:
-    """The cluster view of an admission pass, narrowed to the nodes Kueue's TopologyAssignment names (the
-    planner then chooses which node gets which rank with its cost model); the view itself without one."""
+    """The cluster view of a placed queued job's admission pass (its hot spares topped up), narrowed to the nodes
+    of its Workload's TopologyAssignment, read now; the view itself without one."""
     if wl.queue_of(p.job) is None or not p.settings.kueue:
         return view
     found = workloads.get(p.session, p.namespace, p.name)
-    nodes = assigned(p, current, found) if found is not None else None
+    return inside(view, assigned(p, current, found) if found is not None else None)
+
+
+def inside(view: ClusterView, nodes: kt.AssignedNodes | None) -> ClusterView:
+    """The cluster view narrowed to the nodes Kueue's TopologyAssignment names (the planner then chooses which
+    node gets which rank with its cost model); the view itself without one, or with one that breaks a rule."""
     if nodes is None or nodes.broken is not None:
         return view
     allowed = set(nodes.nodes)

@@ -4,8 +4,10 @@ The pass reads what it decides from into one frozen value (`handlers.observe` ->
 a step turns it into one `Decision` with a pure `decide(observed, settings, now)` (`finished`, `invalid`,
 `draining`, `conflicts`, `admission`, `creation`, `replacement`, `supervision`), and `k8s.apply` writes it
 (`_written`; for an admission, right after the admission lock's fence). A write the API refuses is observed by the
-next decision, not handled inside one; so is the status report of the live attempt (`handlers.reported`). The
-Kueue hooks (`handlers.queueing`) still read and write through the `Pass` (`handlers.passes`).
+next decision, not handled inside one; so is the status report of the live attempt (`handlers.reported`). A job
+queued through Kueue meets the Kueue step (`steps.kueue`, observed by `handlers.queueing`) at four points: before
+admission (`gate`), after an admission that could not place it (`released`), before supervision (`evicting`) and
+at its end (`finished`).
 
 Level-triggered and idempotent, so the operator can die at any moment and converge after a restart.
 The pass reads the job's attempt record (`manifests.records`, in its `-config` ConfigMap), the job and its pods
@@ -73,6 +75,7 @@ from paralleljob.handlers.steps import (
     draining,
     finished,
     invalid,
+    kueue,
     replacement,
     supervision,
 )
@@ -158,9 +161,19 @@ def _reconciled_again(session: Session, before: Mapping[str, Any]) -> None:
 
 def _step(p: Pass) -> Outcome:
     outcome = _first_step_that_applies(p)
-    if outcome.step in ENDED:  # Kueue hook: Finished on the Workload returns its quota at once
-        queueing.finish(p, outcome.step.capitalize())
+    if outcome.step in ENDED:
+        _workload_finished(p, outcome.step.capitalize())
     return outcome
+
+
+def _workload_finished(p: Pass, phase: str) -> None:
+    """A queued job that ended: Finished on its Workload returns its quota at once (`steps.kueue.finished`);
+    asked by every pass of a finished job too, level-triggered."""
+    if not queueing.queued(p.job):
+        return
+    seen = queueing.for_workload(p, Observed(job=p.job, record=p.record))
+    if (decision := kueue.finished(seen, phase, "", p.session.server_now())) is not None:
+        apply.apply(p.session, p.job, decision)
 
 
 def _first_step_that_applies(p: Pass) -> Outcome:
@@ -168,7 +181,7 @@ def _first_step_that_applies(p: Pass) -> Outcome:
     seen = observe.observe(p, current, problems)
     now = p.session.server_now()
     if seen.finished:
-        queueing.finish(p, (p.record.outcome if p.record is not None else None) or "")  # Kueue hook, level-triggered
+        _workload_finished(p, (p.record.outcome if p.record is not None else None) or "")
         m.observe_phase(p.namespace, p.name, p.status.get("phase"))
         return _written(p, finished.decide(seen, p.settings, now))
     if current is None and seen.live is None:
@@ -197,22 +210,26 @@ def _first_step_that_applies(p: Pass) -> Outcome:
                 raise writes.NameConflict("ConfigMap", name, labels.holder_of(p.foreign_config))
             if (waiting := conflicts.decide(seen, p.settings, now)) is not None:
                 return _written(p, waiting)
-            # Kueue hook (handlers.queueing.gate): a job queued through Kueue waits, Queued, until its Workload is
-            # admitted, then is planned inside the admitted flavours; any other job passes unchanged.
-            gated = queueing.gate(p, current)
-            if isinstance(gated, Outcome):
-                return gated
-            current = gated
+            if queueing.queued(p.job):  # Queued until Kueue admits its Workload, then planned inside the admission
+                seen = queueing.for_gate(p, seen, current)
+                gate = kueue.gate(seen, current, now)
+                written = _written(p, gate.decision)
+                if gate.job is None:
+                    return written
+                current = gate.job
             if not p.admit:
                 queued = _written(p, admission.awaiting(seen, now))
                 return dataclasses.replace(queued, admission=admission.request(seen))
-            # Kueue hook (handlers.queue_topology): under TAS, only the nodes of Kueue's TopologyAssignment.
-            view = queue_topology.inside_assignment(p, current, observe.cluster_view(p, labelled))
+            # Under Kueue's TAS, only the nodes of its TopologyAssignment.
+            assigned = seen.queue.assigned if seen.queue is not None else None
+            view = queue_topology.inside(observe.cluster_view(p, labelled), assigned)
             decision = admission.decide(observe.for_admission(p, seen, current, view), p.settings, now)
             admitted = _written(p, decision, fence=p.fence)
             if decision.step == "unschedulable":  # the job keeps its place: the reservations it was planned around
                 admitted = dataclasses.replace(admitted, held=tuple(view.held))
-            return queueing.placed_or_released(p, admitted)  # Kueue hook: unplaceable gives the quota back
+            unplaced = seen.queue is not None and decision.step in kueue.UNPLACED  # it gives the quota back
+            released = kueue.released(queueing.for_workload(p, seen), now) if unplaced else None
+            return _written(p, released) if released is not None else admitted
         pinned = specs.pinned_spec(p, current)
         if p.admit:
             if replacement.shrunk(seen, pinned, current):  # the DP shrink: does the full size fit again?
@@ -235,9 +252,11 @@ def _first_step_that_applies(p: Pass) -> Outcome:
         # What a pass killed between the record and the status left unreported (issue 39): the status follows it.
         if (unreported := reported.decide(seen, pinned)) is not None:
             _written(p, unreported)
-        # Kueue hook (handlers.queueing.supervise): Kueue evicted the Workload: checkpoint, stop, back to Queued.
-        if (evicting := queueing.supervise(p, pinned, pods)) is not None:
-            return evicting
+        # Kueue evicted the Workload: checkpoint, stop, back to Queued.
+        if queueing.queued(p.job) and seen.live is not None:
+            evicting = kueue.evicting(queueing.for_eviction(p, seen, pinned, pods), pinned, pods, p.settings, now)
+            if evicting is not None:
+                return _written(p, evicting)
         if seen.live is not None and not seen.live.placed:
             return _written(p, creation.decide(dataclasses.replace(seen, pinned=pinned), p.settings, now))
     except writes.NameConflict as conflict:

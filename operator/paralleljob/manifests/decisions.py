@@ -35,6 +35,17 @@ class NodeLabel:
 
 
 @dataclasses.dataclass(frozen=True)
+class WorkloadWrite:
+    """One write of the job's Kueue Workload (`handlers.queueing`): `create` the Workload `body`; or a merge patch
+    at the resourceVersion of `found` (the Workload as the pass read it), of its status (`release`: the quota given
+    back, `finish`: Finished) or its metadata (`adopt`: the job made the controller of its prebuilt Workload)."""
+
+    verb: str  # create, release, finish or adopt
+    body: Mapping[str, Any]
+    found: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class AttemptWrite:
     """An admission's attempt ConfigMap (its plan, network and record, whose placement reserves the GPUs): created,
     or the one read in the pass (`replaces`, the previous attempt's) made into it with one write at that one's
@@ -66,6 +77,10 @@ class Decision:
     next pass judges the same pods and ends the job again. A record written first would leave an ended job whose
     status never says so (the finished step writes only Valid). `node_labels` are set after the Events.
 
+    `workloads` are the job's Kueue Workload writes (`WorkloadWrite`), written right after the children;
+    `checkpoint_request` (not None) is the value written to the `checkpointRequest` key of rank 0's progress
+    ConfigMap, last of all (an evicted gang asked for a checkpoint, "" once it stopped).
+
     `first` are decisions written whole before this one, in order (`before`): the earlier parts of one pass's
     decision that a kill between them must leave written, with their Events, as separate writes did (supervision's
     running status, in-place restarts counted, a broken gang's cause, before the restart or the end that
@@ -81,6 +96,8 @@ class Decision:
     deletes: tuple[str, ...] = ()
     force_deletes: tuple[str, ...] = ()
     node_labels: tuple[NodeLabel, ...] = ()
+    workloads: tuple[WorkloadWrite, ...] = ()
+    checkpoint_request: str | None = None
     record_last: bool = False
     first: tuple[Decision, ...] = ()
     requeue_after: float | None = None
@@ -98,6 +115,8 @@ class Decision:
             or self.deletes
             or self.force_deletes
             or self.node_labels
+            or self.workloads
+            or self.checkpoint_request is not None
             or self.first
         )
 
@@ -129,6 +148,10 @@ class Decision:
             deletes=tuple(dict.fromkeys((*self.deletes, *later.deletes))),
             force_deletes=tuple(dict.fromkeys((*self.force_deletes, *later.force_deletes))),
             node_labels=tuple(dict.fromkeys((*self.node_labels, *later.node_labels))),
+            workloads=(*self.workloads, *later.workloads),
+            checkpoint_request=self.checkpoint_request
+            if later.checkpoint_request is None
+            else later.checkpoint_request,
             record_last=later.record_last if later.record is not None else self.record_last,
             first=(*self.first, *later.first),
             requeue_after=later.requeue_after,

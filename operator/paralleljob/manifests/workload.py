@@ -242,12 +242,19 @@ def _set(
 
 
 def released_status(
-    workload: Mapping[str, Any], reason: str, message: str, *, requeued: bool, requeue_at: str | None = None
+    workload: Mapping[str, Any],
+    reason: str,
+    message: str,
+    *,
+    requeued: bool,
+    requeue_at: str | None = None,
+    at: str | None = None,
 ) -> dict[str, Any]:
     """The status patch that gives a reservation back: no admission, QuotaReserved and Admitted False, and
     Requeued (True: Kueue queues it again, after `requeue_at` when given; False: it waits, as Kueue's own
-    integrations leave a Workload evicted for other reasons than preemption)."""
-    at = _now()
+    integrations leave a Workload evicted for other reasons than preemption). Conditions that change are dated
+    `at` (RFC 3339), now by default."""
+    at = at or _now()
     found = (workload.get("status") or {}).get("conditions") or []
     found = _set(found, QUOTA_RESERVED, "False", "Pending", message, at)
     found = _set(found, ADMITTED, "False", "NoReservation", "The workload has no reservation", at)
@@ -259,8 +266,11 @@ def released_status(
     return patch
 
 
-def finished_status(workload: Mapping[str, Any], succeeded: bool, message: str) -> dict[str, Any]:
-    """The status patch that says the job ended, so that Kueue returns its quota at once."""
+def finished_status(
+    workload: Mapping[str, Any], succeeded: bool, message: str, at: str | None = None
+) -> dict[str, Any]:
+    """The status patch that says the job ended, so that Kueue returns its quota at once (dated `at`, now by
+    default)."""
     found = (workload.get("status") or {}).get("conditions") or []
     reason = "Succeeded" if succeeded else "Failed"
-    return {"conditions": _set(found, FINISHED, "True", reason, message, _now())}
+    return {"conditions": _set(found, FINISHED, "True", reason, message, at or _now())}
