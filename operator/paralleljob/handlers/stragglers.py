@@ -55,8 +55,9 @@ def to_label(
     named: Sequence[Mapping[str, Any]] | None, node_labels: Mapping[str, Mapping[str, Any]], key: str
 ) -> list[str]:
     """The named nodes to label `key=true` for the cluster's administrators (the operator's --slow-node-label):
-    those that exist (`node_labels`: each Node's labels, from the Node watch) and do not carry it yet, so the
-    label is written once per node; none when `key` is empty (the chart's slowNodeLabel off)."""
+    those that exist (`node_labels`: each Node's labels, from the Node watch) and do not carry it yet as the watch
+    shows them: written once per node unless a pass begins before the watch shows the label (the same merge patch
+    again, harmless); none when `key` is empty (the chart's slowNodeLabel off)."""
     if not key or not named:
         return []
     found = [entry.get("node") for entry in named]
