@@ -277,6 +277,9 @@ def _reason(cluster: ClusterView) -> str:
 
 
 def test_verify_fail_on_nodes_without_rdma_ends_the_job_before_any_pod_its_record_failed_first() -> None:
+    """With the assertions of test_network.py's operator-process test, moved here: the condition names the nodes
+    that offer no RDMA resource, and the message says no pod was created (none is: the attempt's record is
+    Failed, so the next pass takes the finished step, which creates nothing)."""
     decision = admission.decide(observed({"network": {"fabric": "infiniband", "verify": "fail"}}), SETTINGS, NOW)
     attempt, record = attempt_of(decision)
     assert not attempt.fenced  # it reserves nothing: the record says Failed
@@ -285,6 +288,8 @@ def test_verify_fail_on_nodes_without_rdma_ends_the_job_before_any_pod_its_recor
     message = decision.status["message"]
     assert message.endswith("; spec.network.verify is fail, so no pod was created")
     reason = message.removesuffix("; spec.network.verify is fail, so no pod was created")
+    assert "offer no RDMA resource" in reason
+    assert decision.creates == ()
     assert decision == Decision(
         "failed",
         attempt=attempt,

@@ -41,17 +41,6 @@ def test_a_job_declaring_infiniband_on_nodes_without_rdma_fails_with_network_rea
     wait_for(lambda: [p["metadata"]["name"] for p in cluster.pods()] == ["gpt-3"], what="the others deleted")
 
 
-def test_verify_fail_refuses_infiniband_on_nodes_without_rdma_before_creating_any_pod(cluster, operator):
-    cluster.add_nodes(4)
-    parallelism = {"pipeline": 4, "tensor": 4, "data": 1}
-    cluster.apply(job_doc(parallelism=parallelism, network={"fabric": "infiniband", "verify": "fail"}))
-    status = wait_for(lambda: cluster.status().get("phase") == "Failed" and cluster.status(), what="Failed")
-    network = conditions(status)["NetworkReady"]
-    assert (network["status"], network["reason"]) == ("False", "NoRdmaResource")
-    assert "offer no RDMA resource" in network["message"] and "no pod was created" in status["message"]
-    assert cluster.pods() == []
-
-
 def test_rank_zeros_network_verdict_becomes_the_network_verified_condition(cluster, operator, apiserver, tmp_path):
     cluster.add_nodes(4, allocatable={"rdma/ib": "4"})
     cluster.apply(job_doc(parallelism={"pipeline": 4, "tensor": 4, "data": 1}))
