@@ -45,7 +45,7 @@ def planning_in_process(view: reconcile.NodeView, config_maps: list[dict[str, An
         started = time.process_time()
         usage = view.usage.without([])
         held = records.reservations_of(config_maps, exclude=("research", "gpt"), bound=usage.bound)
-        outcome = placement.plan(resolved, view.snapshot, usage.usage, held, (), view.builder)
+        outcome = placement.plan(resolved, view.snapshot, usage.usage, held, builder=view.builder)
         samples.append(time.process_time() - started)
         assert outcome.plan is not None, outcome.reason
     return samples

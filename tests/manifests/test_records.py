@@ -89,6 +89,8 @@ def test_a_record_reads_back_as_written() -> None:
         started_at="2026-12-01T11:00:00Z",
         network_report={"verified": "True"},
         in_place_restarts=2,
+        excluded_nodes=("gpu-1", "gpu-3"),
+        suspect_nodes=("gpu-3",),
     )
     assert records.parse_record(record.to_json()) == record
     record = dataclasses.replace(LIVE, spare_nodes=("gpu-3", "gpu-4")).with_spares_taken({0: "gpu-3"}, ("gpu-4",))

@@ -269,6 +269,26 @@ def test_a_restarting_gang_that_lost_a_node_resumes_at_a_smaller_data_parallelis
     assert decision.status is not None and decision.status["layout"] == "2x2x1"
 
 
+AFTER_A_CRASH_AND_A_SLOW_LINK = records.AttemptRecord(
+    attempt=1, spec={}, image="trainer:test", nodes=("local-0", "local-1"), restarted_as=2,
+    excluded_nodes=("local-0", "local-1"), suspect_nodes=("local-0",),
+)  # fmt: skip
+
+
+def test_a_gang_that_fits_only_with_an_excluded_node_takes_back_the_one_a_pod_failed_on_not_the_slow_one() -> None:
+    """Found by CI: a job whose slow node (named by the link check) was excluded, then a crash excluded a second
+    node; on 3 nodes the 2-node job fit without neither, and planning with both put it on the slow node again,
+    where every later attempt failed its preflight. Now the node excluded after a crash comes back first."""
+    decision = admission.decide(observed(cluster=view(3), record=AFTER_A_CRASH_AND_A_SLOW_LINK), SETTINGS, NOW)
+    _, record = attempt_of(decision)
+    assert (record.attempt, sorted(record.nodes)) == (2, ["local-1", "local-2"])
+    assert (record.excluded_nodes, record.suspect_nodes) == (("local-0", "local-1"), ("local-0",))
+    # With every excluded node suspect, the last resort is still to plan with them: the job is not stranded.
+    all_suspect = dataclasses.replace(AFTER_A_CRASH_AND_A_SLOW_LINK, suspect_nodes=("local-0", "local-1"))
+    decision = admission.decide(observed(cluster=view(3), record=all_suspect), SETTINGS, NOW)
+    assert decision.step == "admitted" and decision.attempt is not None
+
+
 def _reason(cluster: ClusterView) -> str:
     """The planner's own reason the full-size job does not fit `cluster`."""
     decided = admission.decide(observed(cluster=cluster), SETTINGS, NOW)

@@ -502,7 +502,9 @@ REPLACED = Decision(
             spared(status={**RUNNING, "progress": {"stragglers": [{"node": "local-1", "factor": 1.8, "stage": 1}]}}),
             Decision(
                 "replacing-node",
-                record=dataclasses.replace(HELD, excluded_nodes=("local-1",)).with_spares_taken({1: "local-2"}),
+                record=dataclasses.replace(
+                    HELD, excluded_nodes=("local-1",), suspect_nodes=("local-1",)
+                ).with_spares_taken({1: "local-2"}),
                 status={"excludedNodes": ["local-1"], "message": SLOW, "spareNodes": None, "observedGeneration": 2},
                 events=(Event("Warning", "SpareTaken", SLOW),),
                 requeue_after=0.0,

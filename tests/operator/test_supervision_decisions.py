@@ -122,13 +122,17 @@ def restarted(
     restarts: int = 1,
     deletes: tuple[str, ...] = ("gpt-0", "gpt-1"),
     first: tuple[Decision, ...] = (),
+    suspect: tuple[str, ...] = (),
 ) -> Decision:
     """The gang restart a broken gang gets: the record, then the status, the Restarting Event, every pod deleted;
-    after the `first` parts of the pass's decision, each written whole before it."""
+    after the `first` parts of the pass's decision, each written whole before it. `suspect`: the excluded nodes
+    a verdict named, which the record keeps apart."""
     message = f"gang restart {restarts}/3: {reason}; resuming from the last checkpoint"
     return Decision(
         "restarting",
-        record=record_.with_restart(reason, list(excluded), into=restarts, held=list(held), until=HELD_UNTIL),
+        record=record_.with_restart(
+            reason, list(excluded), into=restarts, held=list(held), until=HELD_UNTIL, suspect=list(suspect)
+        ),
         status={
             "phase": "Restarting",
             "message": message,
@@ -407,6 +411,7 @@ REPLACING = f"gang restart 1/3: {SLOW_REPLACED}; resuming from the last checkpoi
                 held=("n0",),
                 conditions=restart_conditions(gang.START_TIMEOUT, STALLED, "GangRestart"),
                 first=(cause(gang.START_TIMEOUT, STALLED),),
+                suspect=("n1",),  # the node its stalled pod waited on
             ),
             id="a-stalled-pod-past-its-timeout-restarts-the-gang-blaming-its-node",
         ),
@@ -442,6 +447,7 @@ REPLACING = f"gang restart 1/3: {SLOW_REPLACED}; resuming from the last checkpoi
                     condition("Straggler", "True", "SlowNode", STRAGGLER_SAID, STAMP),
                 ],
                 first=(SLOW_NAMED, cause("SlowNode", SLOW_REPLACED)),
+                suspect=("n1",),  # the straggler
             ),
             id="a-straggler-to-replace-without-a-spare-restarts-the-gang-without-its-node",
         ),

@@ -82,10 +82,6 @@ class Pass(observed.JobFields):
     gang_lost: tuple[Mapping[str, str], float | None] | None = None
 
     @property
-    def excluded(self) -> list[str]:
-        return list(self.record.excluded_nodes) if self.record is not None else []
-
-    @property
     def live(self) -> records.AttemptRecord | None:
         """The record of the attempt whose pods are the job's current gang, when that attempt was admitted."""
         return self.record if self.record is not None and self.record.live else None

@@ -3,8 +3,8 @@
 its first admission (or why none fits).
 
 Builds the planner's `Cluster` from the Node watch's snapshot and the usage index's totals (no API call),
-leaving out nodes that broke an earlier attempt when the job still fits without them ("where possible"),
-and times the planning.
+leaving out nodes that broke an earlier attempt when the job still fits without them ("where possible"; the
+nodes a verdict named are the last to come back, `Avoid`), and times the planning.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from paralleljob import planning
 from paralleljob.api import ResolvedJob
 from paralleljob.api.problems import Problem
 from paralleljob.handlers.nodes import NodeSnapshot
+from paralleljob.manifests import records
 from paralleljob.planning import layout_search
 from paralleljob.planning.inventory import ClusterBuilder, NodeInfo, Reservation
 from paralleljob.planning.usage import NodeUsage
@@ -40,6 +41,21 @@ class ClusterView:
     usage: Mapping[str, NodeUsage]
     held: list[planning.Reservation]
     builder: ClusterBuilder
+
+
+@dataclasses.dataclass(frozen=True)
+class Avoid:
+    """The nodes a job's attempts were restarted away from (`excluded`), and of them those a verdict on the node
+    itself named (`suspect`: a slow link, a straggler, the node its stalled pods waited on), as the attempt
+    record keeps them."""
+
+    excluded: Collection[str] = ()
+    suspect: Collection[str] = ()
+
+    @classmethod
+    def of(cls, record: records.AttemptRecord | None) -> Avoid:
+        """What an attempt record says to avoid (nothing without one)."""
+        return cls(record.excluded_nodes, record.suspect_nodes) if record is not None else cls()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,17 +86,33 @@ def plan(
     nodes: NodeSnapshot,
     usage: Mapping[str, NodeUsage],
     reservations: Sequence[Reservation],
-    excluded: Collection[str] = (),
+    avoid: Avoid = Avoid(),
     builder: ClusterBuilder | None = None,
 ) -> Outcome:
-    """Plan without the excluded nodes, else with them; the reason is from the attempt without them."""
+    """Plan without the excluded nodes; else without the suspect ones only (a node where a pod merely failed may
+    be sound, one a verdict named is not: a slow link fails the next preflight alike); else with them all. The
+    reason is from the attempt without any of them."""
     started = time.perf_counter()
     builder = builder or ClusterBuilder()
-    preferred = [info for info in nodes.infos if info.name not in excluded] if excluded else nodes.infos
+    preferred = [info for info in nodes.infos if info.name not in avoid.excluded] if avoid.excluded else nodes.infos
     found, reason = _plan_once(resolved, builder, preferred, usage, reservations)
     if found is None and len(preferred) < len(nodes.infos):
-        log.info("%s does not fit without nodes %s (%s); planning with them", resolved.name, sorted(excluded), reason)
-        found, _ = _plan_once(resolved, builder, nodes.infos, usage, reservations)
+        suspect = set(avoid.suspect) & set(avoid.excluded)
+        # Without the suspect nodes only, when some excluded nodes are not suspect; then with them all.
+        for kept_out in ([suspect] if suspect and suspect != set(avoid.excluded) else []) + [set()]:
+            back = sorted(set(avoid.excluded) - kept_out)
+            log.info(
+                "%s does not fit without nodes %s (%s); planning with %s",
+                resolved.name,
+                sorted(avoid.excluded),
+                reason,
+                back,
+            )
+            found, _ = _plan_once(
+                resolved, builder, [i for i in nodes.infos if i.name not in kept_out], usage, reservations
+            )
+            if found is not None:
+                break
     planned = [nodes.dicts[entry.node] for entry in found.nodes] if found is not None else []
     return Outcome(found, planned, reason, time.perf_counter() - started)
 

@@ -236,7 +236,9 @@ def _first_step_that_applies(p: Pass) -> Outcome:
                 assert current is not None
                 view = observe.cluster_view(p, labelled)
                 usage = p.nodes.usage.without([(p.namespace, pod["metadata"]["name"]) for pod in pods])
-                found = placement.plan(current, view.nodes, usage.usage, view.held, p.excluded, view.builder)
+                found = placement.plan(
+                    current, view.nodes, usage.usage, view.held, placement.Avoid.of(p.record), view.builder
+                )
                 fits = found.plan is not None
                 if fits:  # rank 0's last checkpoint is read only when the gang is to grow back after the next one
                     seen = dataclasses.replace(seen, checkpoint_step=observe.last_checkpoint(p, current))

@@ -5,7 +5,7 @@ holds: the attempt number (the gang restart count against backoffLimit), the spe
 with as YAML (the chosen layout applied; so every pod of the attempt is built from it: image, command, env,
 volumes, resources, never from a later edit), the layout search's choice for a job that gave a GPU budget, the
 trainer image the operator resolved, the node of each node rank and the GPUs each holds, the nodes excluded so
-far, when the gang first ran (`startedAt`) and rank 0's network verdict once it came, the hot spares it holds
+far (and which of them for a verdict on the node itself, `suspectNodes`), when the gang first ran (`startedAt`) and rank 0's network verdict once it came, the hot spares it holds
 (`spareNodes`) and the node ranks being moved onto one (`replacing`), and what became of the attempt: all its pods created (`placed`), a
 gang restart into the next attempt (`restartedAs`, with why, and the old nodes it holds until `heldUntil`), a
 name held by someone else that released its nodes (`conflict`), or the job's end (`outcome`). For a job queued
@@ -46,6 +46,11 @@ class AttemptRecord:
     image: str
     nodes: tuple[str, ...]
     excluded_nodes: tuple[str, ...] = ()
+    # Of the excluded nodes, those excluded for a verdict on the node itself (a slow link the link check named, a
+    # straggler, a node its stalled pods waited on), not merely where a pod failed: when the job does not fit
+    # without every excluded node, it is planned without these before it is planned on them
+    # (`handlers.placement.plan`).
+    suspect_nodes: tuple[str, ...] = ()
     placed: bool = False
     restarted_as: int | None = None
     restart_reason: str = ""
@@ -105,6 +110,7 @@ class AttemptRecord:
             "spec": self.spec,
             "nodes": list(self.nodes),
             "excludedNodes": list(self.excluded_nodes),
+            "suspectNodes": list(self.suspect_nodes),
             "placed": self.placed,
             "restartedAs": self.restarted_as,
             "restartReason": self.restart_reason,
@@ -136,13 +142,21 @@ class AttemptRecord:
         return dataclasses.replace(self, started_at=at, network_report=network_report)
 
     def with_restart(
-        self, reason: str, excluded: Sequence[str], *, into: int, held: Sequence[str] = (), until: str | None = None
+        self,
+        reason: str,
+        excluded: Sequence[str],
+        *,
+        into: int,
+        held: Sequence[str] = (),
+        until: str | None = None,
+        suspect: Sequence[str] = (),
     ) -> AttemptRecord:
         return dataclasses.replace(
             self,
             restarted_as=into,
             restart_reason=reason,
             excluded_nodes=tuple(excluded),
+            suspect_nodes=tuple(suspect),
             held_nodes=tuple(held),
             held_until=until if held else None,
         )
@@ -212,6 +226,7 @@ def parse_record(text: str) -> AttemptRecord:
         image=str(body["image"]),
         nodes=tuple(str(node) for node in body["nodes"]),
         excluded_nodes=tuple(str(node) for node in body.get("excludedNodes") or ()),
+        suspect_nodes=tuple(str(node) for node in body.get("suspectNodes") or ()),
         placed=bool(body.get("placed")),
         restarted_as=int(restarted) if restarted is not None else None,
         restart_reason=str(body.get("restartReason") or ""),

@@ -119,7 +119,9 @@ def _admit(
     reserves them: `choice` is the layout search's, for a job that gave a GPU budget), replacing the previous
     attempt's in one write. A shrink or re-layout's Event is written first, whatever follows."""
     try:
-        outcome = placement.plan(resolved, view.nodes, view.usage, view.held, _excluded(seen), view.builder)
+        outcome = placement.plan(
+            resolved, view.nodes, view.usage, view.held, placement.Avoid.of(seen.record), view.builder
+        )
         said: tuple[Event, ...] = ()
         if outcome.plan is None and (shrunk := _shrunk(seen, resolved, view, outcome.reason)) is not None:
             resolved, outcome, said = shrunk
@@ -150,6 +152,7 @@ def _placed(
         image=settings.image,
         nodes=tuple(entry.node for entry in sorted(outcome.plan.nodes, key=lambda entry: entry.node_rank)),
         excluded_nodes=tuple(_excluded(seen)),
+        suspect_nodes=seen.record.suspect_nodes if seen.record is not None else (),
         gpus_per_node=outcome.plan.ranks_per_node,
         layout_choice=choice,
         spare_nodes=tuple(outcome.plan.spare_names()),
@@ -191,7 +194,9 @@ def _shrunk(
     if seen.attempt == 0 or not resolved.spec.failure_policy.allow_data_shrink:
         return None
     for smaller in shrink.shrunk_jobs(resolved):
-        found = placement.plan(smaller, view.nodes, view.usage, view.held, _excluded(seen), view.builder)
+        found = placement.plan(
+            smaller, view.nodes, view.usage, view.held, placement.Avoid.of(seen.record), view.builder
+        )
         if found.plan is not None:
             before, after = resolved.batch, smaller.batch
             said = Event(
@@ -229,7 +234,9 @@ def _relayout(
         chosen = placement.choose_layout(template, view.nodes, view.usage, view.held, view.builder, budget)
         if chosen.job is None:
             continue
-        found = placement.plan(chosen.job, view.nodes, view.usage, view.held, _excluded(seen), view.builder)
+        found = placement.plan(
+            chosen.job, view.nodes, view.usage, view.held, placement.Avoid.of(seen.record), view.builder
+        )
         if found.plan is not None:
             said = Event(
                 "Warning",

@@ -120,7 +120,8 @@ def exclude_slow_nodes(seen: Observed) -> tuple[Decision | None, dict[str, str]]
     if not slow or not live.spare_nodes:
         return None, {}
     excluded = [*live.excluded_nodes, *slow]
-    record = dataclasses.replace(live, excluded_nodes=tuple(excluded))
+    suspect = [*live.suspect_nodes, *(node for node in slow if node not in live.suspect_nodes)]
+    record = dataclasses.replace(live, excluded_nodes=tuple(excluded), suspect_nodes=tuple(suspect))
     return Decision("excluding-slow-nodes", record=record, status=status_patch(seen, {"excludedNodes": excluded})), slow
 
 

@@ -257,14 +257,21 @@ def _restart(
     """The gang restarts: the record first (the restart, its excluded nodes and hold), then the status, the
     Restarting Event, every pod of the gang deleted gracefully, and the waiting jobs woken."""
     excluded = list(seen.record.excluded_nodes) if seen.record is not None else []
+    suspect = list(seen.record.suspect_nodes) if seen.record is not None else []
     for node in (state.node, *state.blamed):
         if node and node not in excluded:
             excluded = [*excluded, node]
+    # The nodes a verdict named (a slow link, a straggler, stalled pods' nodes), not only where a pod failed.
+    suspect += [node for node in dict.fromkeys(state.blamed) if node and node not in suspect]
     restarts = restarts_so_far(seen) + 1
     message = f"gang restart {restarts}/{limit}: {state.reason}; resuming from the last checkpoint"
     held, until = _hold(seen, state, settings, now)
     live = seen.live
-    record = live.with_restart(state.reason, excluded, into=restarts, held=held, until=until) if live else None
+    record = (
+        live.with_restart(state.reason, excluded, into=restarts, held=held, until=until, suspect=suspect)
+        if live
+        else None
+    )
     cond = condition(seen, "Ready", "False", state.cause, state.reason, now, base=base)
     cond = condition(seen, "Scheduled", "False", _scheduled_reason(state), message, now, base=cond)
     # The next attempt verifies its own network (it may run on other nodes).
