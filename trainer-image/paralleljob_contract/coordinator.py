@@ -187,7 +187,6 @@ class _Server(ThreadingHTTPServer):
     daemon thread still answering at interpreter exit (a traceback half written to stderr) aborted node rank 0's
     supervisor ("Fatal Python error: _enter_buffered_busy"), failing a job that had trained to its last step."""
 
-    allow_reuse_address = True
     daemon_threads = False
     block_on_close = True
 

@@ -55,11 +55,11 @@ def watch_workloads(request: Callable[[Hashable], None]) -> None:
 
 def for_gate(p: Pass, seen: Observed, current: ResolvedJob) -> Observed:
     """What `steps.kueue.gate` decides from: the Workload, then what its `stage` needs next."""
-    queue = QueueSeen(wl.queue_of(p.job) or "", enabled=p.settings.kueue)
+    queue = _queue(p)
     seen = dataclasses.replace(seen, queue=queue)
     if kueue.stage(seen, current) in ("disabled", "stopping"):
         return seen
-    queue = dataclasses.replace(queue, workload=workloads.get(p.session, p.namespace, p.name))
+    queue = _queue(p, workloads.get(p.session, p.namespace, p.name))
     seen = dataclasses.replace(seen, queue=queue)
     match kueue.stage(seen, current):
         case "create" if (pods := wl.pod_count(current)) is not None:
@@ -97,10 +97,12 @@ def _priority(p: Pass, current: ResolvedJob) -> wl.Priority | None:
 
 def for_workload(p: Pass, seen: Observed) -> Observed:
     """The observation with the job's Workload read now (`steps.kueue.released`, `evicting`, `finished`)."""
-    queue = QueueSeen(wl.queue_of(p.job) or "", enabled=p.settings.kueue)
-    return dataclasses.replace(
-        seen, queue=dataclasses.replace(queue, workload=workloads.get(p.session, p.namespace, p.name))
-    )
+    return dataclasses.replace(seen, queue=_queue(p, workloads.get(p.session, p.namespace, p.name)))
+
+
+def _queue(p: Pass, workload: Mapping[str, Any] | None = None) -> QueueSeen:
+    """The job's queue as the pass sees it, with its Workload when read."""
+    return QueueSeen(wl.queue_of(p.job) or "", enabled=p.settings.kueue, workload=workload)
 
 
 def for_eviction(p: Pass, seen: Observed, resolved: ResolvedJob, pods: Sequence[Mapping[str, Any]]) -> Observed:

@@ -1,19 +1,18 @@
 """Write one reconcile decision (`manifests.decisions.Decision`): the one place a pass's step writes.
 
-Called by `handlers.reconcile` after a step decided. In order: the children to create (one at a time, then the
-pods in growing batches, `writes.create_all`: the job's own copy already there (409) is an outcome; a name held
-by someone else or a create refused for good raises, and the pass turns that refusal into the input of its next
-decision, before anything else of this one is written); the Kueue Workload's writes (`Decision.workloads`); an admission's attempt ConfigMap (`Decision.attempt`:
-created, or the previous attempt's made into it in one write, right after the admission lock's `fence`); the
-attempt record (its ConfigMap's `attempt.json` and labels); the status patch (one merge patch of the status
-subresource) and the Events that go with it; the Node labels (a merge patch of one label; a Node gone, 404, is an
-outcome); the pods deleted gracefully, then those force-deleted; last, a checkpoint request in rank 0's progress
-ConfigMap (`Decision.checkpoint_request`). A decision that ends the job
-(`Decision.record_last`) writes its record after the labels instead, right before the pods. A decision's `first`
-parts are written whole before it, each in this order. Idempotent as every write here is: a pod already gone
-(404) is an outcome, not an error; a patch whose job, ConfigMap or Workload is gone raises `writes.Gone`, which the pass
-turns into its ordinary end. A job dict given as a `dict` is updated with the status written, so the rest of a
-pass builds on it.
+Called by `handlers.reconcile` after a step decided. In order: the children to create (one at a time, then the pods in
+growing batches, `writes.create_all`: the job's own copy already there (409) is an outcome; a name held by someone else
+or a create refused for good raises, and the pass turns that refusal into the input of its next decision, before
+anything else of this one is written); the Kueue Workload's writes (`Decision.workloads`); an admission's attempt
+ConfigMap (`Decision.attempt`: created, or the previous attempt's made into it in one write, right after the admission
+lock's `fence`); the attempt record (its ConfigMap's `attempt.json` and labels); the status patch (one merge patch of
+the status subresource) and the Events that go with it; the Node labels (a merge patch of one label; a Node gone, 404,
+is an outcome); the pods deleted gracefully, then those force-deleted; last, a checkpoint request in rank 0's progress
+ConfigMap (`Decision.checkpoint_request`). A decision that ends the job (`Decision.record_last`) writes its record after
+the labels instead, right before the pods. A decision's `first` parts are written whole before it, each in this order.
+Idempotent as every write here is: a pod already gone (404) is an outcome, not an error; a patch whose job, ConfigMap or
+Workload is gone raises `writes.Gone`, which the pass turns into its ordinary end. A job dict given as a `dict` is
+updated with the status written, so the rest of a pass builds on it.
 """
 
 from __future__ import annotations

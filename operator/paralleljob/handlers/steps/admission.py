@@ -146,13 +146,14 @@ def _placed(
     previous = seen.admission_config_map
     if previous is not None and labels.claim_of(previous, seen.name, seen.uid) == "namesake":
         return Decision("waiting-for-previous-job", requeue_after=PREVIOUS_JOB_RECHECK_SECONDS)
+    avoid = placement.Avoid.of(seen.record)
     record = records.AttemptRecord(
         attempt=seen.attempt,
         spec=api_types.spec_to_dict(resolved.spec),
         image=settings.image,
         nodes=tuple(entry.node for entry in sorted(outcome.plan.nodes, key=lambda entry: entry.node_rank)),
-        excluded_nodes=tuple(_excluded(seen)),
-        suspect_nodes=seen.record.suspect_nodes if seen.record is not None else (),
+        excluded_nodes=tuple(avoid.excluded),
+        suspect_nodes=tuple(avoid.suspect),
         gpus_per_node=outcome.plan.ranks_per_node,
         layout_choice=choice,
         spare_nodes=tuple(outcome.plan.spare_names()),
@@ -178,10 +179,6 @@ def _placed(
     return Decision(
         "admitted", attempt=AttemptWrite(attempt.config_map, previous), status=written, events=notes if written else ()
     )
-
-
-def _excluded(seen: Observed) -> list[str]:
-    return list(seen.record.excluded_nodes) if seen.record is not None else []
 
 
 def _shrunk(
