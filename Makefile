@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # DeepSpeed's shared-memory comm op is compiled once at install time instead of at every first run.
 DEEPSPEED_INSTALL := DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install --no-build-isolation deepspeed==0.19.8
 
-.PHONY: quickstart test check lint setup setup-dev tools kwok cluster-demo images images-operator images-test
+.PHONY: quickstart test test-next check lint setup setup-dev tools kwok cluster-demo images images-operator images-test
 
 quickstart: $(VENV)/.stamp-run
 	$(BIN)/paralleljob run examples/quickstart.yaml --output runs/quickstart
@@ -20,8 +20,17 @@ cluster-demo: $(VENV)/.stamp-dev tools images-operator
 
 # The operator image is built first (a few minutes cold, seconds warm): the whole-product test runs the operator
 # from it. The CPU trainer image's test is left to `make images-test` (its build downloads 3 GB of torch).
+# The suite runs on the pinned Kubernetes; then the tests of what changes between releases (the CRD and its CEL
+# rules, the admission policies, Pod Security admission, Kueue, the whole product) run again on the newest release
+# the Go module proxy serves (tools/kube-next): `make test-next` runs that second pass alone.
+NEXT_RELEASE_TESTS := PARALLELJOB_KUBERNETES=next $(BIN)/pytest -n 2 --dist loadgroup -m "both_releases and not trainer_image" tests/upstream
+
 test: $(VENV)/.stamp-dev tools lint images-operator
 	$(BIN)/pytest -n 2 --dist loadgroup -m "not trainer_image"
+	$(NEXT_RELEASE_TESTS)
+
+test-next: $(VENV)/.stamp-dev tools images-operator
+	$(NEXT_RELEASE_TESTS)
 
 # The images without a Docker engine (buildah, mmdebstrap; docs/install.md, "Building the images"), into a local
 # store and OCI archives under .images/: `images` builds the operator and the CPU trainer, `images-operator` the

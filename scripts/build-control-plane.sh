@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Build the pinned upstream control plane into .tools/bin (gitignored): kube-apiserver, kube-scheduler,
-# kube-controller-manager and kubectl from tools/kube, etcd from tools/etcd. The versions are the go.mod files'
-# (tools/README.md says how to change them).
+# Build the upstream control plane into .tools (gitignored):
+# - the pinned release (tools/kube: kube-apiserver, kube-scheduler, kube-controller-manager and kubectl) and etcd
+#   (tools/etcd) into .tools/bin;
+# - the newest release the Go module proxy serves (tools/kube-next: its three servers) into
+#   .tools/kubernetes/next/bin, which the tests run with PARALLELJOB_KUBERNETES=next (testcluster/controlplane.py).
+# The versions are the go.mod files' (tools/README.md says how to change them).
 #
-# Built once per version: a stamp names the versions and the go.mod/go.sum hashes they were built from, so a
-# second run is a no-op. The first build takes minutes and a few GB of Go's module and build caches
-# (`go env GOMODCACHE GOCACHE`, outside the checkout), which later builds and fresh clones on the same machine reuse.
+# Each is built once per version: a stamp names the go.mod/go.sum hashes it was built from, so a second run is a
+# no-op. The first build takes minutes and a few GB of Go's module and build caches (`go env GOMODCACHE GOCACHE`,
+# outside the checkout), which later builds and fresh clones on the same machine reuse.
 #
-# Usage: scripts/build-control-plane.sh        # builds if needed, then prints the versions
+# Usage: scripts/build-control-plane.sh        # builds what is needed, then prints the versions
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bin_dir="${TOOLS_DIR:-${repo_root}/.tools}/bin"
-stamp="${bin_dir}/.control-plane"
-readonly BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd)
+tools_dir="${TOOLS_DIR:-${repo_root}/.tools}"
 
 command -v go >/dev/null 2>&1 || { echo "error: Go is needed to build the control plane (https://go.dev/doc/install)" >&2; exit 1; }
 
@@ -21,47 +22,72 @@ module_version() {  # module_version DIR MODULE -> the version DIR's go.mod requ
     (cd "$1" && go list -m -f '{{.Version}}' "$2")
 }
 
-wanted_stamp() {
-    # The hashes of both modules' files and of this script: an edit to a version, a sum or a flag rebuilds.
-    (cd "${repo_root}" && sha256sum tools/kube/go.mod tools/kube/go.sum tools/etcd/go.mod tools/etcd/go.sum scripts/build-control-plane.sh)
+wanted_stamp() {  # wanted_stamp FILE... -> the hashes of the files (an edit to a version, a sum or a flag rebuilds)
+    (cd "${repo_root}" && sha256sum "$@" scripts/build-control-plane.sh)
     go version
 }
 
-built() {
-    [[ -f "${stamp}" ]] || return 1
-    for name in "${BINARIES[@]}"; do
+built() {  # built BIN_DIR STAMP_TEXT NAME...
+    local bin_dir=$1 wanted=$2 name
+    shift 2
+    [[ -f "${bin_dir}/.control-plane" ]] || return 1
+    for name in "$@"; do
         [[ -x "${bin_dir}/${name}" ]] || return 1
     done
-    [[ "$(cat "${stamp}")" == "$(wanted_stamp)" ]]
+    [[ "$(cat "${bin_dir}/.control-plane")" == "${wanted}" ]]
 }
 
-build() {
-    mkdir -p "${bin_dir}"
-    rm -f "${stamp}"
-    local started=${SECONDS}
-    echo "building the control plane into ${bin_dir} (the first build takes several minutes)" >&2
+build_kubernetes() {  # build_kubernetes MODULE_DIR BIN_DIR: the module's `tool` binaries
     # Kubernetes stamps its version at link time (hack/lib/version.sh does it for a release); without it every
     # binary says v0.0.0-master, which kubectl and helm refuse to parse. The date is fixed, so that two builds of
     # one version are the same; -trimpath and no VCS stamping keep them the same wherever the checkout is.
-    local version major minor flags="" package
-    version="$(module_version "${repo_root}/tools/kube" k8s.io/kubernetes)"
+    local module=$1 bin_dir=$2 version major minor flags="" package
+    version="$(module_version "${module}" k8s.io/kubernetes)"
     major="${version#v}"; major="${major%%.*}"
     minor="${version#v*.}"; minor="${minor%%.*}"
     for package in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
         flags+=" -X ${package}.gitVersion=${version} -X ${package}.gitMajor=${major} -X ${package}.gitMinor=${minor}"
         flags+=" -X ${package}.gitTreeState=clean -X ${package}.buildDate=1970-01-01T00:00:00Z"
     done
-    (cd "${repo_root}/tools/kube" && go build -trimpath -buildvcs=false -mod=readonly -ldflags="${flags}" -o "${bin_dir}/" tool)
+    (cd "${module}" && go build -trimpath -buildvcs=false -mod=readonly -ldflags="${flags}" -o "${bin_dir}/" tool)
+}
+
+pinned() {
+    local bin_dir="${tools_dir}/bin" wanted
+    wanted="$(wanted_stamp tools/kube/go.mod tools/kube/go.sum tools/etcd/go.mod tools/etcd/go.sum)"
+    if built "${bin_dir}" "${wanted}" kube-apiserver kube-scheduler kube-controller-manager kubectl etcd; then
+        echo "the pinned control plane is already built in ${bin_dir}" >&2
+        return
+    fi
+    mkdir -p "${bin_dir}"
+    rm -f "${bin_dir}/.control-plane"
+    local started=${SECONDS}
+    echo "building the pinned control plane into ${bin_dir} (the first build takes several minutes)" >&2
+    build_kubernetes "${repo_root}/tools/kube" "${bin_dir}"
     (cd "${repo_root}/tools/etcd" && go build -trimpath -buildvcs=false -mod=readonly -o "${bin_dir}/etcd" go.etcd.io/etcd/server/v3)
-    wanted_stamp >"${stamp}"
+    echo "${wanted}" >"${bin_dir}/.control-plane"
     echo "built in $((SECONDS - started)) s" >&2
 }
 
-if built; then
-    echo "control plane already built in ${bin_dir}" >&2
-else
-    build
-fi
+next() {
+    local bin_dir="${tools_dir}/kubernetes/next/bin" wanted
+    wanted="$(wanted_stamp tools/kube-next/go.mod tools/kube-next/go.sum)"
+    if built "${bin_dir}" "${wanted}" kube-apiserver kube-scheduler kube-controller-manager; then
+        echo "the next release's servers are already built in ${bin_dir}" >&2
+        return
+    fi
+    mkdir -p "${bin_dir}"
+    rm -f "${bin_dir}/.control-plane"
+    local started=${SECONDS}
+    echo "building the next release's servers into ${bin_dir} (the first build takes several minutes)" >&2
+    build_kubernetes "${repo_root}/tools/kube-next" "${bin_dir}"
+    echo "${wanted}" >"${bin_dir}/.control-plane"
+    echo "built in $((SECONDS - started)) s" >&2
+}
+
+pinned
+next
 
 echo "kubernetes $(module_version "${repo_root}/tools/kube" k8s.io/kubernetes) (kube-apiserver, kube-scheduler, kube-controller-manager, kubectl)"
+echo "kubernetes $(module_version "${repo_root}/tools/kube-next" k8s.io/kubernetes) (kube-apiserver, kube-scheduler, kube-controller-manager: PARALLELJOB_KUBERNETES=next)"
 echo "etcd $(module_version "${repo_root}/tools/etcd" go.etcd.io/etcd/server/v3)"

@@ -1,5 +1,6 @@
 """The upstream Kubernetes control plane as local processes: etcd, kube-apiserver, kube-scheduler and
-kube-controller-manager, from the pinned binaries `make tools` builds into `.tools/bin` (tools/README.md).
+kube-controller-manager, from the binaries `make tools` builds (tools/README.md): the pinned release, or the newest
+one with PARALLELJOB_KUBERNETES=next (`release`).
 
 It is what envtest starts, plus the scheduler and the controller-manager (as Kubernetes' own
 `hack/local-up-cluster.sh` runs them), so that pods are bound, garbage is collected, nodes that stop heartbeating
@@ -22,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -40,6 +42,15 @@ from testcluster import pki, polling
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / ".tools" / "bin"
+# Which Kubernetes release the servers run (kube-apiserver, kube-scheduler, kube-controller-manager): the pinned
+# one (tools/kube, built into .tools/bin) unless PARALLELJOB_KUBERNETES=next: the newest release the Go module proxy
+# serves (tools/kube-next, built into .tools/kubernetes/next/bin). Both come from `make tools`, and `make test` runs
+# the CRD, policy, Kueue and whole-product tests on each. kubectl and etcd stay the pinned ones: kubectl is within
+# one minor of either server (Kubernetes' version skew policy), and both releases support etcd 3.6.
+RELEASE_VARIABLE = "PARALLELJOB_KUBERNETES"
+RELEASES = {"pinned": BIN, "next": REPO / ".tools" / "kubernetes" / "next" / "bin"}
+MODULES = {"pinned": REPO / "tools" / "kube", "next": REPO / "tools" / "kube-next"}
+SERVERS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
 SERVICE_RANGE = "10.0.0.0/24"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 # How fast a node that stops heartbeating is marked NotReady: the node-lifecycle controller's period and grace.
@@ -114,10 +125,28 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def release() -> str:
+    """The release the servers run, as PARALLELJOB_KUBERNETES names it (`pinned` when unset)."""
+    name = os.environ.get(RELEASE_VARIABLE) or "pinned"
+    if name not in RELEASES:
+        raise ControlPlaneError(
+            f"{RELEASE_VARIABLE}={name!r}: the releases are {', '.join(RELEASES)} (tools/README.md)"
+        )
+    return name
+
+
+def version(name: str) -> str:
+    """The Kubernetes version a release is built at, as its module's go.mod requires it (`v1.36.3`)."""
+    found = re.search(r"^\s*k8s\.io/kubernetes (v\S+)", (MODULES[name] / "go.mod").read_text(), re.MULTILINE)
+    if found is None:
+        raise ControlPlaneError(f"{MODULES[name] / 'go.mod'} requires no k8s.io/kubernetes")
+    return found.group(1)
+
+
 def binary(name: str) -> Path:
-    path = BIN / name
+    path = (RELEASES[release()] if name in SERVERS else BIN) / name
     if not os.access(path, os.X_OK):
-        raise ControlPlaneError(f"{path} is missing: run `make tools` to build the pinned control plane (needs Go)")
+        raise ControlPlaneError(f"{path} is missing: run `make tools` to build the control plane (needs Go)")
     return path
 
 
@@ -184,6 +213,10 @@ def _apiserver_args(folder: Path, keys: pki.Keys, port: int, etcd_port: int) -> 
         f"--etcd-servers=http://127.0.0.1:{etcd_port}",
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
+        # Since v1.37 the endpoint reconciler refuses a loopback advertise address ("cannot use public IP
+        # 127.0.0.1 with endpoint reconciler"). Nothing here reads the `kubernetes` Service's endpoints: pods reach
+        # the API server at KUBERNETES_SERVICE_HOST, the address the pod network relays (testcluster.podnet).
+        "--endpoint-reconciler-type=none",
         f"--secure-port={port}",
         f"--cert-dir={folder / 'apiserver'}",
         f"--tls-cert-file={keys.serving_certificate}",

@@ -19,6 +19,8 @@ import pytest
 from testcluster.api import CHART, RELEASE, RELEASE_NAMESPACE, Api, Tool
 from tests.chart import admission_jobs as offline
 
+pytestmark = pytest.mark.both_releases
+
 JOBS = "/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs"
 POLICY = f"{RELEASE}-paralleljob-operator-jobs"
 

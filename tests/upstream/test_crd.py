@@ -23,6 +23,8 @@ from testcluster.api import REPO, Api, Tool
 from tests.api import cel_cases
 from tests.api.jobs import DELETE, job
 
+pytestmark = pytest.mark.both_releases
+
 JOBS = "/apis/paralleljob.io/v1alpha1/namespaces/{namespace}/paralleljobs"
 EXAMPLES = sorted(p for p in (REPO / "examples").glob("*.yaml") if not p.name.startswith("cluster-"))
 

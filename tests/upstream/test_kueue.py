@@ -29,7 +29,7 @@ from testcluster.quickstart import LOSS_TOLERANCE, cluster_quickstart, losses
 from tests.trainer.reference import train_reference
 from tests.upstream.helpers import wait_for_kueue
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_releases]
 CLAIM = "checkpoints"
 KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
 

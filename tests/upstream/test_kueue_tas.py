@@ -28,7 +28,7 @@ from testcluster.product import Product
 from testcluster.quickstart import cluster_quickstart
 from tests.upstream.helpers import wait_for_kueue
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_releases]
 KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
 BLOCK, RACK, HOST = "example.com/block", "example.com/rack", "kubernetes.io/hostname"
 # Node -> (block, rack): block b0 = rack r0 (gpu-0, gpu-1) + rack r1 (gpu-2); block b1 = r2 (gpu-3, gpu-4) + r3.

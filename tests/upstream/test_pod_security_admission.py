@@ -22,6 +22,8 @@ from paralleljob.manifests import security
 from testcluster.api import Api
 from tests.manifests.helpers import EXAMPLES, JOB_EXAMPLES, RDMA, example_pods
 
+pytestmark = pytest.mark.both_releases
+
 LEVELS = ("baseline", "restricted")
 
 

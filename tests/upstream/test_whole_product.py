@@ -35,7 +35,7 @@ from testcluster.quickstart import CHECKPOINT_EVERY, JOB, LOSS_TOLERANCE, TOTAL_
 from tests.trainer.reference import train_reference
 from tests.upstream.helpers import OPERATOR_IMAGE, ran_from_image, require_image, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_releases]
 EXAMPLE = REPO / "examples" / "quickstart-on-a-cluster.yaml"
 # spec.failurePolicy.progressTimeoutSeconds of the test's job: how long the hung rank's heartbeat stays quiet.
 HANG_TIMEOUT_SECONDS = 30
