@@ -10,7 +10,10 @@
 # no-op. The first build takes minutes and a few GB of Go's module and build caches (`go env GOMODCACHE GOCACHE`,
 # outside the checkout), which later builds and fresh clones on the same machine reuse.
 #
-# Usage: scripts/build-control-plane.sh        # builds what is needed, then prints the versions
+# Usage: scripts/build-control-plane.sh           # builds what is needed of both, then prints the versions
+#        scripts/build-control-plane.sh --pinned  # the pinned release and etcd only
+#        scripts/build-control-plane.sh --next    # the next release's servers only (`make test` builds them, niced,
+#                                                 # beside its first pass)
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -85,9 +88,17 @@ next() {
     echo "built in $((SECONDS - started)) s" >&2
 }
 
-pinned
-next
+case "${1:-both}" in
+    --pinned) pinned ;;
+    --next) next ;;
+    both) pinned; next ;;
+    *) echo "usage: $0 [--pinned|--next]" >&2; exit 2 ;;
+esac
 
-echo "kubernetes $(module_version "${repo_root}/tools/kube" k8s.io/kubernetes) (kube-apiserver, kube-scheduler, kube-controller-manager, kubectl)"
-echo "kubernetes $(module_version "${repo_root}/tools/kube-next" k8s.io/kubernetes) (kube-apiserver, kube-scheduler, kube-controller-manager: PARALLELJOB_KUBERNETES=next)"
-echo "etcd $(module_version "${repo_root}/tools/etcd" go.etcd.io/etcd/server/v3)"
+if [[ "${1:-both}" != --next ]]; then
+    echo "kubernetes $(module_version "${repo_root}/tools/kube" k8s.io/kubernetes) (kube-apiserver, kube-scheduler, kube-controller-manager, kubectl)"
+    echo "etcd $(module_version "${repo_root}/tools/etcd" go.etcd.io/etcd/server/v3)"
+fi
+if [[ "${1:-both}" != --pinned ]]; then
+    echo "kubernetes $(module_version "${repo_root}/tools/kube-next" k8s.io/kubernetes) (kube-apiserver, kube-scheduler, kube-controller-manager: PARALLELJOB_KUBERNETES=next)"
+fi

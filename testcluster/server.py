@@ -93,7 +93,12 @@ def admin_client(state: controlplane.State, agent: str = "paralleljob-tests") ->
 
 class NodeAgent:
     """The pods' side of the nodes the tests write: the history of every pod change, and a kubelet's
-    confirmation of graceful deletions on Ready nodes."""
+    confirmation of graceful deletions on Ready nodes.
+
+    Not kwok, which plays the kubelets of the scale benches (bench/kwok.py): its pod-delete Stage selects on the
+    pod alone, so it would confirm the deletion of a pod on a node the test made NotReady, where a dead kubelet
+    confirms nothing and the lost-node tests wait for the operator's force-delete; its heartbeat Stage would write
+    back the Ready a test took away; and it keeps no history to replay."""
 
     def __init__(self, state: controlplane.State) -> None:
         self.client = admin_client(state, KUBELET_AGENT)

@@ -23,7 +23,7 @@ from testcluster import kueue, multikueue, polling
 from testcluster.product import Product
 from testcluster.quickstart import cluster_quickstart
 
-pytestmark = [pytest.mark.slow, pytest.mark.both_releases]
+pytestmark = pytest.mark.slow
 KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
 JOBS_API = "/apis/paralleljob.io/v1alpha1"
 QUEUE = "team"
