@@ -1,7 +1,8 @@
-"""`make test` runs the suite on two pytest-xdist workers with `--dist loadgroup`, and tests/conftest.py puts every
-training run (marked `slow`) in one group, so that two gangs never share the two cores. A pytest or xdist release
-that stops honouring the group (as pytest 9.2 did with xdist 3.8, pytest-xdist#1386) would run gangs side by side
-and only show up as timeouts: this runs a small suite through the same hook and checks where each test ran."""
+"""`make test` runs the suite on two pytest-xdist workers with `--dist loadgroup`, and tests/lanes.py (the hook
+tests/conftest.py registers) puts every training run (marked `slow`) in one group, so that two gangs never share the
+two cores. A pytest or xdist release that stops honouring the group (as pytest 9.2 did with xdist 3.8,
+pytest-xdist#1386) would run gangs side by side and only show up as timeouts: this runs a small suite through the
+same hook and checks where each test ran."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 CONFTEST = """
-from tests.conftest import pytest_collection_modifyitems  # the suite's own hook, as make test runs it
+from tests.lanes import pytest_collection_modifyitems  # the suite's own hook, as make test runs it
 """
 
 # Each test records the worker it ran on; the slow ones take long enough that both workers get work.
